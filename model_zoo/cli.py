@@ -1,0 +1,97 @@
+"""The `model-zoo` command: train, eval, generate, data and convert.
+
+Model-specific subcommands are served by the model folder named in the config (or on the
+command line): `model-zoo eval CONFIG` calls the folder's `run_eval`, and so on, so a
+copied folder brings its commands with it.
+"""
+
+import argparse
+import json
+import sys
+
+from model_zoo.config import available_models, import_model, load_config
+from model_zoo.errors import UserInputError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="model-zoo", description="Train and use the models of the MindSpore model zoo.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = commands.add_parser("train", help="train a model from a YAML config")
+    add_config_arguments(train)
+    train.add_argument("--output-dir", help="where checkpoints, metrics.jsonl, the resolved "
+                                            "config and the loss curve go "
+                                            "(default: outputs/<config name>)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue from the newest checkpoint in --output-dir")
+
+    evaluate = commands.add_parser("eval", help="evaluate a checkpoint on held-out data (JSON)")
+    add_config_arguments(evaluate)
+    evaluate.add_argument("--ckpt", required=True, help="checkpoint file")
+
+    generate = commands.add_parser("generate", help="continue a prompt (language models)")
+    add_config_arguments(generate)
+    generate.add_argument("--ckpt", required=True, help="checkpoint file")
+    prompt = generate.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="prompt text (needs the dataset's tokenizer)")
+    prompt.add_argument("--prompt-ids", help='prompt token ids, e.g. "1 2 3"')
+    generate.add_argument("--max-new-tokens", type=int, default=32)
+    generate.add_argument("--greedy", action="store_true", help="take the most likely token")
+    generate.add_argument("--top-k", type=int, default=0, help="sample among the k most likely")
+    generate.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    generate.add_argument("--temperature", type=float, default=1.0)
+    generate.add_argument("--seed", type=int, default=0, help="sampling seed")
+
+    for name, help_text, hook in (("data", "build a model's dataset from text files",
+                                   "add_data_arguments"),
+                                  ("convert", "import a Hugging Face checkpoint",
+                                   "add_convert_arguments")):
+        command = commands.add_parser(name, help=help_text)
+        models = command.add_subparsers(dest="model", required=True, metavar="MODEL")
+        for model in available_models():
+            module = import_model(model)
+            if hasattr(module, hook):
+                getattr(module, hook)(models.add_parser(model, help=f"{name} for {model}"))
+    return parser
+
+
+def add_config_arguments(parser):
+    parser.add_argument("config", help="YAML config, e.g. model_zoo/gpt2/configs/tiny.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
+
+
+def model_command(module, name: str, command: str):
+    function = getattr(module, name, None)
+    if function is None:
+        raise UserInputError(f"model {module.__name__.split('.')[-1]!r} has no `{command}` "
+                             f"command")
+    return function
+
+
+def run(args) -> int:
+    if args.command in ("data", "convert"):
+        module = import_model(args.model)
+        hook = "run_data_command" if args.command == "data" else "run_convert_command"
+        model_command(module, hook, args.command)(args)
+        return 0
+    config = load_config(args.config, args.overrides)
+    module = import_model(config.model.name)
+    if args.command == "train":
+        from model_zoo.train.trainer import default_output_dir, train
+        train(config, args.output_dir or default_output_dir(args.config), resume=args.resume)
+    elif args.command == "eval":
+        print(json.dumps(model_command(module, "run_eval", "eval")(config, args.ckpt)))
+    elif args.command == "generate":
+        print(model_command(module, "run_generate", "generate")(config, args.ckpt, args))
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except UserInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,274 @@
+"""Typed configuration: YAML with sections `model`, `parallel`, `train` and `data`.
+
+The `model` and `data` sections are typed by the model folder named in `model.name`
+(its `ModelConfig` and `DataConfig`), so a copied model folder brings its own keys.
+Unknown keys, wrong types and bad values raise ConfigError naming the key.
+"""
+
+import dataclasses
+import importlib
+import os
+import pkgutil
+import typing
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+import yaml
+
+from model_zoo.errors import ConfigError
+from model_zoo.parallel.config import ParallelConfig
+
+SECTIONS = ("model", "parallel", "train", "data")
+
+
+@dataclass
+class ModelConfig:
+    """Keys every model has; a model folder extends this with its own."""
+
+    name: str = ""
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_heads: int = 2
+    seq_length: int = 64
+    vocab_size: int = 1000
+
+    def validate(self):
+        for key in ("num_layers", "hidden_size", "num_heads", "seq_length", "vocab_size"):
+            _check_positive(self, "model", key)
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(f"model.hidden_size={self.hidden_size} is not divisible by "
+                              f"model.num_heads={self.num_heads}")
+
+
+@dataclass
+class DataConfig:
+    """Where a model's dataset lives; a model folder extends this with its own keys."""
+
+    dataset_dir: str = ""
+    shuffle: bool = True
+
+    def validate(self):
+        if not self.dataset_dir:
+            raise ConfigError("data.dataset_dir is empty: give the directory of the dataset")
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation loop: steps, batch, AdamW, schedule, precision, outputs."""
+
+    steps: int = 100
+    global_batch_size: int = 8
+    lr: float = 1e-3
+    min_lr: float = 0.0
+    warmup_steps: int = 0
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0
+    precision: str = "fp32"
+    loss_scale: float = 65536.0
+    loss_scale_window: int = 1000
+    grad_accumulation: int = 1
+    save_steps: int = 100
+    keep_checkpoints: int = 3
+    log_steps: int = 10
+    seed: int = 1
+    device_target: str = "auto"
+
+    def validate(self):
+        for key in ("steps", "global_batch_size", "save_steps", "keep_checkpoints",
+                    "log_steps", "grad_accumulation", "loss_scale_window"):
+            _check_positive(self, "train", key)
+        for key in ("lr", "loss_scale"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"train.{key} must be > 0, got {getattr(self, key)}")
+        for key in ("min_lr", "warmup_steps", "weight_decay", "grad_clip"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"train.{key} must be >= 0, got {getattr(self, key)}")
+        if self.min_lr > self.lr:
+            raise ConfigError(f"train.min_lr={self.min_lr} is above train.lr={self.lr}")
+        _check_choice(self, "train", "precision", ("fp32", "fp16"))
+        _check_choice(self, "train", "device_target", ("auto", "CPU", "Ascend"))
+
+
+@dataclass
+class Config:
+    """A whole run's configuration."""
+
+    model: ModelConfig
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def validate(self):
+        for section in SECTIONS:
+            getattr(self, section).validate()
+        self.parallel.check_batch(self.train.global_batch_size, self.train.grad_accumulation)
+        self.parallel.check_divisible("model.num_layers", self.model.num_layers,
+                                      by="pipeline_stage")
+
+    def to_dict(self) -> dict:
+        return {section: dataclasses.asdict(getattr(self, section)) for section in SECTIONS}
+
+
+def available_models() -> List[str]:
+    """Model folders inside the package: every sub-package with a `ModelConfig`."""
+    import model_zoo
+    names = []
+    for info in pkgutil.iter_modules(model_zoo.__path__):
+        if info.ispkg and os.path.exists(
+                os.path.join(model_zoo.__path__[0], info.name, "model.py")):
+            names.append(info.name)
+    return sorted(names)
+
+
+def import_model(name: str):
+    """Import the model folder `model_zoo/<name>`; ConfigError if there is none."""
+    known = available_models()
+    if name not in known:
+        raise ConfigError(f"model.name={name!r} is not a model folder under model_zoo/ "
+                          f"(found: {', '.join(known) or 'none'})")
+    return importlib.import_module(f"model_zoo.{name}")
+
+
+def load_config(path: str, overrides: Optional[List[str]] = None) -> Config:
+    """Read a YAML config, apply `a.b=c` overrides, type-check and validate it."""
+    raw = read_yaml(path)
+    for override in overrides or []:
+        apply_override(raw, override)
+    return config_from_dict(raw, origin=path)
+
+
+def read_yaml(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} does not exist")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = yaml.safe_load(handle)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"config file {path!r} is not valid YAML{where}: {problem}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path!r} is not UTF-8 text") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path!r} must hold a mapping with sections "
+                          f"{', '.join(SECTIONS)}")
+    return raw
+
+
+def apply_override(raw: dict, override: str):
+    """Apply one `section.key=value` override; the value is parsed as YAML."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like section.key=value")
+    dotted, text = override.split("=", 1)
+    parts = dotted.strip().split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"override {override!r}: the key must be section.key, e.g. train.steps")
+    section, key = parts
+    if section not in SECTIONS:
+        raise ConfigError(f"override {override!r}: unknown section {section!r} "
+                          f"(sections: {', '.join(SECTIONS)})")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    target = raw.setdefault(section, {})
+    if not isinstance(target, dict):
+        raise ConfigError(f"section {section!r} must be a mapping")
+    target[key] = value
+
+
+def config_from_dict(raw: dict, origin: str = "<dict>") -> Config:
+    unknown = set(raw) - set(SECTIONS)
+    if unknown:
+        raise ConfigError(f"unknown section {sorted(unknown)[0]!r} in {origin} "
+                          f"(sections: {', '.join(SECTIONS)})")
+    for section in SECTIONS:
+        if raw.get(section) is not None and not isinstance(raw[section], dict):
+            raise ConfigError(f"section {section!r} in {origin} must be a mapping")
+    model_raw = raw.get("model") or {}
+    name = model_raw.get("name")
+    if not name or not isinstance(name, str):
+        raise ConfigError(f"model.name is missing in {origin}: name the model folder, e.g. gpt2")
+    module = import_model(name)
+    config = Config(
+        model=build_section(module.ModelConfig, model_raw, "model"),
+        parallel=build_section(ParallelConfig, raw.get("parallel") or {}, "parallel"),
+        train=build_section(TrainConfig, raw.get("train") or {}, "train"),
+        data=build_section(module.DataConfig, raw.get("data") or {}, "data"),
+    )
+    config.validate()
+    return config
+
+
+def build_section(cls, values: dict, section: str):
+    """Build the dataclass `cls` from a mapping, checking every key and type."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(f"unknown key '{section}.{key}' (known keys: "
+                              f"{', '.join(sorted(fields))})")
+        hint = typing.get_type_hints(cls)[key]
+        kwargs[key] = coerce(value, hint, f"{section}.{key}")
+    return cls(**kwargs)
+
+
+def coerce(value: Any, hint, key: str):
+    """Check `value` against a type hint; ints pass as floats, and YAML's '1e-3' strings too."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Union:
+        options = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        if value is None:
+            return None
+        return coerce(value, options[0], key)
+    if origin in (list, List):
+        (item,) = typing.get_args(hint) or (Any,)
+        if isinstance(value, (str, int, float)):
+            value = [value]
+        if not isinstance(value, list):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return [coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if hint is Any:
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    raise ConfigError(f"{key} must be {getattr(hint, '__name__', hint)}, got {value!r}")
+
+
+def save_config(config: Config, path: str):
+    """Write the resolved config as YAML (atomically) beside a run's outputs."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(config.to_dict(), handle, sort_keys=False)
+    os.replace(tmp, path)
+
+
+def _check_positive(section_obj, section: str, key: str):
+    value = getattr(section_obj, key)
+    if value < 1:
+        raise ConfigError(f"{section}.{key} must be >= 1, got {value}")
+
+
+def _check_choice(section_obj, section: str, key: str, choices):
+    value = getattr(section_obj, key)
+    if value not in choices:
+        raise ConfigError(f"{section}.{key} must be one of {', '.join(choices)}, got {value!r}")

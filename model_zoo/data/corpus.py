@@ -1,0 +1,118 @@
+"""Text documents for training: a built-in offline corpus, user files, and a train/heldout split."""
+
+import ast
+import inspect
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from model_zoo.errors import DataError
+
+EXCLUDED_STDLIB_DIRECTORIES = frozenset(
+    {"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"})
+DOCUMENTED_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+STATEMENT_NODES = (ast.stmt, ast.excepthandler, ast.match_case)
+BLANK_LINES = re.compile(r"\n\s*\n")
+
+
+def python_docstrings_corpus(min_chars=200):
+    """English text available on every machine: the docstrings of Python's standard library.
+
+    Each module, class and function docstring of at least `min_chars` characters is one
+    document, in source order. Sources are parsed with `ast` (never imported) in sorted path
+    order, so the result depends only on the Python version. Files that fail to parse are skipped.
+    """
+    documents = []
+    for path in _stdlib_sources():
+        try:
+            tree = ast.parse(path.read_bytes(), filename=str(path))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in _documented_nodes(tree):
+            docstring = ast.get_docstring(node, clean=False)
+            if docstring:
+                docstring = inspect.cleandoc(docstring)
+                if len(docstring) >= min_chars:
+                    documents.append(docstring)
+    return documents
+
+
+def _documented_nodes(node):
+    """Module, class and function nodes in source order, reached through statements only
+    (expressions hold no docstrings, and skipping them makes this several times faster)."""
+    if isinstance(node, DOCUMENTED_NODES):
+        yield node
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, STATEMENT_NODES):
+            yield from _documented_nodes(child)
+
+
+def _stdlib_sources():
+    """The standard library's `.py` files, sorted by their path relative to its directory."""
+    stdlib = Path(os.__file__).parent
+    sources = []
+    for directory, subdirectories, filenames in os.walk(stdlib):
+        subdirectories[:] = [name for name in subdirectories
+                             if name not in EXCLUDED_STDLIB_DIRECTORIES]
+        sources.extend(Path(directory, name) for name in filenames if name.endswith(".py"))
+    return sorted(sources, key=lambda path: path.relative_to(stdlib).as_posix())
+
+
+def read_text_documents(paths):
+    """Read UTF-8 text files; documents are separated by blank lines.
+
+    Raises DataError naming the file if it is missing, not a regular file, not UTF-8, or
+    holds no text.
+    """
+    paths = list(paths)
+    if not paths:
+        raise DataError("no input text files given")
+    documents = []
+    for path in paths:
+        documents.extend(_read_text_file(Path(path)))
+    return documents
+
+
+def _read_text_file(path):
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    if not path.is_file():
+        raise DataError(f"{path}: not a regular file")
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}: not UTF-8 text (invalid byte at offset {error.start})") from None
+    except OSError as error:
+        raise DataError(f"{path}: cannot be read ({error.strerror})") from None
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    documents = []
+    for block in BLANK_LINES.split(text):
+        document = block.rstrip().lstrip("\n")
+        if document.strip():
+            documents.append(document)
+    if not documents:
+        raise DataError(f"{path}: holds no text")
+    return documents
+
+
+def split_documents(documents, heldout_fraction, seed):
+    """Split documents into (train, heldout) by a permutation seeded with `seed`.
+
+    About `heldout_fraction` of the documents are held out, at least one in each split;
+    both splits keep the documents' original order.
+    """
+    documents = list(documents)
+    if len(documents) < 2:
+        raise DataError(f"need at least 2 documents to split into train and heldout, "
+                        f"got {len(documents)}")
+    if not 0.0 < heldout_fraction < 1.0:
+        raise DataError(f"heldout_fraction must be between 0 and 1 (exclusive), "
+                        f"got {heldout_fraction}")
+    heldout_count = min(max(round(len(documents) * heldout_fraction), 1), len(documents) - 1)
+    permutation = np.random.default_rng(seed).permutation(len(documents))
+    heldout_indices = set(permutation[:heldout_count].tolist())
+    train = [doc for index, doc in enumerate(documents) if index not in heldout_indices]
+    heldout = [doc for index, doc in enumerate(documents) if index in heldout_indices]
+    return train, heldout

@@ -1,0 +1,143 @@
+"""MindRecord files: atomic writing, packing token streams into samples, and training pipelines."""
+
+import itertools
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import mindspore.dataset as ms_dataset
+from mindspore.mindrecord import FileWriter
+
+from model_zoo.errors import DataError
+
+ROWS_PER_WRITE = 4096
+
+
+def index_path(path):
+    """The `.db` index that FileWriter writes next to a MindRecord data file."""
+    return Path(f"{path}.db")
+
+
+def write_mindrecord(path, schema, rows, *, description, overwrite=False):
+    """Write `rows` (dicts matching `schema`) as a single-shard MindRecord file and its index.
+
+    The index stores the data file's name, so both files are written under their final names
+    in a temporary directory next to `path` and moved into place only after commit succeeds.
+    FileWriter drops rows that do not match the schema (e.g. int64 arrays for an int32 field)
+    with only a log warning (removing them from the list it is given), so the written count
+    is checked.
+    """
+    path = Path(path)
+    if not overwrite and (path.exists() or index_path(path).exists()):
+        raise DataError(f"{path} already exists; delete it or choose another output path")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as staging:
+        staged = Path(staging, path.name)
+        writer = FileWriter(str(staged), shard_num=1, overwrite=False)
+        writer.add_schema(schema, description)
+        rows = iter(rows)
+        row_count = 0
+        while chunk := list(itertools.islice(rows, ROWS_PER_WRITE)):
+            first_row, row_count = row_count, row_count + len(chunk)
+            try:
+                writer.write_raw_data(chunk)
+            except RuntimeError:
+                raise DataError(f"{path}: none of rows {first_row}..{row_count - 1} match the "
+                                f"schema {schema}") from None
+        writer.commit()
+        written = count_samples(staged)
+        if written != row_count:
+            raise DataError(f"{path}: only {written} of {row_count} rows match the schema {schema}")
+        os.replace(index_path(staged), index_path(path))
+        os.replace(staged, path)
+
+
+def pack_token_stream(documents_ids, length, eos_id):
+    """Concatenate documents' token ids, each followed by `eos_id`, into rows of `length` tokens.
+
+    Returns an int32 array of shape (N, length); the tail shorter than `length` is dropped.
+    GPT-2 packs with length = seq_length + 1 so that inputs and labels are shifted views.
+    """
+    if length < 1:
+        raise DataError(f"packing length must be positive, got {length}")
+    eos = np.array([eos_id], dtype=np.int32)
+    parts = []
+    for ids in documents_ids:
+        parts.append(np.asarray(ids, dtype=np.int32))
+        parts.append(eos)
+    stream = np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
+    sample_count = len(stream) // length
+    return stream[:sample_count * length].reshape(sample_count, length)
+
+
+def create_dataset(path, columns, batch_size, *, num_shards=1, shard_id=0, shuffle=True, seed=1,
+                   skip_batches=0, repeat=True):
+    """A batched MindDataset over this shard's samples of a MindRecord file.
+
+    Shuffling is deterministic and differs every epoch. It follows MindSpore's dataset seed
+    when an iterator is created, which this sets to `seed`: a later `mindspore.set_seed` or
+    `mindspore.dataset.config.set_seed` before iterating changes the order. Batches drop the
+    remainder; `skip_batches` skips that many batches of the (repeated) stream, which resumes
+    training at its data position with the same batches an uninterrupted run would see.
+    """
+    path = Path(path)
+    _check_readable(path)
+    if batch_size < 1:
+        raise DataError(f"batch_size must be positive, got {batch_size}")
+    if num_shards < 1 or not 0 <= shard_id < num_shards:
+        raise DataError(f"shard_id={shard_id} is not in [0, num_shards={num_shards})")
+    if skip_batches < 0:
+        raise DataError(f"skip_batches must not be negative, got {skip_batches}")
+    available = _open(path).get_col_names()
+    missing = [column for column in columns if column not in available]
+    if missing:
+        raise DataError(f"{path}: has no column {', '.join(missing)} "
+                        f"(columns: {', '.join(available)})")
+
+    sharding = {"num_shards": num_shards, "shard_id": shard_id} if num_shards > 1 else {}
+    ms_dataset.config.set_seed(seed)
+    dataset = ms_dataset.MindDataset(str(path), columns_list=list(columns), shuffle=shuffle,
+                                     **sharding)
+    samples_per_shard = dataset.get_dataset_size()
+    if samples_per_shard < batch_size:
+        raise DataError(f"{path}: {count_samples(path)} samples over {num_shards} shard(s) give "
+                        f"{samples_per_shard} per shard, fewer than one batch of {batch_size}")
+    dataset = dataset.batch(batch_size, drop_remainder=True)
+    if repeat:
+        dataset = dataset.repeat()
+    if skip_batches:
+        dataset = dataset.skip(skip_batches)
+    return dataset
+
+
+def count_samples(path):
+    """Number of samples in a MindRecord file."""
+    path = Path(path)
+    _check_readable(path)
+    return _open(path).get_dataset_size()
+
+
+def _check_readable(path):
+    if not path.is_file():
+        raise DataError(f"{path}: MindRecord file not found")
+    if not index_path(path).is_file():
+        raise DataError(f"{index_path(path)}: index of the MindRecord file {path} not found")
+
+
+def _open(path):
+    """An unshuffled MindDataset of the whole file; DataError if MindSpore cannot read it."""
+    try:
+        dataset = ms_dataset.MindDataset(str(path), shuffle=False)
+        dataset.get_dataset_size()
+    except (RuntimeError, ValueError) as error:
+        raise DataError(f"{path}: not a readable MindRecord file "
+                        f"({_first_error_line(error)})") from None
+    return dataset
+
+
+def _first_error_line(error):
+    """The informative line of a MindSpore error, which wraps it in a banner and a call stack."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    reported = [line for line in lines if line.startswith("[ERROR]")]
+    return (reported or lines or [type(error).__name__])[0]

@@ -1,0 +1,136 @@
+"""SentencePiece tokenizer: training from documents in memory and loading a `.model` file."""
+
+import io
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import sentencepiece
+
+from model_zoo.errors import DataError
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+NEWLINE = "\n"
+MAX_LINE_BYTES = 1 << 16
+VOCAB_TOO_HIGH = re.compile(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)")
+
+
+class Tokenizer:
+    """A trained SentencePiece model that turns text into token ids and back."""
+
+    def __init__(self, model_path):
+        self.model_path = Path(model_path)
+        if not self.model_path.is_file():
+            raise DataError(f"{self.model_path}: tokenizer model not found")
+        try:
+            self._processor = sentencepiece.SentencePieceProcessor(model_file=str(self.model_path))
+        except (RuntimeError, OSError) as error:
+            raise DataError(f"{self.model_path}: not a readable SentencePiece model "
+                            f"({error})") from None
+
+    def encode(self, text):
+        return self._processor.encode(text, out_type=int)
+
+    def decode(self, ids):
+        return self._processor.decode([int(token_id) for token_id in ids])
+
+    def id_to_piece(self, token_id):
+        return self._processor.id_to_piece(int(token_id))
+
+    @property
+    def vocab_size(self):
+        return self._processor.get_piece_size()
+
+    @property
+    def pad_id(self):
+        return self._processor.pad_id()
+
+    @property
+    def unk_id(self):
+        return self._processor.unk_id()
+
+    @property
+    def bos_id(self):
+        return self._processor.bos_id()
+
+    @property
+    def eos_id(self):
+        return self._processor.eos_id()
+
+
+def train_tokenizer(documents, model_path, vocab_size, *, model_type="bpe",
+                    user_defined_symbols=(), character_coverage=1.0):
+    """Train a SentencePiece model of exactly `vocab_size` pieces and write it to `model_path`.
+
+    Documents are fed line by line; the newline is a piece of its own, and text is neither
+    normalized nor stripped of spaces, so decode(encode(text)) gives back any text made of
+    characters seen in training. Ids: pad=0, unk=1, bos=2, eos=3. Training is single-threaded
+    and the model is serialized in memory (a model records its file prefix, so training into a
+    temporary prefix would make every file differ): equal inputs give byte-identical files.
+    `model_path` is replaced atomically.
+    """
+    documents = list(documents)
+    if not any(line.strip() for document in documents for line in document.split(NEWLINE)):
+        raise DataError("no text to train the tokenizer on")
+    symbols = [NEWLINE] + [symbol for symbol in user_defined_symbols if symbol != NEWLINE]
+    smallest_vocab = 4 + len(symbols) + 1
+    if vocab_size < smallest_vocab:
+        raise DataError(f"vocab_size={vocab_size} is too small: need at least {smallest_vocab} "
+                        f"(4 special ids, {len(symbols)} user symbols and one character)")
+    model = io.BytesIO()
+    try:
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=_training_lines(documents),
+            model_writer=model,
+            vocab_size=vocab_size,
+            model_type=model_type,
+            character_coverage=character_coverage,
+            user_defined_symbols=symbols,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            add_dummy_prefix=False,
+            max_sentence_length=MAX_LINE_BYTES,
+            num_threads=1,
+            minloglevel=2,
+        )
+    except RuntimeError as error:
+        raise _training_error(error, vocab_size) from None
+    trained = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    trained_size = trained.get_piece_size()
+    if trained_size != vocab_size:
+        raise DataError(f"tokenizer training produced {trained_size} pieces instead of "
+                        f"vocab_size={vocab_size} (model_type={model_type!r}); "
+                        f"use model_type 'bpe' or 'unigram', or vocab_size={trained_size}")
+    _write_atomically(Path(model_path), model.getvalue())
+    return Tokenizer(model_path)
+
+
+def _training_lines(documents):
+    for document in documents:
+        for line in document.split(NEWLINE):
+            if line.strip():
+                yield line
+
+
+def _training_error(error, vocab_size):
+    too_high = VOCAB_TOO_HIGH.search(str(error))
+    if too_high:
+        return DataError(f"the corpus is too small for vocab_size={vocab_size}: it supports "
+                         f"at most {too_high.group(1)} pieces; use a smaller vocab_size "
+                         f"or more text")
+    return DataError(f"tokenizer training failed: {error}")
+
+
+def _write_atomically(path, content):
+    """Write `content` to a temporary file next to `path`, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(content)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise

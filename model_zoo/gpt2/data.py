@@ -1,0 +1,183 @@
+"""GPT-2 dataset: a SentencePiece tokenizer and packed token samples in MindRecord files.
+
+A built dataset directory holds:
+    tokenizer.model                       SentencePiece model trained on the train split
+    train.mindrecord (+ .db)              rows of seq_length + 1 token ids, column `input_ids`
+    heldout.mindrecord (+ .db)            the same for the held-out documents
+    dataset.json                          what was built; written last, it marks a complete dataset
+
+dataset.json records the source, vocab_size, seq_length, split seed and, per split, the
+numbers of documents, tokens (counting the eos that ends each document) and samples.
+"""
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from model_zoo.data import (
+    pack_token_stream,
+    python_docstrings_corpus,
+    read_text_documents,
+    split_documents,
+    train_tokenizer,
+    write_mindrecord,
+)
+from model_zoo.errors import DataError
+
+TOKENIZER_FILE = "tokenizer.model"
+SPLIT_FILES = {"train": "train.mindrecord", "heldout": "heldout.mindrecord"}
+MANIFEST_FILE = "dataset.json"
+BUILTIN_PYTHON_DOCS = "builtin:python-docs"
+SCHEMA = {"input_ids": {"type": "int32", "shape": [-1]}}
+
+
+def build_dataset(output_dir, documents, *, vocab_size, seq_length, heldout_fraction=0.05, seed=1,
+                  source="documents"):
+    """Build a GPT-2 dataset from text documents into `output_dir` and return its dataset.json.
+
+    The tokenizer is trained on the train split only. Files of an incomplete earlier build (no
+    dataset.json) are replaced; a complete dataset is never overwritten.
+    """
+    output_dir = Path(output_dir)
+    _check_no_dataset(output_dir)
+    _check_positive("vocab_size", vocab_size)
+    _check_positive("seq_length", seq_length)
+    splits = dict(zip(("train", "heldout"), split_documents(documents, heldout_fraction, seed)))
+
+    tokenizer = train_tokenizer(splits["train"], output_dir / TOKENIZER_FILE, vocab_size)
+    packed = {}
+    summary = {}
+    for split, split_docs in splits.items():
+        documents_ids = [tokenizer.encode(document) for document in split_docs]
+        tokens = sum(len(ids) + 1 for ids in documents_ids)
+        samples = pack_token_stream(documents_ids, seq_length + 1, tokenizer.eos_id)
+        if len(samples) == 0:
+            raise DataError(f"the {split} split has {tokens} tokens, fewer than seq_length + 1 = "
+                            f"{seq_length + 1} needed for one sample; give more text, a smaller "
+                            f"seq_length or a larger heldout fraction")
+        packed[split] = samples
+        summary[split] = {"file": SPLIT_FILES[split], "documents": len(split_docs),
+                          "tokens": tokens, "samples": len(samples)}
+
+    for split, samples in packed.items():
+        write_mindrecord(output_dir / SPLIT_FILES[split], SCHEMA,
+                         ({"input_ids": row} for row in samples),
+                         description=f"{split} samples of {seq_length + 1} token ids",
+                         overwrite=True)
+    manifest = {
+        "source": source,
+        "vocab_size": vocab_size,
+        "seq_length": seq_length,
+        "heldout_fraction": heldout_fraction,
+        "seed": seed,
+        "tokenizer": TOKENIZER_FILE,
+        "splits": summary,
+    }
+    _write_json_atomically(output_dir / MANIFEST_FILE, manifest)
+    return manifest
+
+
+def dataset_ready(output_dir, vocab_size, seq_length):
+    """True if `output_dir` holds a complete dataset built for this vocab_size and seq_length.
+
+    Raises DataError if it holds one built with other sizes, or if files are missing.
+    """
+    output_dir = Path(output_dir)
+    manifest = read_manifest(output_dir)
+    if manifest is None:
+        return False
+    built = (manifest.get("vocab_size"), manifest.get("seq_length"))
+    if built != (vocab_size, seq_length):
+        raise DataError(f"{output_dir} holds a dataset built with vocab_size={built[0]}, "
+                        f"seq_length={built[1]}, but vocab_size={vocab_size}, "
+                        f"seq_length={seq_length} is asked for; use another directory or delete it")
+    for name in [TOKENIZER_FILE, *SPLIT_FILES.values(), *(f"{n}.db" for n in SPLIT_FILES.values())]:
+        if not (output_dir / name).is_file():
+            raise DataError(f"{output_dir / name}: missing from the dataset in {output_dir}; "
+                            f"delete the directory and build it again")
+    return True
+
+
+def read_manifest(output_dir):
+    """The dataset.json of `output_dir` as a dict, or None if there is none."""
+    manifest_path = Path(output_dir) / MANIFEST_FILE
+    if not manifest_path.exists():
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"{manifest_path}: not a readable dataset description ({error})") from None
+    if not isinstance(manifest, dict):
+        raise DataError(f"{manifest_path}: not a readable dataset description (not a JSON object)")
+    return manifest
+
+
+def load_documents(sources):
+    """The documents of text files and built-in corpora (`builtin:python-docs`), in order."""
+    documents = []
+    for source in sources:
+        if source == BUILTIN_PYTHON_DOCS:
+            documents.extend(python_docstrings_corpus())
+        elif source.startswith("builtin:"):
+            raise DataError(f"{source}: unknown built-in corpus (available: {BUILTIN_PYTHON_DOCS})")
+        else:
+            documents.extend(read_text_documents([source]))
+    return documents
+
+
+def add_data_arguments(parser):
+    """Arguments of `model-zoo data gpt2`."""
+    parser.add_argument("--input", nargs="+", required=True, metavar="FILE",
+                        help=f"UTF-8 text files (documents separated by blank lines), or "
+                             f"{BUILTIN_PYTHON_DOCS} for the docstrings of Python's "
+                             f"standard library")
+    parser.add_argument("--output-dir", required=True, help="directory to build the dataset in")
+    parser.add_argument("--vocab-size", type=int, required=True, help="tokenizer vocabulary size")
+    parser.add_argument("--seq-length", type=int, required=True,
+                        help="tokens per training sequence")
+    parser.add_argument("--heldout-fraction", type=float, default=0.05,
+                        help="fraction of documents held out for evaluation (default 0.05)")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="seed of the train/heldout split (default 1)")
+
+
+def run_data_command(args):
+    """Build the dataset described by the parsed arguments and print a one-line summary."""
+    _check_no_dataset(Path(args.output_dir))
+    documents = load_documents(args.input)
+    source = " ".join(args.input)
+    if BUILTIN_PYTHON_DOCS in args.input:
+        source += f" (Python {sys.version.split()[0]})"
+    manifest = build_dataset(args.output_dir, documents, vocab_size=args.vocab_size,
+                             seq_length=args.seq_length, heldout_fraction=args.heldout_fraction,
+                             seed=args.seed, source=source)
+    splits = manifest["splits"]
+    print(f"gpt2 dataset: {len(documents)} documents, "
+          f"{splits['train']['tokens'] + splits['heldout']['tokens']} tokens, "
+          f"{splits['train']['samples']} train / {splits['heldout']['samples']} heldout samples "
+          f"of {args.seq_length + 1} tokens in {args.output_dir}")
+
+
+def _check_no_dataset(output_dir):
+    if (output_dir / MANIFEST_FILE).exists():
+        raise DataError(f"{output_dir} already holds a dataset ({output_dir / MANIFEST_FILE}); "
+                        f"delete it or choose another output directory")
+
+
+def _check_positive(name, value):
+    if not isinstance(value, int) or value < 1:
+        raise DataError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _write_json_atomically(path, content):
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            json.dump(content, file, indent=2)
+            file.write("\n")
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise

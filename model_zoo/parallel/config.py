@@ -1,0 +1,97 @@
+"""ParallelConfig: how a model is cut across devices.
+
+One object holds the data, operator-level model and pipeline sizes; every sharded layer
+derives its operator strategies from it, and the parallel context derives the launch setup
+and which data each rank reads.
+"""
+
+from dataclasses import dataclass
+
+from model_zoo.errors import ConfigError
+
+
+@dataclass
+class ParallelConfig:
+    """Sizes of each kind of parallelism.
+
+    Args:
+        data_parallel: number of replicas that each take a slice of the batch (dp).
+        model_parallel: number of devices an operator's weights are split over (mp).
+        pipeline_stage: number of pipeline stages the layers are spread over (pp).
+        micro_batch_num: micro batches per step flowing through the pipeline.
+        optimizer_shard: shard optimizer state (and weights) over the data-parallel group.
+        recompute: recompute each block's activations in the backward pass.
+        vocab_emb_dp: keep the vocabulary embedding whole on each device (split its lookup
+            by batch); when False the table is split by vocabulary over model_parallel.
+        full_batch: every rank reads the whole global batch (MindSpore's "full_batch"
+            dataset strategy) instead of its own slice ("data_parallel", the default).
+    """
+
+    data_parallel: int = 1
+    model_parallel: int = 1
+    pipeline_stage: int = 1
+    micro_batch_num: int = 1
+    optimizer_shard: bool = False
+    recompute: bool = False
+    vocab_emb_dp: bool = True
+    full_batch: bool = False
+
+    @property
+    def dp(self) -> int:
+        return self.data_parallel
+
+    @property
+    def mp(self) -> int:
+        return self.model_parallel
+
+    @property
+    def device_num(self) -> int:
+        """Devices the layout needs: dp x mp x pp."""
+        return self.data_parallel * self.model_parallel * self.pipeline_stage
+
+    @property
+    def devices_per_stage(self) -> int:
+        """Devices of one pipeline stage (MindSpore's S): dp x mp."""
+        return self.data_parallel * self.model_parallel
+
+    def validate(self):
+        """Check the sizes on their own; raises ConfigError naming the key."""
+        for key in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num"):
+            value = getattr(self, key)
+            if value < 1:
+                raise ConfigError(f"parallel.{key} must be >= 1, got {value}")
+        if self.pipeline_stage > 1 and self.micro_batch_num < self.pipeline_stage:
+            raise ConfigError(
+                f"parallel.micro_batch_num={self.micro_batch_num} must be at least "
+                f"parallel.pipeline_stage={self.pipeline_stage}: each stage needs a micro batch "
+                "in flight")
+
+    def batch_slices(self) -> int:
+        """Number of equal pieces the global batch is cut into by the dataset and pipeline.
+
+        With the default dataset strategy each of the devices_per_stage ranks reads its own
+        slice and the pipeline cuts it into micro batches; with full_batch every rank reads
+        the whole batch, which the pipeline cuts into micro batches and each operator then
+        splits by data_parallel.
+        """
+        if self.full_batch:
+            return self.micro_batch_num * self.data_parallel
+        return self.micro_batch_num * self.devices_per_stage
+
+    def check_batch(self, global_batch_size: int, accumulation: int = 1):
+        """Raise ConfigError if the global batch cannot be cut evenly."""
+        slices = self.batch_slices() * accumulation
+        if global_batch_size % slices:
+            how = ("micro_batch_num x data_parallel" if self.full_batch
+                   else "micro_batch_num x data_parallel x model_parallel")
+            if accumulation > 1:
+                how += " x train.grad_accumulation"
+            raise ConfigError(
+                f"train.global_batch_size={global_batch_size} is not divisible by {slices} "
+                f"({how}): each rank needs an equal whole slice")
+
+    def check_divisible(self, name: str, value: int, by: str = "model_parallel"):
+        """Raise ConfigError unless `value` (the config key `name`) divides by a parallel size."""
+        size = getattr(self, by)
+        if value % size:
+            raise ConfigError(f"{name}={value} is not divisible by parallel.{by}={size}")

@@ -1,0 +1,178 @@
+"""The parallel context: device, communication, auto-parallel setup, and the data mapping.
+
+One module owns the parallel state of a run. `init_parallel` picks the device, starts
+communication when the process was launched as one rank of many, and checks the layout
+against the devices; `data_shard` says which slice of the data a rank reads;
+`wrap_train_step` applies MindSpore's semi-auto parallel settings on Ascend.
+"""
+
+import os
+from dataclasses import dataclass
+
+import mindspore as ms
+
+from model_zoo.errors import ConfigError
+from model_zoo.parallel.config import ParallelConfig
+
+PLAN_HINT = "check the layout offline with `model-zoo plan CONFIG --device-num N`"
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What this process is: its device target, rank and the number of ranks."""
+
+    device_target: str
+    rank: int = 0
+    device_num: int = 1
+
+    @property
+    def distributed(self) -> bool:
+        return self.device_num > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 prints progress and writes the shared outputs."""
+        return self.rank == 0
+
+
+@dataclass(frozen=True)
+class DataShard:
+    """Which part of the data one rank reads, and how many samples per step it feeds."""
+
+    num_shards: int
+    shard_id: int
+    batch_size: int
+
+
+def detect_device_target(requested: str = "auto") -> str:
+    """Ascend when its backend loads, else CPU; `requested` or $DEVICE_TARGET overrides."""
+    requested = os.environ.get("DEVICE_TARGET", requested) if requested == "auto" else requested
+    if requested in ("CPU", "Ascend"):
+        return requested
+    if requested != "auto":
+        raise ConfigError(f"device target {requested!r} is not supported (use auto, CPU or Ascend)")
+    try:
+        return "Ascend" if ms.hal.is_available("Ascend") else "CPU"
+    except (RuntimeError, ValueError):
+        return "CPU"
+
+
+def launched_ranks() -> int:
+    """Number of ranks the launcher started (1 for a stand-alone process).
+
+    msrun and MindSpore's dynamic cluster set MS_WORKER_NUM; HCCL rank-table launches set
+    RANK_SIZE.
+    """
+    for variable in ("MS_WORKER_NUM", "RANK_SIZE"):
+        value = os.environ.get(variable)
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise ConfigError(f"environment variable {variable}={value!r} is not a number")
+    return 1
+
+
+def check_layout(parallel: ParallelConfig, device_target: str, device_num: int):
+    """Refuse layouts this run cannot execute, before anything is built."""
+    if device_target == "CPU" and (parallel.model_parallel > 1 or parallel.pipeline_stage > 1):
+        raise ConfigError(
+            f"parallel.model_parallel={parallel.model_parallel} and parallel.pipeline_stage="
+            f"{parallel.pipeline_stage}: MindSpore has no CPU backend for operator-level or "
+            f"pipeline parallelism (it needs Ascend); on CPU use data_parallel only, and "
+            f"{PLAN_HINT}")
+    if parallel.device_num != device_num:
+        raise ConfigError(
+            f"the layout needs {parallel.device_num} devices (data_parallel "
+            f"{parallel.data_parallel} x model_parallel {parallel.model_parallel} x "
+            f"pipeline_stage {parallel.pipeline_stage}) but {device_num} were launched; "
+            f"set parallel.data_parallel to match, or {PLAN_HINT}")
+
+
+def init_parallel(parallel: ParallelConfig, requested_target: str = "auto") -> RunContext:
+    """Set MindSpore's context for this process and start communication when launched as a rank.
+
+    Stand-alone runs need no communication. On CPU several ranks train data-parallel over
+    MindSpore's mccl backend; on Ascend they use hccl and the semi-auto parallel settings
+    that `wrap_train_step` applies.
+    """
+    target = detect_device_target(requested_target)
+    ranks = launched_ranks()
+    check_layout(parallel, target, ranks)
+    ms.set_context(mode=ms.GRAPH_MODE, device_target=target)
+    if target == "Ascend" and os.environ.get("DEVICE_ID"):
+        ms.set_device("Ascend", int(os.environ["DEVICE_ID"]))
+    if ranks == 1:
+        return RunContext(target)
+    from mindspore.communication import get_group_size, get_rank, init
+    init()
+    context = RunContext(target, rank=get_rank(), device_num=get_group_size())
+    if target == "CPU":
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL,
+                                     gradients_mean=True, device_num=context.device_num)
+    return context
+
+
+def data_shard(parallel: ParallelConfig, rank: int, global_batch_size: int) -> DataShard:
+    """Which slice of each global batch `rank` reads, matching the dataset strategy.
+
+    Default ("data_parallel" dataset strategy): MindSpore splits dimension 0 of every input
+    over the devices_per_stage ranks of a pipeline stage, whatever model_parallel is, so each
+    of them must read its own slice: num_shards = devices per stage, shard_id = rank within
+    the stage. Feeding one slice to a whole model-parallel group would duplicate samples.
+    With full_batch every rank reads the whole global batch.
+    """
+    if parallel.full_batch:
+        return DataShard(num_shards=1, shard_id=0, batch_size=global_batch_size)
+    per_stage = parallel.devices_per_stage
+    return DataShard(num_shards=per_stage, shard_id=rank % per_stage,
+                     batch_size=global_batch_size // per_stage)
+
+
+def pipeline_loss_network(loss_network, parallel: ParallelConfig):
+    """On pipeline layouts, MindSpore's Pipeline wrapper cuts each batch into micro batches."""
+    if parallel.pipeline_stage == 1:
+        return loss_network
+    from mindspore.parallel.nn import Pipeline
+    return Pipeline(loss_network, parallel.micro_batch_num)
+
+
+def wrap_train_step(train_step, parallel: ParallelConfig, context: RunContext,
+                    strategy_file: str):
+    """Apply semi-auto parallel to the outermost cell on Ascend; other runs return it as is.
+
+    Sets the pipeline stages, the dataset strategy, the parallel optimizer when
+    optimizer_shard is on, and saves the parameter strategy file that distributed
+    checkpoints need.
+    """
+    if context.device_target != "Ascend" or not context.distributed:
+        return train_step
+    from mindspore.parallel.auto_parallel import AutoParallel
+    parallel_step = AutoParallel(train_step, parallel_mode="semi_auto")
+    parallel_step.dataset_strategy("full_batch" if parallel.full_batch else "data_parallel")
+    parallel_step.enable_gradients_mean()
+    if parallel.pipeline_stage > 1:
+        parallel_step.pipeline(stages=parallel.pipeline_stage)
+    if parallel.optimizer_shard:
+        parallel_step.hsdp()
+    os.makedirs(os.path.dirname(strategy_file), exist_ok=True)
+    parallel_step.save_param_strategy_file(strategy_file)
+    return parallel_step
+
+
+def gradient_reducer(parameters, parallel: ParallelConfig, context: RunContext):
+    """The cell that combines gradients across ranks inside a hand-written train step.
+
+    CPU data parallel: all-reduce (mean) over all ranks, without which the ranks drift apart.
+    Ascend pipeline: MindSpore's pipeline reducer accumulates the micro batches' gradients.
+    Ascend otherwise and stand-alone runs: None (semi-auto parallel inserts the all-reduce).
+    """
+    if not context.distributed:
+        return None
+    if context.device_target == "CPU":
+        from mindspore import nn
+        return nn.DistributedGradReducer(parameters, mean=True, degree=context.device_num)
+    if parallel.pipeline_stage > 1:
+        from mindspore.parallel.nn import PipelineGradReducer
+        return PipelineGradReducer(parameters, opt_shard=parallel.optimizer_shard)
+    return None

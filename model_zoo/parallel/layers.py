@@ -1,0 +1,393 @@
+"""Sharded building blocks.
+
+Every primitive that touches activations or weights gets its `.shard(...)` strategy in
+`__init__`, derived from a ParallelConfig, as MindSpore's semi-auto parallel mode expects on
+Ascend; `construct` only does the math. Strategies follow `MINDSPORE_PARALLEL_RULES.md`
+(dp = data_parallel, mp = model_parallel):
+
+- column-split linear: MatMul ((dp,1),(mp,1)), bias ((dp,mp),(mp,)), no communication;
+- row-split linear:    MatMul ((dp,mp),(1,mp)), bias ((dp,1),(1,)), all-reduce over mp;
+- attention: heads split by mp; scores, softmax and context carry (dp,mp,1,1);
+- layer norm: ((dp,1,1),(1,),(1,)), the normalised axis is never split;
+- vocabulary embedding: Gather ((1,1),(dp,1)) when vocab_emb_dp, else ((mp,1),(1,1));
+- cross-entropy: OneHot and SoftmaxCrossEntropyWithLogits with the class dimension whole.
+
+Stand-alone and data-parallel runs ignore the strategies; the plan check verifies them.
+Activations are (batch, seq, hidden); a linear layer flattens them to 2-D for MatMul.
+"""
+
+import math
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, One, Zero, initializer
+
+from model_zoo.parallel.config import ParallelConfig
+
+MASK_VALUE = -1e9
+
+
+def dtype_of(precision: str):
+    """MindSpore compute dtype for a `train.precision` value."""
+    return ms.float16 if precision == "fp16" else ms.float32
+
+
+class Dropout(nn.Cell):
+    """Dropout with a strategy; an identity when the rate is 0 or the cell is not training.
+
+    Args:
+        rate: probability of dropping an element.
+        strategy: the input's strategy, e.g. (dp, 1, 1).
+    """
+
+    def __init__(self, rate: float, strategy: tuple):
+        super().__init__()
+        self.rate = rate
+        self.dropout = ops.Dropout(keep_prob=1.0 - rate).shard((strategy,))
+
+    def construct(self, x):
+        if self.rate == 0.0 or not self.training:
+            return x
+        return self.dropout(x)[0]
+
+
+class Linear(nn.Cell):
+    """y = x W^T + b over the last axis, with the weight split by columns or rows.
+
+    Args:
+        in_features, out_features: sizes of the last axis before and after.
+        split: "column" splits the output features over mp (no communication), "row" splits
+            the input features over mp (MindSpore all-reduces the partial sums), "none"
+            keeps the weight whole.
+        parallel_config: the layout; dp splits the rows (tokens).
+        activation: optional "gelu" or "relu" applied on the output, sharded like it.
+        has_bias: add a bias.
+        compute_dtype: dtype of the matmul (weights are stored in float32).
+        init_std: standard deviation of the normal weight init.
+
+    Inputs:
+        x: (..., in_features).
+    Outputs:
+        (..., out_features) in compute_dtype.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, split: str = "none",
+                 parallel_config: ParallelConfig, activation: str = None, has_bias: bool = True,
+                 compute_dtype=ms.float32, init_std: float = 0.02):
+        super().__init__()
+        dp, mp = parallel_config.dp, parallel_config.mp
+        if split == "column":
+            parallel_config.check_divisible(f"output features of a {in_features}->"
+                                            f"{out_features} linear layer", out_features)
+            matmul_strategy, out_strategy = ((dp, 1), (mp, 1)), (dp, mp)
+        elif split == "row":
+            parallel_config.check_divisible(f"input features of a {in_features}->"
+                                            f"{out_features} linear layer", in_features)
+            matmul_strategy, out_strategy = ((dp, mp), (1, mp)), (dp, 1)
+        elif split == "none":
+            matmul_strategy, out_strategy = ((dp, 1), (1, 1)), (dp, 1)
+        else:
+            raise ValueError(f"split must be column, row or none, got {split!r}")
+        self.in_features, self.out_features = in_features, out_features
+        self.compute_dtype = compute_dtype
+        self.weight = Parameter(initializer(Normal(init_std), (out_features, in_features),
+                                            ms.float32), name="weight")
+        self.matmul = ops.MatMul(transpose_b=True).shard(matmul_strategy)
+        self.has_bias = has_bias
+        if has_bias:
+            self.bias = Parameter(initializer(Zero(), (out_features,), ms.float32), name="bias")
+            self.bias_add = ops.Add().shard((out_strategy, (out_strategy[1],)))
+        self.activation = None
+        if activation == "gelu":
+            self.activation = ops.GeLU().shard((out_strategy,))
+        elif activation == "relu":
+            self.activation = ops.ReLU().shard((out_strategy,))
+        elif activation is not None:
+            raise ValueError(f"activation must be gelu, relu or None, got {activation!r}")
+
+    def construct(self, x):
+        lead_shape = x.shape[:-1]
+        x = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.in_features))
+        y = self.matmul(x, ops.cast(self.weight, self.compute_dtype))
+        if self.has_bias:
+            y = self.bias_add(y, ops.cast(self.bias, self.compute_dtype))
+        if self.activation is not None:
+            y = self.activation(y)
+        return ops.reshape(y, lead_shape + (self.out_features,))
+
+
+class LayerNorm(nn.Cell):
+    """Layer normalisation over the last axis, computed in float32; that axis is never split.
+
+    Inputs:
+        x: (batch, seq, hidden).
+    Outputs:
+        float32 tensor of the same shape.
+    """
+
+    def __init__(self, hidden_size: int, *, parallel_config: ParallelConfig, eps: float = 1e-5):
+        super().__init__()
+        dp = parallel_config.dp
+        self.gamma = Parameter(initializer(One(), (hidden_size,), ms.float32), name="gamma")
+        self.beta = Parameter(initializer(Zero(), (hidden_size,), ms.float32), name="beta")
+        self.norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1,
+                                  epsilon=eps).shard(((dp, 1, 1), (1,), (1,)))
+
+    def construct(self, x):
+        return self.norm(ops.cast(x, ms.float32), self.gamma, self.beta)[0]
+
+
+class VocabEmbedding(nn.Cell):
+    """Token embedding lookup.
+
+    With `parallel_config.vocab_emb_dp` every device keeps the whole table and the lookup is
+    split by batch; otherwise the table is split by vocabulary over mp (the indices stay
+    whole, MindSpore masks out-of-shard ids and sums the partial lookups).
+
+    Inputs:
+        input_ids: int32 (batch, seq).
+    Outputs:
+        float32 (batch, seq, hidden).
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, *, parallel_config: ParallelConfig,
+                 init_std: float = 0.02):
+        super().__init__()
+        dp, mp = parallel_config.dp, parallel_config.mp
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
+        self.embedding_table = Parameter(
+            initializer(Normal(init_std), (vocab_size, hidden_size), ms.float32),
+            name="embedding_table")
+        if parallel_config.vocab_emb_dp:
+            self.gather = ops.Gather().shard(((1, 1), (dp, 1)))
+        else:
+            parallel_config.check_divisible("model.vocab_size", vocab_size)
+            self.gather = ops.Gather().shard(((mp, 1), (1, 1)))
+
+    def construct(self, input_ids):
+        return self.gather(self.embedding_table, input_ids, 0)
+
+
+class PositionEmbedding(nn.Cell):
+    """Learned absolute positions added to (batch, seq, hidden) activations.
+
+    Inputs:
+        x: float32 (batch, seq, hidden), seq <= max_positions.
+    Outputs:
+        float32 (batch, seq, hidden).
+    """
+
+    def __init__(self, max_positions: int, hidden_size: int, *,
+                 parallel_config: ParallelConfig, init_std: float = 0.02):
+        super().__init__()
+        dp = parallel_config.dp
+        self.embedding_table = Parameter(
+            initializer(Normal(init_std), (max_positions, hidden_size), ms.float32),
+            name="embedding_table")
+        self.slice = ops.StridedSlice().shard(((1, 1),))
+        self.add = ops.Add().shard(((dp, 1, 1), (1, 1)))
+
+    def construct(self, x):
+        seq, hidden = x.shape[1], x.shape[2]
+        positions = self.slice(self.embedding_table, (0, 0), (seq, hidden), (1, 1))
+        return self.add(x, positions)
+
+
+class MultiHeadAttention(nn.Cell):
+    """Multi-head attention: causal self attention or cross attention.
+
+    Q, K and V are column-split linear layers (heads split over mp), the output projection
+    is row-split, so one attention costs one all-reduce over mp in the forward pass.
+
+    Args:
+        hidden_size, num_heads: model width and heads (both divisible by mp).
+        parallel_config: the layout.
+        causal: mask future positions (decoder self attention).
+        max_seq_length: longest sequence, for the causal mask.
+        attention_dropout, hidden_dropout: dropout on the probabilities and on the output.
+        compute_dtype: dtype of the matmuls; softmax runs in float32.
+        init_std, output_init_std: init of the projections and of the output projection.
+
+    Inputs:
+        query: (batch, seq_q, hidden).
+        key_value: (batch, seq_k, hidden); pass `query` again for self attention.
+        attention_bias: None or float32 additive bias (batch, 1, 1, seq_k), 0 to keep and a
+            large negative number to mask (padding).
+    Outputs:
+        float32 (batch, seq_q, hidden).
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, *, parallel_config: ParallelConfig,
+                 causal: bool = False, max_seq_length: int = 1024,
+                 attention_dropout: float = 0.0, hidden_dropout: float = 0.0,
+                 compute_dtype=ms.float32, init_std: float = 0.02,
+                 output_init_std: float = None):
+        super().__init__()
+        dp, mp = parallel_config.dp, parallel_config.mp
+        parallel_config.check_divisible("model.num_heads", num_heads)
+        parallel_config.check_divisible("model.hidden_size", hidden_size)
+        self.num_heads = num_heads
+        self.head_dim = hidden_size // num_heads
+        self.hidden_size = hidden_size
+        self.compute_dtype = compute_dtype
+        self.causal = causal
+        linear = dict(parallel_config=parallel_config, compute_dtype=compute_dtype,
+                      init_std=init_std)
+        self.query = Linear(hidden_size, hidden_size, split="column", **linear)
+        self.key = Linear(hidden_size, hidden_size, split="column", **linear)
+        self.value = Linear(hidden_size, hidden_size, split="column", **linear)
+        self.output = Linear(hidden_size, hidden_size, split="row",
+                             parallel_config=parallel_config, compute_dtype=compute_dtype,
+                             init_std=output_init_std or init_std)
+        heads = (dp, mp, 1, 1)
+        self.split_heads = ops.Transpose().shard(((dp, 1, mp, 1),))
+        self.merge_heads = ops.Transpose().shard((heads,))
+        self.scale = ops.Mul().shard((heads, ()))
+        self.scores = ops.BatchMatMul(transpose_b=True).shard((heads, heads))
+        self.add_causal = ops.Add().shard((heads, (1, 1, 1, 1)))
+        self.add_bias = ops.Add().shard((heads, (dp, 1, 1, 1)))
+        self.softmax = ops.Softmax(axis=-1).shard((heads,))
+        self.context = ops.BatchMatMul().shard((heads, heads))
+        self.attention_dropout = Dropout(attention_dropout, heads)
+        self.hidden_dropout = Dropout(hidden_dropout, (dp, 1, 1))
+        if causal:
+            allowed = np.tril(np.ones((max_seq_length, max_seq_length), dtype=bool))
+            self.causal_bias = Tensor(np.where(allowed, 0.0, MASK_VALUE)[None, None],
+                                      ms.float32)
+            self.slice_causal = ops.StridedSlice().shard(((1, 1, 1, 1),))
+        self.inv_sqrt_head_dim = 1.0 / math.sqrt(self.head_dim)
+
+    def _heads(self, x):
+        """(batch, seq, hidden) -> (batch, heads, seq, head_dim)."""
+        batch, seq = x.shape[0], x.shape[1]
+        x = ops.reshape(x, (batch, seq, self.num_heads, self.head_dim))
+        return self.split_heads(x, (0, 2, 1, 3))
+
+    def construct(self, query, key_value, attention_bias=None):
+        batch, seq_q = query.shape[0], query.shape[1]
+        seq_k = key_value.shape[1]
+        q = self.scale(self._heads(self.query(query)),
+                       ops.cast(self.inv_sqrt_head_dim, self.compute_dtype))
+        k = self._heads(self.key(key_value))
+        v = self._heads(self.value(key_value))
+        scores = ops.cast(self.scores(q, k), ms.float32)
+        if self.causal:
+            bias = self.slice_causal(self.causal_bias, (0, 0, seq_k - seq_q, 0),
+                                     (1, 1, seq_k, seq_k), (1, 1, 1, 1))
+            scores = self.add_causal(scores, bias)
+        if attention_bias is not None:
+            scores = self.add_bias(scores, attention_bias)
+        probs = self.attention_dropout(ops.cast(self.softmax(scores), self.compute_dtype))
+        context = self.merge_heads(self.context(probs, v), (0, 2, 1, 3))
+        context = ops.reshape(context, (batch, seq_q, self.hidden_size))
+        return self.hidden_dropout(ops.cast(self.output(context), ms.float32))
+
+
+class FeedForward(nn.Cell):
+    """Position-wise feed-forward: column-split expansion with activation, row-split back.
+
+    Inputs:
+        x: (batch, seq, hidden).
+    Outputs:
+        float32 (batch, seq, hidden).
+    """
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, *,
+                 parallel_config: ParallelConfig, activation: str = "gelu",
+                 hidden_dropout: float = 0.0, compute_dtype=ms.float32, init_std: float = 0.02,
+                 output_init_std: float = None):
+        super().__init__()
+        parallel_config.check_divisible("model.ffn_hidden_size", ffn_hidden_size)
+        self.expand = Linear(hidden_size, ffn_hidden_size, split="column",
+                             activation=activation, parallel_config=parallel_config,
+                             compute_dtype=compute_dtype, init_std=init_std)
+        self.project = Linear(ffn_hidden_size, hidden_size, split="row",
+                              parallel_config=parallel_config, compute_dtype=compute_dtype,
+                              init_std=output_init_std or init_std)
+        self.dropout = Dropout(hidden_dropout, (parallel_config.dp, 1, 1))
+
+    def construct(self, x):
+        return self.dropout(ops.cast(self.project(self.expand(x)), ms.float32))
+
+
+class ResidualAdd(nn.Cell):
+    """x + y for (batch, seq, hidden) activations, split by batch."""
+
+    def __init__(self, *, parallel_config: ParallelConfig):
+        super().__init__()
+        dp = parallel_config.dp
+        self.add = ops.Add().shard(((dp, 1, 1), (dp, 1, 1)))
+
+    def construct(self, x, y):
+        return self.add(x, y)
+
+
+class VocabProjection(nn.Cell):
+    """Logits over the vocabulary from hidden states and a (tied) embedding table.
+
+    The vocabulary axis is split over mp when the embedding is (vocab_emb_dp False), else whole.
+
+    Inputs:
+        x: (batch, seq, hidden); embedding_table: (vocab, hidden).
+    Outputs:
+        float32 (batch * seq, vocab).
+    """
+
+    def __init__(self, hidden_size: int, *, parallel_config: ParallelConfig,
+                 compute_dtype=ms.float32):
+        super().__init__()
+        dp, mp = parallel_config.dp, parallel_config.mp
+        vocab_split = 1 if parallel_config.vocab_emb_dp else mp
+        self.hidden_size = hidden_size
+        self.compute_dtype = compute_dtype
+        self.matmul = ops.MatMul(transpose_b=True).shard(((dp, 1), (vocab_split, 1)))
+
+    def construct(self, x, embedding_table):
+        x = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.hidden_size))
+        logits = self.matmul(x, ops.cast(embedding_table, self.compute_dtype))
+        return ops.cast(logits, ms.float32)
+
+
+class CrossEntropy(nn.Cell):
+    """Mean cross-entropy over the positions whose mask is 1.
+
+    OneHot and SoftmaxCrossEntropyWithLogits split the tokens by dp and keep the class
+    dimension whole, as MindSpore requires; the masked mean reduces over dp.
+
+    Inputs:
+        logits: float32 (tokens, classes); labels: int32 (tokens,); mask: float32 (tokens,).
+    Outputs:
+        float32 scalar.
+    """
+
+    def __init__(self, *, parallel_config: ParallelConfig):
+        super().__init__()
+        dp = parallel_config.dp
+        self.one_hot = ops.OneHot().shard(((dp, 1), (), ()))
+        self.softmax_cross_entropy = ops.SoftmaxCrossEntropyWithLogits().shard(
+            ((dp, 1), (dp, 1)))
+        self.mul = ops.Mul().shard(((dp,), (dp,)))
+        self.sum = ops.ReduceSum().shard(((dp,),))
+        self.on_value = Tensor(1.0, ms.float32)
+        self.off_value = Tensor(0.0, ms.float32)
+
+    def construct(self, logits, labels, mask):
+        one_hot = self.one_hot(labels, logits.shape[-1], self.on_value, self.off_value)
+        loss = self.softmax_cross_entropy(logits, one_hot)[0]
+        total = self.sum(self.mul(loss, mask), ())
+        return total / ops.maximum(self.sum(mask, ()), 1.0)
+
+
+def assign_pipeline_stages(blocks, parallel_config: ParallelConfig):
+    """Give each block a pipeline stage: equal contiguous groups, in order.
+
+    Cells before the first block belong to stage 0 and cells after the last to the final
+    stage; the model sets those itself.
+    """
+    stages = parallel_config.pipeline_stage
+    per_stage = len(blocks) // stages
+    for index, block in enumerate(blocks):
+        block.pipeline_stage = min(index // per_stage, stages - 1)
+        if parallel_config.recompute:
+            block.recompute()

@@ -1,0 +1,77 @@
+"""Checkpoints: atomic saves, keeping the last few, finding the newest, loading weights.
+
+A training checkpoint holds every parameter of the train step: the model, the optimizer
+moments, the loss scale and the step, so `--resume` restarts exactly where a run stopped.
+"""
+
+import glob
+import os
+import re
+
+import mindspore as ms
+
+from model_zoo.errors import CheckpointError
+
+CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)\.ckpt$")
+
+
+def checkpoint_path(output_dir: str, step: int) -> str:
+    return os.path.join(output_dir, "checkpoints", f"step_{step:08d}.ckpt")
+
+
+def list_checkpoints(output_dir: str):
+    """(step, path) of every complete checkpoint in a run's output dir, oldest first."""
+    found = []
+    for path in glob.glob(os.path.join(output_dir, "checkpoints", "step_*.ckpt")):
+        match = CHECKPOINT_PATTERN.match(os.path.basename(path))
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def save_checkpoint(cell, output_dir: str, step: int, keep: int) -> str:
+    """Save `cell`'s parameters for `step`: write a temporary file, then rename it into place.
+
+    A crash mid-save leaves the previous checkpoints intact; only the newest `keep` are kept.
+    """
+    path = checkpoint_path(output_dir, step)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path[:-len(".ckpt")] + ".tmp.ckpt"
+    ms.save_checkpoint(cell, tmp)
+    os.replace(tmp, path)
+    for _, old in list_checkpoints(output_dir)[:-keep]:
+        os.remove(old)
+    return path
+
+
+def read_checkpoint(path: str) -> dict:
+    """Parameters of a checkpoint file; CheckpointError if it is missing or unreadable."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path!r} does not exist")
+    try:
+        return ms.load_checkpoint(path)
+    except Exception as err:  # MindSpore raises ValueError/RuntimeError on bad files
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"checkpoint {path!r} cannot be read: {first_line}") from None
+
+
+def load_weights(network, path: str, strict: bool = True) -> dict:
+    """Load a checkpoint's values into `network`; returns the checkpoint's parameter dict.
+
+    Names and shapes must match the network's parameters (optimizer state in the file is
+    ignored). With `strict`, a parameter the file lacks is an error.
+    """
+    values = read_checkpoint(path)
+    expected = dict(network.parameters_and_names())
+    missing = [name for name in expected if name not in values]
+    if strict and missing:
+        raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "
+                              f"{len(missing)} parameters, e.g. {missing[0]!r}")
+    for name, param in expected.items():
+        if name in values and tuple(values[name].shape) != tuple(param.shape):
+            raise CheckpointError(
+                f"checkpoint {path!r} does not match the model: {name!r} has shape "
+                f"{tuple(values[name].shape)} in the file and {tuple(param.shape)} in the model")
+    ms.load_param_into_net(network, {k: v for k, v in values.items() if k in expected},
+                           strict_load=False)
+    return values

@@ -1,0 +1,60 @@
+"""Run outputs for people and machines: the progress line, metrics.jsonl and the loss curve."""
+
+import json
+import os
+
+
+class MetricsLog:
+    """Appends one JSON object per logged step to `metrics.jsonl`.
+
+    On resume, entries after the resumed step are dropped first, so the file reads as one
+    uninterrupted run.
+    """
+
+    def __init__(self, path: str, resume_step: int = 0):
+        self.path = path
+        kept = [entry for entry in read_metrics(path) if entry.get("step", 0) <= resume_step]
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as handle:
+            for entry in kept:
+                handle.write(json.dumps(entry) + "\n")
+        os.replace(tmp, path)
+
+    def write(self, entry: dict):
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(entry) + "\n")
+
+
+def read_metrics(path: str) -> list:
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def progress_line(entry: dict, total_steps: int) -> str:
+    return (f"step {entry['step']}/{total_steps} | loss {entry['loss']:.4f} | "
+            f"lr {entry['lr']:.2e} | loss scale {entry['loss_scale']:g} | "
+            f"grad norm {entry['grad_norm']:.3f} | {entry['tokens_per_s']:.0f} tokens/s | "
+            f"{entry['samples_per_s']:.1f} samples/s"
+            + ("" if entry.get("finite", True) else " | overflow: step skipped"))
+
+
+def plot_loss_curve(metrics_path: str, png_path: str, title: str):
+    """Save the loss curve of a run as a PNG (matplotlib without a display)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    entries = read_metrics(metrics_path)
+    if not entries:
+        return None
+    figure, axes = plt.subplots(figsize=(7, 4))
+    axes.plot([e["step"] for e in entries], [e["loss"] for e in entries])
+    axes.set_xlabel("step")
+    axes.set_ylabel("training loss")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(png_path, dpi=100)
+    plt.close(figure)
+    return png_path

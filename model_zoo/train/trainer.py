@@ -1,0 +1,149 @@
+"""The training loop: checks, data, model, train step, progress, checkpoints, resume."""
+
+import json
+import os
+import time
+
+import numpy as np
+import mindspore as ms
+
+from model_zoo.config import Config, import_model, read_yaml, save_config
+from model_zoo.errors import UserInputError
+from model_zoo.parallel.context import (data_shard, gradient_reducer, init_parallel,
+                                        pipeline_loss_network, wrap_train_step)
+from model_zoo.parallel.layers import dtype_of
+from model_zoo.train.checkpoint import list_checkpoints, load_weights, save_checkpoint
+from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line
+from model_zoo.train.schedule import WarmupCosineSchedule
+from model_zoo.train.step import TrainStep, build_optimizer
+
+
+def default_output_dir(config_path: str) -> str:
+    name = os.path.splitext(os.path.basename(config_path))[0]
+    return os.path.join("outputs", name)
+
+
+def check_output_dir(output_dir: str, config: Config, resume: bool):
+    """Refuse to start where it would overwrite a previous run, or resume an incompatible one."""
+    checkpoints = list_checkpoints(output_dir)
+    if checkpoints and not resume:
+        raise UserInputError(
+            f"{output_dir} already holds a run (newest checkpoint: step {checkpoints[-1][0]}); "
+            f"pass --resume to continue it, or choose another --output-dir")
+    if resume and not checkpoints:
+        raise UserInputError(f"--resume: no checkpoint in {output_dir}/checkpoints to resume from")
+    saved_path = os.path.join(output_dir, "config.yaml")
+    if resume and os.path.exists(saved_path):
+        saved = read_yaml(saved_path).get("model", {})
+        current = config.to_dict()["model"]
+        for key, value in current.items():
+            if saved.get(key) != value:
+                raise UserInputError(
+                    f"--resume: model.{key} is {value!r} but the run in {output_dir} used "
+                    f"{saved.get(key)!r}")
+
+
+def train(config: Config, output_dir: str, resume: bool = False) -> dict:
+    """Train `config`'s model; returns the final evaluation. Outputs go to `output_dir`."""
+    module = import_model(config.model.name)
+    context = init_parallel(config.parallel, config.train.device_target)
+    if context.distributed:
+        output_dir = os.path.join(output_dir, f"rank_{context.rank}")
+    check_output_dir(output_dir, config, resume)
+    shard = data_shard(config.parallel, context.rank, config.train.global_batch_size)
+    module.prepare_data(config)
+
+    os.makedirs(output_dir, exist_ok=True)
+    ms.set_seed(config.train.seed)
+    compute_dtype = dtype_of(config.train.precision)
+    network = module.build_train_network(config, compute_dtype)
+    step_cell = build_train_step(config, network, context)
+    start_step = 0
+    if resume:
+        newest_step, newest = list_checkpoints(output_dir)[-1]
+        load_weights(step_cell, newest)
+        start_step = int(step_cell.step.asnumpy())
+        log(context, f"resuming from {newest} (step {start_step})")
+    dataset = module.create_train_dataset(config, shard, skip_batches=start_step)
+    runnable = wrap_train_step(step_cell, config.parallel, context,
+                               os.path.join(output_dir, "strategy", "param_strategy.ckpt"))
+    save_config(config, os.path.join(output_dir, "config.yaml"))
+    write_run_info(output_dir, config, context, shard)
+
+    metrics_path = os.path.join(output_dir, "metrics.jsonl")
+    metrics = MetricsLog(metrics_path, resume_step=start_step)
+    run_loop(config, runnable, step_cell, dataset, metrics, output_dir, context, start_step)
+
+    network.set_train(False)
+    result = module.evaluate(config, network)
+    if context.is_main:
+        png = plot_loss_curve(metrics_path, os.path.join(output_dir, "loss_curve.png"),
+                              f"{config.model.name}: training loss")
+        log(context, f"loss curve: {png}")
+        log(context, "held-out evaluation: " + json.dumps(result))
+        sample = getattr(module, "sample_text", None)
+        if sample is not None:
+            log(context, "sample: " + sample(config, network))
+    return result
+
+
+def build_train_step(config: Config, network, context) -> TrainStep:
+    train = config.train
+    schedule = WarmupCosineSchedule(train.lr, train.min_lr, train.warmup_steps, train.steps)
+    loss_network = pipeline_loss_network(network, config.parallel)
+    optimizer = build_optimizer(network, train, schedule)
+    return TrainStep(
+        loss_network, optimizer, schedule,
+        grad_reducer=gradient_reducer(optimizer.parameters, config.parallel, context),
+        dynamic_loss_scale=train.precision == "fp16", loss_scale=train.loss_scale,
+        scale_window=train.loss_scale_window, grad_clip=train.grad_clip,
+        accumulation=train.grad_accumulation)
+
+
+def run_loop(config, runnable, step_cell, dataset, metrics, output_dir, context, start_step):
+    train = config.train
+    tokens_per_sample = config.model.seq_length
+    step_cell.set_train(True)
+    iterator = dataset.create_tuple_iterator(num_epochs=1)
+    interval_start, interval_steps = time.perf_counter(), 0
+    for step in range(start_step + 1, train.steps + 1):
+        batch = next(iterator)
+        started = time.perf_counter()
+        loss, finite, scale, grad_norm, lr = runnable(*batch)
+        loss_value = float(loss.asnumpy())
+        if step == start_step + 1:
+            log(context, f"compiled and ran the first step in {time.perf_counter() - started:.1f} s")
+            interval_start, interval_steps = time.perf_counter(), 0
+        else:
+            interval_steps += 1
+        if not np.isfinite(loss_value) and train.precision == "fp32":
+            raise RuntimeError(f"loss became {loss_value} at step {step}; lower train.lr")
+        if step % train.log_steps == 0 or step == train.steps:
+            elapsed = max(time.perf_counter() - interval_start, 1e-9)
+            samples_per_s = interval_steps * train.global_batch_size / elapsed
+            entry = {"step": step, "loss": loss_value, "lr": float(lr.asnumpy()),
+                     "loss_scale": float(scale.asnumpy()),
+                     "grad_norm": float(grad_norm.asnumpy()), "finite": bool(finite.asnumpy()),
+                     "samples_per_s": samples_per_s,
+                     "tokens_per_s": samples_per_s * tokens_per_sample}
+            metrics.write(entry)
+            log(context, progress_line(entry, train.steps))
+            interval_start, interval_steps = time.perf_counter(), 0
+        if step % train.save_steps == 0 or step == train.steps:
+            path = save_checkpoint(step_cell, output_dir, step, train.keep_checkpoints)
+            log(context, f"saved {path}")
+
+
+def write_run_info(output_dir, config, context, shard):
+    """Record what this rank is and which data it reads (the launcher tests read it)."""
+    info = {"rank": context.rank, "device_num": context.device_num,
+            "device_target": context.device_target, "num_shards": shard.num_shards,
+            "shard_id": shard.shard_id, "batch_size_per_rank": shard.batch_size,
+            "global_batch_size": config.train.global_batch_size}
+    with open(os.path.join(output_dir, "run_info.json"), "w", encoding="utf-8") as handle:
+        json.dump(info, handle, indent=2)
+
+
+def log(context, message: str):
+    if context.is_main:
+        print(message, flush=True)

@@ -1,0 +1,101 @@
+"""Fixed-shape autoregressive decoding of a tiny random GPT-2."""
+
+import os
+
+os.environ.setdefault("GLOG_v", "3")
+
+import numpy as np
+import pytest
+import mindspore as ms
+
+from model_zoo.gpt2.generate import filter_logits, generate
+from model_zoo.gpt2.model import GPT2Config, GPT2ForTraining
+
+SEQ, VOCAB = 8, 23
+
+
+@pytest.fixture(scope="module")
+def lm():
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_seed(0)
+    # A large init_std gives peaked logits, so argmax is not decided by rounding noise.
+    config = GPT2Config(num_layers=1, hidden_size=32, num_heads=2, seq_length=SEQ,
+                        vocab_size=VOCAB, init_std=0.3)
+    network = GPT2ForTraining(config)
+    network.set_train(False)
+    return network.lm
+
+
+def _argmax_last(lm, tokens):
+    logits = lm(ms.Tensor(np.array([tokens], dtype=np.int32))).asnumpy()
+    return int(np.argmax(logits.reshape(len(tokens), VOCAB)[-1]))
+
+
+def test_greedy_equals_full_recomputation(lm):
+    prompt = [3, 1, 4]
+    expected, tokens = [], list(prompt)
+    for _ in range(3):
+        token = _argmax_last(lm, tokens)
+        expected.append(token)
+        tokens.append(token)
+    assert generate(lm, prompt, 3, seq_length=SEQ) == expected
+
+
+def test_top_k_1_sampling_equals_greedy(lm):
+    prompt = [7, 2]
+    greedy = generate(lm, prompt, 4, seq_length=SEQ)
+    sampled = generate(lm, prompt, 4, seq_length=SEQ, greedy=False, top_k=1, seed=5,
+                       temperature=2.0)
+    assert sampled == greedy
+
+
+def test_same_seed_same_sample(lm):
+    kwargs = dict(seq_length=SEQ, greedy=False, temperature=3.0, top_k=10, top_p=0.95)
+    first = generate(lm, [1, 2, 3], 5, seed=11, **kwargs)
+    assert generate(lm, [1, 2, 3], 5, seed=11, **kwargs) == first
+    assert len(first) == 5 and all(0 <= token < VOCAB for token in first)
+
+
+def test_eos_stops_generation(lm):
+    prompt = [9, 9, 1]
+    full = generate(lm, prompt, 5, seq_length=SEQ)
+    cut = 2
+    eos = full[cut]
+    stopped = generate(lm, prompt, 5, seq_length=SEQ, eos_id=eos)
+    assert stopped == full[:full.index(eos) + 1]
+    assert stopped[-1] == eos
+
+
+def test_sliding_window(lm):
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, VOCAB, size=SEQ + 3)]
+    ours = generate(lm, prompt, 3, seq_length=SEQ)
+    expected, tokens = [], list(prompt)
+    for _ in range(3):
+        token = _argmax_last(lm, tokens[-SEQ:])
+        expected.append(token)
+        tokens.append(token)
+    assert ours == expected
+    assert generate(lm, prompt[-SEQ:], 3, seq_length=SEQ) == ours
+
+
+def test_filter_logits():
+    logits = np.log(np.array([0.2, 0.5, 0.3]))
+    np.testing.assert_allclose(filter_logits(logits), [0.2, 0.5, 0.3])
+    np.testing.assert_allclose(filter_logits(logits, top_k=2), [0.0, 0.5 / 0.8, 0.3 / 0.8])
+    np.testing.assert_allclose(filter_logits(logits, top_p=0.6), [0.0, 0.5 / 0.8, 0.3 / 0.8])
+    np.testing.assert_allclose(filter_logits(logits, top_p=0.5), [0.0, 1.0, 0.0])
+    hot = filter_logits(logits, temperature=0.5)
+    assert hot[1] > 0.5 and hot.sum() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("prompt, new, kwargs", [
+    ([], 1, {}),
+    ([1], 0, {}),
+    ([1], 1, {"top_k": -1}),
+    ([1], 1, {"top_p": 0.0}),
+    ([1], 1, {"top_p": 1.5}),
+    ([1], 1, {"temperature": 0.0}),
+])
+def test_bad_arguments(prompt, new, kwargs):
+    with pytest.raises(ValueError):
+        generate(None, prompt, new, seq_length=SEQ, **kwargs)
