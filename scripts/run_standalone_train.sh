@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Train one model in one process (a CPU, or one Ascend device).
+#
+# Usage: bash scripts/run_standalone_train.sh CONFIG [args for `model-zoo train`]
+#   e.g. bash scripts/run_standalone_train.sh model_zoo/gpt2/configs/tiny.yaml \
+#            --output-dir outputs/tiny --set train.steps=500
+# Environment: DEVICE_TARGET=CPU|Ascend (default: Ascend when its backend loads),
+#              DEVICE_ID (Ascend device to use), PYTHON (default python3).
+set -euo pipefail
+
+usage() {
+    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+}
+
+if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
+    usage
+    exit 1
+fi
+CONFIG=$1
+shift
+if [ ! -f "$CONFIG" ]; then
+    echo "error: config file $CONFIG does not exist" >&2
+    exit 2
+fi
+export GLOG_v=${GLOG_v:-3}
+exec "${PYTHON:-python3}" -m model_zoo train "$CONFIG" "$@"
