@@ -175,7 +175,9 @@ def apply_override(raw: dict, override: str):
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         value = text
-    target = raw.setdefault(section, {})
+    if raw.get(section) is None:  # an absent or empty (`train:`) section
+        raw[section] = {}
+    target = raw[section]
     if not isinstance(target, dict):
         raise ConfigError(f"section {section!r} must be a mapping")
     target[key] = value
@@ -241,13 +243,16 @@ def coerce(value: Any, hint, key: str):
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif hint is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+        if number is not None and number == number:  # NaN passes every `<`/`>` check
+            return number
     elif hint is str:
         if isinstance(value, str):
             return value

@@ -385,6 +385,7 @@ def assign_pipeline_stages(blocks, parallel_config: ParallelConfig):
     Cells before the first block belong to stage 0 and cells after the last to the final
     stage; the model sets those itself.
     """
+    parallel_config.check_divisible("model.num_layers", len(blocks), by="pipeline_stage")
     stages = parallel_config.pipeline_stage
     per_stage = len(blocks) // stages
     for index, block in enumerate(blocks):

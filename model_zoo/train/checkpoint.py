@@ -62,7 +62,9 @@ def load_weights(network, path: str, strict: bool = True) -> dict:
     ignored). With `strict`, a parameter the file lacks is an error.
     """
     values = read_checkpoint(path)
-    expected = dict(network.parameters_and_names())
+    # keyed like the file: by each parameter's own name, which is not its attribute path
+    # for cells built with auto_prefix=False (the train step's optimizer and loss-scale state)
+    expected = {param.name: param for param in network.get_parameters()}
     missing = [name for name in expected if name not in values]
     if strict and missing:
         raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "

@@ -73,7 +73,9 @@ class TrainStep(nn.Cell):
         return loss_sum / self.accumulation, grads
 
     def construct(self, *batch):
-        scale = self.loss_scale
+        # a copy: returning the Parameter itself would report its value after this step's
+        # adjustment instead of the scale this step used
+        scale = self.loss_scale * 1.0
         lr = self.lr_schedule(self.optimizer.global_step)
         loss, grads = self._gradients(batch, scale)
         if self.grad_reducer is not None:
@@ -115,7 +117,8 @@ def build_optimizer(network, train_config, lr_schedule):
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": train_config.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0},
-              {"order_params": params}]
+              {"params": no_decay, "weight_decay": 0.0}]
+    # MindSpore refuses an empty group (a model without any 1-D or any 2-D parameter)
+    groups = [group for group in groups if group["params"]] + [{"order_params": params}]
     return nn.AdamWeightDecay(groups, learning_rate=lr_schedule, beta1=train_config.adam_beta1,
                               beta2=train_config.adam_beta2, eps=train_config.adam_eps)

@@ -1,5 +1,7 @@
 """The training loop: checks, data, model, train step, progress, checkpoints, resume."""
 
+import contextlib
+import fcntl
 import json
 import os
 import time
@@ -51,7 +53,8 @@ def train(config: Config, output_dir: str, resume: bool = False) -> dict:
         output_dir = os.path.join(output_dir, f"rank_{context.rank}")
     check_output_dir(output_dir, config, resume)
     shard = data_shard(config.parallel, context.rank, config.train.global_batch_size)
-    module.prepare_data(config)
+    with exclusive_lock(config.data.dataset_dir.rstrip("/\\") + ".lock"):
+        module.prepare_data(config)
 
     os.makedirs(output_dir, exist_ok=True)
     ms.set_seed(config.train.seed)
@@ -110,7 +113,7 @@ def run_loop(config, runnable, step_cell, dataset, metrics, output_dir, context,
         batch = next(iterator)
         started = time.perf_counter()
         loss, finite, scale, grad_norm, lr = runnable(*batch)
-        loss_value = float(loss.asnumpy())
+        loss_value = loss.asnumpy().item()
         if step == start_step + 1:
             log(context, f"compiled and ran the first step in {time.perf_counter() - started:.1f} s")
             interval_start, interval_steps = time.perf_counter(), 0
@@ -119,11 +122,13 @@ def run_loop(config, runnable, step_cell, dataset, metrics, output_dir, context,
         if not np.isfinite(loss_value) and train.precision == "fp32":
             raise RuntimeError(f"loss became {loss_value} at step {step}; lower train.lr")
         if step % train.log_steps == 0 or step == train.steps:
+            if interval_steps == 0:  # only the first step so far: time it alone
+                interval_start, interval_steps = started, 1
             elapsed = max(time.perf_counter() - interval_start, 1e-9)
             samples_per_s = interval_steps * train.global_batch_size / elapsed
-            entry = {"step": step, "loss": loss_value, "lr": float(lr.asnumpy()),
-                     "loss_scale": float(scale.asnumpy()),
-                     "grad_norm": float(grad_norm.asnumpy()), "finite": bool(finite.asnumpy()),
+            entry = {"step": step, "loss": loss_value, "lr": lr.asnumpy().item(),
+                     "loss_scale": scale.asnumpy().item(),
+                     "grad_norm": grad_norm.asnumpy().item(), "finite": bool(finite.asnumpy().item()),
                      "samples_per_s": samples_per_s,
                      "tokens_per_s": samples_per_s * tokens_per_sample}
             metrics.write(entry)
@@ -142,6 +147,18 @@ def write_run_info(output_dir, config, context, shard):
             "global_batch_size": config.train.global_batch_size}
     with open(os.path.join(output_dir, "run_info.json"), "w", encoding="utf-8") as handle:
         json.dump(info, handle, indent=2)
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str):
+    """Hold a file lock, so that of several ranks on one machine only one builds the data."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def log(context, message: str):

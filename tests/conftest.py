@@ -1,0 +1,89 @@
+"""Shared fixtures: one tiny GPT-2 dataset per test session and tiny config files pointing at it.
+
+The dataset (vocab 400, seq_length 16) is built from a slice of the standard library's
+docstrings, so every test that trains reuses it instead of building its own.
+"""
+
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("GLOG_v", "3")  # quiet MindSpore, here and in the subprocesses
+
+import pytest
+import yaml
+
+TINY_VOCAB = 400
+TINY_SEQ = 16
+TINY_DOCUMENTS = 60
+
+TINY_CONFIG = {
+    "model": {"name": "gpt2", "num_layers": 1, "hidden_size": 32, "num_heads": 2,
+              "seq_length": TINY_SEQ, "vocab_size": TINY_VOCAB, "dropout": 0.0,
+              "attention_dropout": 0.0},
+    "parallel": {"data_parallel": 1, "model_parallel": 1, "pipeline_stage": 1},
+    "train": {"steps": 4, "global_batch_size": 8, "lr": 1.0e-2, "min_lr": 1.0e-3,
+              "warmup_steps": 0, "grad_clip": 1.0, "precision": "fp32", "save_steps": 2,
+              "keep_checkpoints": 2, "log_steps": 1, "seed": 1, "device_target": "CPU"},
+    "data": {"dataset_dir": "", "sources": ["builtin:python-docs"], "heldout_fraction": 0.1},
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory):
+    """Directory of a complete GPT-2 dataset: vocab 400, seq_length 16, about 700 samples."""
+    from model_zoo.data import python_docstrings_corpus
+    from model_zoo.gpt2.data import build_dataset
+
+    directory = tmp_path_factory.mktemp("gpt2_data") / "tiny"
+    documents = python_docstrings_corpus()[:TINY_DOCUMENTS]
+    build_dataset(directory, documents, vocab_size=TINY_VOCAB, seq_length=TINY_SEQ,
+                  heldout_fraction=0.1, seed=1, source="python docstrings (test slice)")
+    return str(directory)
+
+
+def tiny_config_dict(dataset_dir, overrides=None):
+    """The tiny config as a dict, with `{"section.key": value}` overrides applied."""
+    config = {section: dict(values) for section, values in TINY_CONFIG.items()}
+    config["data"]["dataset_dir"] = str(dataset_dir)
+    for dotted, value in (overrides or {}).items():
+        section, key = dotted.split(".")
+        config[section][key] = value
+    return config
+
+
+def write_tiny_config(path, dataset_dir, overrides=None):
+    """Write the tiny config (with overrides) as YAML to `path`; returns the path as a str."""
+    with open(path, "w", encoding="utf-8") as handle:
+        yaml.safe_dump(tiny_config_dict(dataset_dir, overrides), handle, sort_keys=False)
+    return str(path)
+
+
+@pytest.fixture
+def write_config(tiny_dataset, tmp_path):
+    """Factory: write_config({"train.steps": 8}, name="a.yaml") -> path of a tiny config YAML."""
+
+    def write(overrides=None, name="tiny.yaml", directory=None):
+        return write_tiny_config(os.path.join(str(directory or tmp_path), name), tiny_dataset,
+                                 overrides)
+
+    return write
+
+
+def run_cli(*args, timeout=300):
+    """`python -m model_zoo ARGS` in a subprocess, as a user runs it; returns CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", "model_zoo", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, GLOG_v="3"))
+
+
+def snapshot(directory):
+    """{relative path: (bytes, mtime_ns)} of every file under `directory`."""
+    found = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as handle:
+                found[os.path.relpath(path, directory)] = (handle.read(),
+                                                           os.stat(path).st_mtime_ns)
+    return found

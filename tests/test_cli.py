@@ -1,0 +1,126 @@
+"""The `model-zoo` command as a user runs it (`python -m model_zoo` in a subprocess)."""
+
+import json
+import math
+import os
+import re
+import shutil
+
+import pytest
+
+from conftest import TINY_VOCAB, run_cli, snapshot, write_tiny_config
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_dataset, tmp_path_factory):
+    """One tiny CLI training run: 4 steps, checkpoints at steps 2 and 4."""
+    root = tmp_path_factory.mktemp("cli")
+    config = write_tiny_config(root / "tiny.yaml", tiny_dataset,
+                               {"train.steps": 4, "train.save_steps": 2})
+    run_dir = root / "run"
+    result = run_cli("train", config, "--output-dir", run_dir)
+    assert result.returncode == 0, result.stderr
+    return {"config": config, "run_dir": run_dir, "stdout": result.stdout,
+            "ckpt": run_dir / "checkpoints" / "step_00000004.ckpt"}
+
+
+def test_train_writes_a_run(trained):
+    run_dir = trained["run_dir"]
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["step_00000002.ckpt",
+                                                           "step_00000004.ckpt"]
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [entry["step"] for entry in metrics] == [1, 2, 3, 4]
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "loss_curve.png").is_file()
+    assert "step 4/4 | loss" in trained["stdout"]
+
+
+def test_eval_prints_one_json_line(trained):
+    result = run_cli("eval", trained["config"], "--ckpt", trained["ckpt"])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1, result.stdout
+    report = json.loads(lines[0])
+    assert math.isfinite(report["loss"]) and report["samples"] > 0
+    assert report["perplexity"] == pytest.approx(math.exp(report["loss"]), rel=1e-3)
+    # the checkpoint holds the final weights: the same numbers the training run printed
+    printed = re.search(r"held-out evaluation: (\{.*\})", trained["stdout"]).group(1)
+    assert report == json.loads(printed)
+
+
+def test_generate_from_ids(trained):
+    result = run_cli("generate", trained["config"], "--ckpt", trained["ckpt"],
+                     "--prompt-ids", "1 2 3", "--greedy", "--max-new-tokens", "5")
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("ids:")
+    ids = [int(token) for token in first[len("ids:"):].split()]
+    assert len(ids) == 5 and all(0 <= i < TINY_VOCAB for i in ids)
+
+
+def test_generate_from_text(trained):
+    result = run_cli("generate", trained["config"], "--ckpt", trained["ckpt"],
+                     "--prompt", "Return the", "--max-new-tokens", "4", "--seed", "3")
+    assert result.returncode == 0, result.stderr
+    first, text = result.stdout.split("\n", 1)
+    assert first.startswith("ids:") and len(first[len("ids:"):].split()) == 4
+    assert text.startswith("Return the")
+
+
+def _bad_inputs(case, run_dir, config, ckpt, tmp_path):
+    """Arguments of each bad invocation and a fragment its error message must hold."""
+    train = ["train", config, "--output-dir", run_dir]
+    resume = train + ["--resume"]  # gets past the existing-run check to the one under test
+    if case == "existing run without --resume":
+        return train, "already holds a run"
+    if case == "--resume into an empty dir":
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        return ["train", config, "--output-dir", empty, "--resume"], "no checkpoint"
+    if case == "--resume with another model shape":
+        return resume + ["--set", "model.hidden_size=64"], "model.hidden_size is 64"
+    if case == "--resume from a corrupt checkpoint":
+        ckpt.write_bytes(os.urandom(4096))
+        os.utime(ckpt, ns=(1, 1))
+        return resume, "cannot be read"
+    if case == "eval of a corrupt checkpoint":
+        corrupt = tmp_path / "corrupt.ckpt"
+        corrupt.write_bytes(os.urandom(4096))
+        return ["eval", config, "--ckpt", corrupt], "cannot be read"
+    if case == "eval of another model shape":
+        return (["eval", config, "--ckpt", ckpt, "--set", "model.hidden_size=64"],
+                "does not match the model")
+    if case == "missing data source":
+        return (resume + ["--set", f"data.dataset_dir={tmp_path / 'new_dataset'}",
+                          "--set", f"data.sources=[{tmp_path / 'missing.txt'}]"],
+                "missing.txt: file not found")
+    if case == "model_parallel on CPU":
+        return resume + ["--set", "parallel.model_parallel=2"], "parallel.model_parallel=2"
+    if case == "indivisible batch":
+        return resume + ["--set", "parallel.data_parallel=3"], "not divisible by 3"
+    if case == "unknown key":
+        return resume + ["--set", "train.bogus=1"], "unknown key 'train.bogus'"
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", [
+    "existing run without --resume", "--resume into an empty dir",
+    "--resume with another model shape", "--resume from a corrupt checkpoint",
+    "eval of a corrupt checkpoint", "eval of another model shape", "missing data source",
+    "model_parallel on CPU", "indivisible batch", "unknown key"])
+def test_bad_input_stops_with_one_error_line_and_touches_nothing(trained, tmp_path, case):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained["run_dir"], run_dir)  # copy2: bytes and mtimes are kept
+    ckpt = run_dir / "checkpoints" / "step_00000004.ckpt"
+    args, fragment = _bad_inputs(case, run_dir, trained["config"], ckpt, tmp_path)
+    before = snapshot(run_dir)
+
+    result = run_cli(*args)
+
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert fragment in lines[0]
+    assert snapshot(run_dir) == before, "the run's files changed"
+    if (tmp_path / "empty").exists():
+        assert os.listdir(tmp_path / "empty") == []
+    assert not (tmp_path / "new_dataset" / "dataset.json").exists()

@@ -1,0 +1,222 @@
+"""Training: run outputs, exact resume, loss scaling, gradient accumulation and clipping."""
+
+import math
+import os
+
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+
+from model_zoo.config import TrainConfig, load_config
+from model_zoo.gpt2.model import GPT2Config, GPT2ForTraining
+from model_zoo.train.checkpoint import list_checkpoints, read_checkpoint
+from model_zoo.train.metrics import read_metrics
+from model_zoo.train.schedule import WarmupCosineSchedule
+from model_zoo.train.step import TrainStep, build_optimizer
+from model_zoo.train.trainer import train
+
+
+@pytest.fixture(scope="module", autouse=True)
+def graph_mode():
+    """The trainer runs in GRAPH mode; the hand-built train steps here do too. MindSpore's
+    context is process-wide, so the previous mode is restored for the other test files."""
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    yield
+    ms.set_context(mode=previous)
+
+
+def run_train(config_path, output_dir, resume=False, overrides=None):
+    return train(load_config(config_path, overrides), str(output_dir), resume=resume)
+
+
+def all_files(directory):
+    return [os.path.join(root, name) for root, _, names in os.walk(directory) for name in names]
+
+
+# --- a whole run ---------------------------------------------------------------------------
+
+def test_tiny_run_writes_outputs_and_learns(write_config, tmp_path):
+    config_path = write_config({"train.steps": 40, "train.log_steps": 3, "train.save_steps": 8,
+                                "train.keep_checkpoints": 2, "train.global_batch_size": 16,
+                                "model.hidden_size": 64})
+    out = tmp_path / "run"
+    result = run_train(config_path, out)
+
+    entries = read_metrics(out / "metrics.jsonl")
+    assert [e["step"] for e in entries] == list(range(3, 40, 3)) + [40]
+    for entry in entries:
+        assert {"step", "loss", "tokens_per_s", "lr", "loss_scale", "grad_norm"} <= set(entry)
+        assert math.isfinite(entry["loss"]) and entry["tokens_per_s"] > 0
+    first, last = entries[0]["loss"], entries[-1]["loss"]
+    assert last < first - 0.3, f"loss did not fall: {first:.3f} -> {last:.3f}"
+
+    # saved every 8 steps, only the newest 2 kept, each written atomically
+    assert [step for step, _ in list_checkpoints(out)] == [32, 40]
+    assert sorted(os.listdir(out / "checkpoints")) == ["step_00000032.ckpt", "step_00000040.ckpt"]
+    assert not [path for path in all_files(out) if ".tmp" in os.path.basename(path)]
+    newest = read_checkpoint(str(out / "checkpoints" / "step_00000040.ckpt"))
+    assert newest["train_step"].asnumpy().item() == 40
+    assert newest["global_step"].asnumpy().item() == 40  # the optimizer's step (schedule)
+
+    saved = load_config(str(out / "config.yaml"))
+    assert saved == load_config(config_path)
+    png = out / "loss_curve.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+    assert math.isfinite(result["loss"])
+    assert result["perplexity"] == pytest.approx(math.exp(result["loss"]), rel=1e-3)
+
+
+# --- resume -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("precision, accumulation", [("fp32", 1), ("fp16", 2)])
+def test_resume_continues_exactly(write_config, tmp_path, precision, accumulation):
+    # The lr is still warming up at step 8, so it depends only on the restored optimizer step,
+    # not on train.steps (which differs between the two halves). With fp16 the loss scale
+    # doubles every 3 good steps, so a wrong scale or good-step counter after resume shows.
+    overrides = {"train.save_steps": 4, "train.log_steps": 1, "train.warmup_steps": 20,
+                 "train.precision": precision, "train.grad_accumulation": accumulation,
+                 "train.loss_scale_window": 3, "train.keep_checkpoints": 5}
+    whole = write_config({**overrides, "train.steps": 8}, name="whole.yaml")
+    half = write_config({**overrides, "train.steps": 4}, name="half.yaml")
+    run_train(whole, tmp_path / "whole")
+    run_train(half, tmp_path / "resumed")
+    assert [step for step, _ in list_checkpoints(tmp_path / "resumed")] == [4]
+    run_train(half, tmp_path / "resumed", resume=True, overrides=["train.steps=8"])
+
+    expected = read_metrics(tmp_path / "whole" / "metrics.jsonl")
+    resumed = read_metrics(tmp_path / "resumed" / "metrics.jsonl")
+    assert [e["step"] for e in resumed] == [e["step"] for e in expected] == list(range(1, 9))
+    for want, got in zip(expected[4:], resumed[4:]):
+        assert got["loss"] == pytest.approx(want["loss"], abs=1e-5), got["step"]
+        assert got["lr"] == pytest.approx(want["lr"], rel=1e-6), got["step"]
+        assert got["loss_scale"] == want["loss_scale"], got["step"]
+    if precision == "fp16":
+        assert len({e["loss_scale"] for e in expected}) > 1  # the scale did change
+
+    final_whole = read_checkpoint(str(tmp_path / "whole" / "checkpoints" / "step_00000008.ckpt"))
+    final_resumed = read_checkpoint(
+        str(tmp_path / "resumed" / "checkpoints" / "step_00000008.ckpt"))
+    assert sorted(final_whole) == sorted(final_resumed)
+    for name, value in final_whole.items():
+        np.testing.assert_array_equal(final_resumed[name].asnumpy(), value.asnumpy(),
+                                      err_msg=name)
+
+
+# --- the train step on its own ------------------------------------------------------------
+
+class MeanOfLinear(nn.Cell):
+    """loss = mean(x @ w), the matmul in `dtype`. d loss / d w = x^T 1 / (batch * out),
+    whatever w is, so the expected gradient is known exactly."""
+
+    def __init__(self, n_in=4, n_out=4, dtype=ms.float32):
+        super().__init__()
+        self.weight = Parameter(Tensor(np.full((n_in, n_out), 0.1, np.float32)), name="weight")
+        self.dtype = dtype
+
+    def construct(self, x):
+        y = ops.matmul(ops.cast(x, self.dtype), ops.cast(self.weight, self.dtype))
+        return ops.reduce_mean(ops.cast(y, ms.float32))
+
+
+def params_of(cell):
+    """Every parameter's value by its name (as checkpoints store it)."""
+    return {param.name: param.asnumpy().copy() for param in cell.get_parameters()}
+
+
+def run_step(step, *batch):
+    loss, finite, scale, grad_norm, lr = step(*batch)
+    return (loss.asnumpy().item(), bool(finite.asnumpy()), scale.asnumpy().item(),
+            grad_norm.asnumpy().item(), lr.asnumpy().item())
+
+
+def test_fp16_overflow_skips_the_step_and_halves_the_scale():
+    # batch 2 x 4 of ones, fp16 matmul: the fp16 weight gradient is loss_scale / 4, which is
+    # 65536 = inf in fp16 for a scale of 2**18, and 32768 (finite) for 2**17.
+    network = MeanOfLinear(dtype=ms.float16)
+    schedule = WarmupCosineSchedule(1e-2, 1e-3, 0, 100)
+    optimizer = build_optimizer(network, TrainConfig(), schedule)
+    step = TrainStep(network, optimizer, schedule, dynamic_loss_scale=True,
+                     loss_scale=2.0 ** 18, scale_window=2, grad_clip=1.0)
+    x = Tensor(np.ones((2, 4), np.float32))
+    before = params_of(step)
+
+    _, finite, scale, _, _ = run_step(step, x)
+    after = params_of(step)
+    assert finite is False
+    assert scale == 2.0 ** 18  # the scale this step used
+    assert after.pop("loss_scale") == 2.0 ** 17
+    assert after.pop("train_step") == 1
+    before.pop("loss_scale"), before.pop("train_step")
+    for name, value in before.items():  # weights, Adam moments, optimizer step: untouched
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
+        assert np.all(np.isfinite(after[name])), name
+
+    loss, finite, scale, grad_norm, _ = run_step(step, x)
+    assert finite is True and scale == 2.0 ** 17
+    assert grad_norm == pytest.approx(1.0, rel=1e-3)  # 16 entries of 1/4, unscaled
+    assert loss == pytest.approx(0.4, rel=1e-3)
+    weight = step.network.weight.asnumpy()
+    assert np.all(np.isfinite(weight)) and not np.array_equal(weight, before["weight"])
+    assert float(step.loss_scale.asnumpy()) == 2.0 ** 17  # one good step: window is 2
+
+    _, finite, scale, _, _ = run_step(step, x)
+    assert finite is True and scale == 2.0 ** 17
+    assert float(step.loss_scale.asnumpy()) == 2.0 ** 18  # two good steps: doubled
+    assert int(step.good_steps.asnumpy()) == 0
+
+
+def sgd_step(network, lr, **kwargs):
+    schedule = WarmupCosineSchedule(lr, lr, 0, 100)  # constant lr
+    optimizer = nn.SGD(network.trainable_params(), learning_rate=schedule)
+    return TrainStep(network, optimizer, schedule, **kwargs)
+
+
+@pytest.mark.parametrize("grad_clip", [0.0, 1e-3, 100.0])
+def test_gradient_clipping_bounds_the_update(grad_clip):
+    # plain SGD: the update is exactly lr x (clipped) gradient
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 4)).astype(np.float32)
+    expected_grad = np.repeat(x.sum(axis=0, keepdims=True).T, 4, axis=1) / (3 * 4)
+    norm = float(np.linalg.norm(expected_grad))
+    assert 1e-2 < norm < 100.0
+    network = MeanOfLinear()
+    step = sgd_step(network, lr=1.0, grad_clip=grad_clip)
+    start = network.weight.asnumpy().copy()
+
+    _, finite, _, grad_norm, _ = run_step(step, Tensor(x))
+    assert finite is True
+    assert grad_norm == pytest.approx(norm, rel=1e-5)  # reported before clipping
+    factor = grad_clip / norm if 0 < grad_clip < norm else 1.0
+    update = start - network.weight.asnumpy()
+    np.testing.assert_allclose(update, expected_grad * factor, rtol=1e-4, atol=1e-7)
+    if grad_clip == 1e-3:
+        assert np.linalg.norm(update) == pytest.approx(grad_clip, rel=1e-3)
+
+
+def tiny_gpt2():
+    config = GPT2Config(num_layers=1, hidden_size=32, num_heads=2, seq_length=8, vocab_size=50)
+    return GPT2ForTraining(config)
+
+
+@pytest.mark.parametrize("accumulation", [2, 4])
+def test_gradient_accumulation_matches_one_big_batch(accumulation):
+    ids = Tensor(np.random.default_rng(1).integers(0, 50, size=(4, 9)).astype(np.int32))
+    whole_net, accumulated_net = tiny_gpt2(), tiny_gpt2()
+    ms.load_param_into_net(accumulated_net, {name: Parameter(Tensor(value), name=name)
+                                             for name, value in params_of(whole_net).items()})
+    start = params_of(whole_net)
+    whole = sgd_step(whole_net, lr=0.5, grad_clip=0.0, accumulation=1)
+    accumulated = sgd_step(accumulated_net, lr=0.5, grad_clip=0.0, accumulation=accumulation)
+
+    loss_1, _, _, norm_1, _ = run_step(whole, ids)
+    loss_n, _, _, norm_n, _ = run_step(accumulated, ids)
+    assert loss_n == pytest.approx(loss_1, rel=1e-5)
+    assert norm_n == pytest.approx(norm_1, rel=1e-4)
+    after_1, after_n = params_of(whole_net), params_of(accumulated_net)
+    moved = 0
+    for name, value in after_1.items():
+        np.testing.assert_allclose(after_n[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+        moved += not np.array_equal(value, start[name])
+    assert moved > 0
