@@ -7,6 +7,9 @@ import os
 class MetricsLog:
     """Appends one JSON object per logged step to `metrics.jsonl`.
 
+    `loss` is the mean over the steps since the previous entry; throughput is measured over
+    the same steps.
+
     On resume, entries after the resumed step are dropped first, so the file reads as one
     uninterrupted run.
     """

@@ -108,12 +108,13 @@ def run_loop(config, runnable, step_cell, dataset, metrics, output_dir, context,
     tokens_per_sample = config.model.seq_length
     step_cell.set_train(True)
     iterator = dataset.create_tuple_iterator(num_epochs=1)
-    interval_start, interval_steps = time.perf_counter(), 0
+    interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
     for step in range(start_step + 1, train.steps + 1):
         batch = next(iterator)
         started = time.perf_counter()
         loss, finite, scale, grad_norm, lr = runnable(*batch)
         loss_value = loss.asnumpy().item()
+        interval_losses.append(loss_value)
         if step == start_step + 1:
             log(context, f"compiled and ran the first step in {time.perf_counter() - started:.1f} s")
             interval_start, interval_steps = time.perf_counter(), 0
@@ -126,14 +127,15 @@ def run_loop(config, runnable, step_cell, dataset, metrics, output_dir, context,
                 interval_start, interval_steps = started, 1
             elapsed = max(time.perf_counter() - interval_start, 1e-9)
             samples_per_s = interval_steps * train.global_batch_size / elapsed
-            entry = {"step": step, "loss": loss_value, "lr": lr.asnumpy().item(),
+            entry = {"step": step, "loss": float(np.mean(interval_losses)),
+                     "lr": lr.asnumpy().item(),
                      "loss_scale": scale.asnumpy().item(),
                      "grad_norm": grad_norm.asnumpy().item(), "finite": bool(finite.asnumpy().item()),
                      "samples_per_s": samples_per_s,
                      "tokens_per_s": samples_per_s * tokens_per_sample}
             metrics.write(entry)
             log(context, progress_line(entry, train.steps))
-            interval_start, interval_steps = time.perf_counter(), 0
+            interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
         if step % train.save_steps == 0 or step == train.steps:
             path = save_checkpoint(step_cell, output_dir, step, train.keep_checkpoints)
             log(context, f"saved {path}")
