@@ -11,6 +11,7 @@ import sys
 
 from model_zoo.config import available_models, import_model, load_config
 from model_zoo.errors import UserInputError
+from model_zoo.parallel.rank_table import add_rank_table_arguments, run_rank_table_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
                                             "(default: outputs/<config name>)")
     train.add_argument("--resume", action="store_true",
                        help="continue from the newest checkpoint in --output-dir")
+    train.add_argument("--data-url", "--data_url", dest="data_url",
+                       help="cloud job: dataset location (copied in with moxing when it is "
+                            "installed, else a path used as data.dataset_dir)")
+    train.add_argument("--train-url", "--train_url", dest="train_url",
+                       help="cloud job: output location (outputs copied out with moxing "
+                            "after each checkpoint, else a path used as --output-dir)")
 
     evaluate = commands.add_parser("eval", help="evaluate a checkpoint on held-out data (JSON)")
     add_config_arguments(evaluate)
@@ -53,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
             module = import_model(model)
             if hasattr(module, hook):
                 getattr(module, hook)(models.add_parser(model, help=f"{name} for {model}"))
+
+    add_rank_table_arguments(commands.add_parser(
+        "rank-table", help="generate, validate and merge HCCL rank tables (no config needed)"))
     return parser
 
 
@@ -71,6 +81,8 @@ def model_command(module, name: str, command: str):
 
 
 def run(args) -> int:
+    if args.command == "rank-table":
+        return run_rank_table_command(args)
     if args.command in ("data", "convert"):
         module = import_model(args.model)
         hook = "run_data_command" if args.command == "data" else "run_convert_command"
@@ -79,8 +91,12 @@ def run(args) -> int:
     config = load_config(args.config, args.overrides)
     module = import_model(config.model.name)
     if args.command == "train":
+        from model_zoo.train.cloud import CloudStorage
         from model_zoo.train.trainer import default_output_dir, train
-        train(config, args.output_dir or default_output_dir(args.config), resume=args.resume)
+        storage = CloudStorage(args.data_url, args.train_url)
+        output_dir = storage.prepare(config, args.output_dir or default_output_dir(args.config),
+                                     args.resume)
+        train(config, output_dir, resume=args.resume, on_save=storage.upload)
     elif args.command == "eval":
         print(json.dumps(model_command(module, "run_eval", "eval")(config, args.ckpt)))
     elif args.command == "generate":

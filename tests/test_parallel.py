@@ -21,8 +21,7 @@ from model_zoo.gpt2.model import GPT2Block, GPT2Config, GPT2ForTraining
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.parallel.context import (check_layout, data_shard, detect_device_target,
                                         launched_ranks)
-from model_zoo.parallel.layers import (LayerNorm, Linear, MultiHeadAttention, VocabEmbedding,
-                                       VocabProjection)
+from model_zoo.parallel.layers import LayerNorm, MultiHeadAttention
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "model_zoo", "gpt2", "configs")
 BENCHMARK = os.path.join(CONFIG_DIR, "gpt2-1024.yaml")

@@ -4,7 +4,6 @@ The trainer and the command line reach a model only through the names exported b
 model folder's `__init__.py`, so a copy of this folder is a new model.
 """
 
-import json
 import math
 import os
 from dataclasses import dataclass, field

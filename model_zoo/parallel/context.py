@@ -29,11 +29,6 @@ class RunContext:
     def distributed(self) -> bool:
         return self.device_num > 1
 
-    @property
-    def is_main(self) -> bool:
-        """Rank 0 prints progress and writes the shared outputs."""
-        return self.rank == 0
-
 
 @dataclass(frozen=True)
 class DataShard:

@@ -2,6 +2,8 @@
 
 import contextlib
 import fcntl
+import hashlib
+import itertools
 import json
 import os
 import time
@@ -45,8 +47,10 @@ def check_output_dir(output_dir: str, config: Config, resume: bool):
                     f"{saved.get(key)!r}")
 
 
-def train(config: Config, output_dir: str, resume: bool = False) -> dict:
-    """Train `config`'s model; returns the final evaluation. Outputs go to `output_dir`."""
+def train(config: Config, output_dir: str, resume: bool = False, on_save=None) -> dict:
+    """Train `config`'s model; returns the final evaluation. Outputs go to `output_dir`
+    (`rank_<i>/` inside it when several ranks run); `on_save(output_dir)` is called after
+    each checkpoint and at the end (cloud jobs copy the outputs out there)."""
     module = import_model(config.model.name)
     context = init_parallel(config.parallel, config.train.device_target)
     if context.distributed:
@@ -66,27 +70,31 @@ def train(config: Config, output_dir: str, resume: bool = False) -> dict:
         newest_step, newest = list_checkpoints(output_dir)[-1]
         load_weights(step_cell, newest)
         start_step = int(step_cell.step.asnumpy())
-        log(context, f"resuming from {newest} (step {start_step})")
+        log(f"resuming from {newest} (step {start_step})")
     dataset = module.create_train_dataset(config, shard, skip_batches=start_step)
     runnable = wrap_train_step(step_cell, config.parallel, context,
                                os.path.join(output_dir, "strategy", "param_strategy.ckpt"))
     save_config(config, os.path.join(output_dir, "config.yaml"))
-    write_run_info(output_dir, config, context, shard)
+    batches = dataset.create_tuple_iterator(num_epochs=1)
+    first_batch = next(batches)
+    write_run_info(output_dir, config, context, shard, first_batch)
 
     metrics_path = os.path.join(output_dir, "metrics.jsonl")
     metrics = MetricsLog(metrics_path, resume_step=start_step)
-    run_loop(config, runnable, step_cell, dataset, metrics, output_dir, context, start_step)
+    run_loop(config, runnable, step_cell, itertools.chain([first_batch], batches), metrics,
+             output_dir, start_step, on_save)
 
     network.set_train(False)
     result = module.evaluate(config, network)
-    if context.is_main:
-        png = plot_loss_curve(metrics_path, os.path.join(output_dir, "loss_curve.png"),
-                              f"{config.model.name}: training loss")
-        log(context, f"loss curve: {png}")
-        log(context, "held-out evaluation: " + json.dumps(result))
-        sample = getattr(module, "sample_text", None)
-        if sample is not None:
-            log(context, "sample: " + sample(config, network))
+    png = plot_loss_curve(metrics_path, os.path.join(output_dir, "loss_curve.png"),
+                          f"{config.model.name}: training loss")
+    log(f"loss curve: {png}")
+    log("held-out evaluation: " + json.dumps(result))
+    sample = getattr(module, "sample_text", None)
+    if sample is not None:
+        log("sample: " + sample(config, network))
+    if on_save is not None:
+        on_save(output_dir)
     return result
 
 
@@ -103,20 +111,19 @@ def build_train_step(config: Config, network, context) -> TrainStep:
         accumulation=train.grad_accumulation)
 
 
-def run_loop(config, runnable, step_cell, dataset, metrics, output_dir, context, start_step):
+def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_step, on_save):
     train = config.train
     tokens_per_sample = config.model.seq_length
     step_cell.set_train(True)
-    iterator = dataset.create_tuple_iterator(num_epochs=1)
     interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
     for step in range(start_step + 1, train.steps + 1):
-        batch = next(iterator)
+        batch = next(batches)
         started = time.perf_counter()
         loss, finite, scale, grad_norm, lr = runnable(*batch)
         loss_value = loss.asnumpy().item()
         interval_losses.append(loss_value)
         if step == start_step + 1:
-            log(context, f"compiled and ran the first step in {time.perf_counter() - started:.1f} s")
+            log(f"compiled and ran the first step in {time.perf_counter() - started:.1f} s")
             interval_start, interval_steps = time.perf_counter(), 0
         else:
             interval_steps += 1
@@ -134,19 +141,29 @@ def run_loop(config, runnable, step_cell, dataset, metrics, output_dir, context,
                      "samples_per_s": samples_per_s,
                      "tokens_per_s": samples_per_s * tokens_per_sample}
             metrics.write(entry)
-            log(context, progress_line(entry, train.steps))
+            log(progress_line(entry, train.steps))
             interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
         if step % train.save_steps == 0 or step == train.steps:
             path = save_checkpoint(step_cell, output_dir, step, train.keep_checkpoints)
-            log(context, f"saved {path}")
+            log(f"saved {path}")
+            if on_save is not None:
+                on_save(output_dir)
 
 
-def write_run_info(output_dir, config, context, shard):
-    """Record what this rank is and which data it reads (the launcher tests read it)."""
+def write_run_info(output_dir, config, context, shard, first_batch):
+    """Record what this rank is and which data it reads.
+
+    The first batch's fingerprint tells at a glance whether ranks that should read
+    different slices really do.
+    """
+    digest = hashlib.sha1()
+    for column in first_batch:
+        digest.update(column.asnumpy().tobytes())
     info = {"rank": context.rank, "device_num": context.device_num,
             "device_target": context.device_target, "num_shards": shard.num_shards,
             "shard_id": shard.shard_id, "batch_size_per_rank": shard.batch_size,
-            "global_batch_size": config.train.global_batch_size}
+            "global_batch_size": config.train.global_batch_size,
+            "first_batch_sha1": digest.hexdigest()}
     with open(os.path.join(output_dir, "run_info.json"), "w", encoding="utf-8") as handle:
         json.dump(info, handle, indent=2)
 
@@ -163,6 +180,6 @@ def exclusive_lock(path: str):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def log(context, message: str):
-    if context.is_main:
-        print(message, flush=True)
+def log(message: str):
+    """Every rank logs: each has its own log file and output folder."""
+    print(message, flush=True)

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Distributed training on one server: one process per device.
+#
+# Usage: bash scripts/run_distribute_train.sh DEVICE_NUM RANK_TABLE_FILE [CONFIG] [args for `model-zoo train`]
+#   DEVICE_NUM       devices of the whole job (all servers): 1, 2, 4, 8, 16, ...
+#   RANK_TABLE_FILE  HCCL rank table (JSON v1.0) listing them; see rank_tables/
+#   CONFIG           YAML config (default: model_zoo/gpt2/configs/tiny.yaml); on Ascend its
+#                    layout data_parallel x model_parallel x pipeline_stage must equal DEVICE_NUM
+#   e.g. bash scripts/run_distribute_train.sh 8 rank_tables/rank_table_8p.json \
+#            model_zoo/gpt2/configs/gpt2-small.yaml --output-dir outputs/small
+#
+# Ascend: the rank table is validated first; each of this server's devices gets a working
+# folder OUTPUT_DIR/rank_<RANK_ID>/ with env.txt and train.log, and its process starts in
+# the background. Several servers: run the script on each; this server's devices are found
+# from its address in the table, or set SERVER_IP or RANK_START (the first rank id of this
+# server).
+# CPU (no Ascend, or DEVICE_TARGET=CPU): DEVICE_NUM data-parallel workers on this machine
+# through MindSpore's dynamic cluster; the script waits, and fails naming the rank if one
+# fails, within FAILURE_GRACE_SECONDS (default 10).
+# Environment: DEVICE_TARGET=CPU|Ascend, SERVER_IP, RANK_START, HCCL_CONNECT_TIMEOUT
+# (default 1200), FAILURE_GRACE_SECONDS, JOB_TIMEOUT_SECONDS (CPU, default none), PYTHON.
+set -euo pipefail
+
+DEFAULT_CONFIG=model_zoo/gpt2/configs/tiny.yaml
+PYTHON=${PYTHON:-python3}
+
+usage() {
+    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
+}
+
+fail() {
+    echo "error: $*" >&2
+    exit 2
+}
+
+if [ $# -lt 2 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
+    usage
+    exit 1
+fi
+DEVICE_NUM=$1
+RANK_TABLE=$2
+shift 2
+CONFIG=$DEFAULT_CONFIG
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
+    CONFIG=$1
+    shift
+fi
+case "$DEVICE_NUM" in
+    ''|*[!0-9]*|0) fail "DEVICE_NUM must be a positive number, got '$DEVICE_NUM'" ;;
+esac
+[ -f "$CONFIG" ] || fail "config file $CONFIG does not exist"
+[ -f "$RANK_TABLE" ] || fail "rank table $RANK_TABLE does not exist"
+
+# The output folder: --output-dir from the arguments, else the trainer's default.
+OUTPUT_DIR="outputs/$(basename "$CONFIG" .yaml)"
+previous=""
+for arg in "$@"; do
+    case "$arg" in
+        --output-dir=*) OUTPUT_DIR=${arg#--output-dir=} ;;
+    esac
+    if [ "$previous" = "--output-dir" ]; then
+        OUTPUT_DIR=$arg
+    fi
+    previous=$arg
+done
+
+export GLOG_v=${GLOG_v:-3}
+"$PYTHON" -m model_zoo rank-table validate "$RANK_TABLE" --device-num "$DEVICE_NUM" >/dev/null
+
+TARGET=${DEVICE_TARGET:-auto}
+if [ "$TARGET" = "auto" ]; then
+    TARGET=$("$PYTHON" -c "from model_zoo.parallel.context import detect_device_target as d; print(d())" 2>/dev/null | tail -1)
+fi
+
+if [ "$TARGET" != "Ascend" ]; then
+    echo "no Ascend device: starting $DEVICE_NUM data-parallel CPU workers (logs in $OUTPUT_DIR/rank_<i>/train.log)"
+    export DEVICE_TARGET=CPU
+    exec "$PYTHON" -m model_zoo.parallel.launch --workers "$DEVICE_NUM" --output-dir "$OUTPUT_DIR" \
+        --grace "${FAILURE_GRACE_SECONDS:-10}" --timeout "${JOB_TIMEOUT_SECONDS:-0}" -- \
+        "$PYTHON" -m model_zoo train "$CONFIG" --set "parallel.data_parallel=$DEVICE_NUM" "$@"
+fi
+
+# Ascend: one background process per device of this server.
+locate=()
+[ -n "${SERVER_IP:-}" ] && locate+=(--server-ip "$SERVER_IP")
+[ -n "${RANK_START:-}" ] && locate+=(--rank-start "$RANK_START")
+DEVICES=$("$PYTHON" -m model_zoo rank-table devices "$RANK_TABLE" "${locate[@]}")
+
+export RANK_TABLE_FILE
+RANK_TABLE_FILE=$(cd "$(dirname "$RANK_TABLE")" && pwd)/$(basename "$RANK_TABLE")
+export RANK_SIZE=$DEVICE_NUM
+export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}
+export DEVICE_TARGET=Ascend
+while read -r device_id rank_id; do
+    rank_dir="$OUTPUT_DIR/rank_$rank_id"
+    mkdir -p "$rank_dir"
+    export DEVICE_ID=$device_id RANK_ID=$rank_id
+    env | sort > "$rank_dir/env.txt"
+    echo "=== rank $rank_id (device $device_id) started $(date '+%Y-%m-%d %H:%M:%S')" >> "$rank_dir/train.log"
+    nohup "$PYTHON" -m model_zoo train "$CONFIG" "$@" >> "$rank_dir/train.log" 2>&1 &
+    echo "rank $rank_id on device $device_id: pid $!, log $rank_dir/train.log"
+done <<< "$DEVICES"
+echo "started; follow a rank with: tail -f $OUTPUT_DIR/rank_<RANK_ID>/train.log"
