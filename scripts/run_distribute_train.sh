@@ -20,18 +20,7 @@
 # Environment: DEVICE_TARGET=CPU|Ascend, SERVER_IP, RANK_START, HCCL_CONNECT_TIMEOUT
 # (default 1200), FAILURE_GRACE_SECONDS, JOB_TIMEOUT_SECONDS (CPU, default none), PYTHON.
 set -euo pipefail
-
-DEFAULT_CONFIG=model_zoo/gpt2/configs/tiny.yaml
-PYTHON=${PYTHON:-python3}
-
-usage() {
-    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
-}
-
-fail() {
-    echo "error: $*" >&2
-    exit 2
-}
+source "$(dirname "$0")/common.sh"
 
 if [ $# -lt 2 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
     usage
@@ -45,32 +34,13 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
     CONFIG=$1
     shift
 fi
-case "$DEVICE_NUM" in
-    ''|*[!0-9]*|0) fail "DEVICE_NUM must be a positive number, got '$DEVICE_NUM'" ;;
-esac
+require_positive DEVICE_NUM "$DEVICE_NUM"
 [ -f "$CONFIG" ] || fail "config file $CONFIG does not exist"
 [ -f "$RANK_TABLE" ] || fail "rank table $RANK_TABLE does not exist"
 
-# The output folder: --output-dir from the arguments, else the trainer's default.
-OUTPUT_DIR="outputs/$(basename "$CONFIG" .yaml)"
-previous=""
-for arg in "$@"; do
-    case "$arg" in
-        --output-dir=*) OUTPUT_DIR=${arg#--output-dir=} ;;
-    esac
-    if [ "$previous" = "--output-dir" ]; then
-        OUTPUT_DIR=$arg
-    fi
-    previous=$arg
-done
-
-export GLOG_v=${GLOG_v:-3}
+OUTPUT_DIR=$(output_dir_of "$CONFIG" "$@")
 "$PYTHON" -m model_zoo rank-table validate "$RANK_TABLE" --device-num "$DEVICE_NUM" >/dev/null
-
-TARGET=${DEVICE_TARGET:-auto}
-if [ "$TARGET" = "auto" ]; then
-    TARGET=$("$PYTHON" -c "from model_zoo.parallel.context import detect_device_target as d; print(d())" 2>/dev/null | tail -1)
-fi
+TARGET=$(device_target)
 
 if [ "$TARGET" != "Ascend" ]; then
     echo "no Ascend device: starting $DEVICE_NUM data-parallel CPU workers (logs in $OUTPUT_DIR/rank_<i>/train.log)"

@@ -12,21 +12,11 @@
 # Environment: MASTER_ADDR (default 127.0.0.1: this node runs the scheduler), MASTER_PORT
 # (default 8118), NODE_RANK (default 0), LOCAL_WORKER_NUM (default WORKER_NUM),
 # CLUSTER_TIME_OUT (seconds to wait for all nodes, default 600), DEVICE_TARGET=CPU|Ascend
-# (on CPU the job is data-parallel over WORKER_NUM processes), PYTHON.
-# msrun writes logs to OUTPUT_DIR/msrun_logs/worker_<rank>.log and waits for the job.
+# (on CPU the job is data-parallel over WORKER_NUM processes).
+# msrun writes logs to OUTPUT_DIR/msrun_logs/worker_<rank>.log and waits for the job; it
+# starts the workers with the first `python3` on PATH (it accepts no other interpreter name).
 set -euo pipefail
-
-DEFAULT_CONFIG=model_zoo/gpt2/configs/tiny.yaml
-PYTHON=${PYTHON:-python3}
-
-usage() {
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
-}
-
-fail() {
-    echo "error: $*" >&2
-    exit 2
-}
+source "$(dirname "$0")/common.sh"
 
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
     usage
@@ -39,28 +29,11 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
     CONFIG=$1
     shift
 fi
-case "$WORKER_NUM" in
-    ''|*[!0-9]*|0) fail "WORKER_NUM must be a positive number, got '$WORKER_NUM'" ;;
-esac
+require_positive WORKER_NUM "$WORKER_NUM"
 [ -f "$CONFIG" ] || fail "config file $CONFIG does not exist"
 
-OUTPUT_DIR="outputs/$(basename "$CONFIG" .yaml)"
-previous=""
-for arg in "$@"; do
-    case "$arg" in
-        --output-dir=*) OUTPUT_DIR=${arg#--output-dir=} ;;
-    esac
-    if [ "$previous" = "--output-dir" ]; then
-        OUTPUT_DIR=$arg
-    fi
-    previous=$arg
-done
-
-export GLOG_v=${GLOG_v:-3}
-TARGET=${DEVICE_TARGET:-auto}
-if [ "$TARGET" = "auto" ]; then
-    TARGET=$("$PYTHON" -c "from model_zoo.parallel.context import detect_device_target as d; print(d())" 2>/dev/null | tail -1)
-fi
+OUTPUT_DIR=$(output_dir_of "$CONFIG" "$@")
+TARGET=$(device_target)
 layout=()
 if [ "$TARGET" != "Ascend" ]; then
     export DEVICE_TARGET=CPU
@@ -71,4 +44,4 @@ exec msrun --worker_num="$WORKER_NUM" --local_worker_num="${LOCAL_WORKER_NUM:-$W
     --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${MASTER_PORT:-8118}" \
     --node_rank="${NODE_RANK:-0}" --log_dir="$OUTPUT_DIR/msrun_logs" --join=True \
     --cluster_time_out="${CLUSTER_TIME_OUT:-600}" \
-    "$PYTHON" -m model_zoo train "$CONFIG" "${layout[@]}" "$@"
+    python3 -m model_zoo train "$CONFIG" "${layout[@]}" "$@"

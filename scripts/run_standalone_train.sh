@@ -7,10 +7,7 @@
 # Environment: DEVICE_TARGET=CPU|Ascend (default: Ascend when its backend loads),
 #              DEVICE_ID (Ascend device to use), PYTHON (default python3).
 set -euo pipefail
-
-usage() {
-    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
-}
+source "$(dirname "$0")/common.sh"
 
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
     usage
@@ -18,9 +15,5 @@ if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
 fi
 CONFIG=$1
 shift
-if [ ! -f "$CONFIG" ]; then
-    echo "error: config file $CONFIG does not exist" >&2
-    exit 2
-fi
-export GLOG_v=${GLOG_v:-3}
-exec "${PYTHON:-python3}" -m model_zoo train "$CONFIG" "$@"
+[ -f "$CONFIG" ] || fail "config file $CONFIG does not exist"
+exec "$PYTHON" -m model_zoo train "$CONFIG" "$@"

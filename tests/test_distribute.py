@@ -135,3 +135,21 @@ def test_wrong_argument_count_prints_the_usage(args):
     assert result.returncode == 1
     assert "Usage: bash scripts/run_distribute_train.sh DEVICE_NUM RANK_TABLE_FILE" in result.stdout
     assert "default: model_zoo/gpt2/configs/tiny.yaml" in result.stdout
+
+
+def test_msrun_launcher_trains_two_cpu_workers(tmp_path, write_config):
+    config = write_config({"train.steps": 6, "train.save_steps": 6})
+    out = tmp_path / "out"
+    port = str(20000 + os.getpid() % 20000)
+    result = subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "run_distribute_train_msrun.sh"), "2", config,
+         "--output-dir", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, GLOG_v="3", PYTHON=sys.executable, DEVICE_TARGET="CPU",
+                 MASTER_PORT=port))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    for rank in (0, 1):
+        assert (out / "msrun_logs" / f"worker_{rank}.log").exists()
+        assert (out / f"rank_{rank}" / "checkpoints" / "step_00000006.ckpt").exists()
+        info = json.loads((out / f"rank_{rank}" / "run_info.json").read_text())
+        assert (info["device_num"], info["shard_id"]) == (2, rank)
