@@ -16,6 +16,7 @@ from typing import Any, List, Optional
 import yaml
 
 from model_zoo.errors import ConfigError
+from model_zoo.files import write_atomically
 from model_zoo.parallel.config import ParallelConfig
 
 SECTIONS = ("model", "parallel", "train", "data")
@@ -261,10 +262,7 @@ def coerce(value: Any, hint, key: str):
 
 def save_config(config: Config, path: str):
     """Write the resolved config as YAML (atomically) beside a run's outputs."""
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        yaml.safe_dump(config.to_dict(), handle, sort_keys=False)
-    os.replace(tmp, path)
+    write_atomically(path, yaml.safe_dump(config.to_dict(), sort_keys=False))
 
 
 def _check_positive(section_obj, section: str, key: str):

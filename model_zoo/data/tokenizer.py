@@ -1,14 +1,13 @@
 """SentencePiece tokenizer: training from documents in memory and loading a `.model` file."""
 
 import io
-import os
 import re
-import tempfile
 from pathlib import Path
 
 import sentencepiece
 
 from model_zoo.errors import DataError
+from model_zoo.files import write_atomically
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 NEWLINE = "\n"
@@ -103,7 +102,7 @@ def train_tokenizer(documents, model_path, vocab_size, *, model_type="bpe",
         raise DataError(f"tokenizer training produced {trained_size} pieces instead of "
                         f"vocab_size={vocab_size} (model_type={model_type!r}); "
                         f"use model_type 'bpe' or 'unigram', or vocab_size={trained_size}")
-    _write_atomically(Path(model_path), model.getvalue())
+    write_atomically(model_path, model.getvalue())
     return Tokenizer(model_path)
 
 
@@ -121,16 +120,3 @@ def _training_error(error, vocab_size):
                          f"at most {too_high.group(1)} pieces; use a smaller vocab_size "
                          f"or more text")
     return DataError(f"tokenizer training failed: {error}")
-
-
-def _write_atomically(path, content):
-    """Write `content` to a temporary file next to `path`, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(content)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise

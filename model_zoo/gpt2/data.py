@@ -11,9 +11,7 @@ numbers of documents, tokens (counting the eos that ends each document) and samp
 """
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from model_zoo.data import (
@@ -25,6 +23,7 @@ from model_zoo.data import (
     write_mindrecord,
 )
 from model_zoo.errors import DataError
+from model_zoo.files import write_json_atomically
 
 TOKENIZER_FILE = "tokenizer.model"
 SPLIT_FILES = {"train": "train.mindrecord", "heldout": "heldout.mindrecord"}
@@ -75,7 +74,7 @@ def build_dataset(output_dir, documents, *, vocab_size, seq_length, heldout_frac
         "tokenizer": TOKENIZER_FILE,
         "splits": summary,
     }
-    _write_json_atomically(output_dir / MANIFEST_FILE, manifest)
+    write_json_atomically(output_dir / MANIFEST_FILE, manifest)
     return manifest
 
 
@@ -169,15 +168,3 @@ def _check_no_dataset(output_dir):
 def _check_positive(name, value):
     if not isinstance(value, int) or value < 1:
         raise DataError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _write_json_atomically(path, content):
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            json.dump(content, file, indent=2)
-            file.write("\n")
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise

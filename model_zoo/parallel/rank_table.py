@@ -25,9 +25,9 @@ import re
 import shutil
 import socket
 import subprocess
-import tempfile
 
 from model_zoo.errors import UserInputError
+from model_zoo.files import write_json_atomically
 
 SUPPORTED_VERSION = "1.0"
 TOP_LEVEL_FIELDS = ("version", "server_count", "server_list", "status")
@@ -563,21 +563,8 @@ def local_ipv4_addresses() -> set:
 
 
 def write_rank_table(table, path):
-    """Write `table` as JSON (indent 4) atomically: a temporary file, then os.replace."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=".rank_table.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            json.dump(table, out, indent=4)
-            out.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    """Write `table` as JSON (indent 4) atomically: a temporary file, then a rename."""
+    write_json_atomically(path, table, indent=4)
 
 
 # --------------------------------------------------------------------------- command line

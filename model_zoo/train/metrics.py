@@ -3,6 +3,8 @@
 import json
 import os
 
+from model_zoo.files import write_atomically
+
 
 class MetricsLog:
     """Appends one JSON object per logged step to `metrics.jsonl`.
@@ -17,11 +19,7 @@ class MetricsLog:
     def __init__(self, path: str, resume_step: int = 0):
         self.path = path
         kept = [entry for entry in read_metrics(path) if entry.get("step", 0) <= resume_step]
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as handle:
-            for entry in kept:
-                handle.write(json.dumps(entry) + "\n")
-        os.replace(tmp, path)
+        write_atomically(path, "".join(json.dumps(entry) + "\n" for entry in kept))
 
     def write(self, entry: dict):
         with open(self.path, "a", encoding="utf-8") as handle:

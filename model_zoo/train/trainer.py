@@ -1,7 +1,5 @@
 """The training loop: checks, data, model, train step, progress, checkpoints, resume."""
 
-import contextlib
-import fcntl
 import hashlib
 import itertools
 import json
@@ -13,6 +11,7 @@ import mindspore as ms
 
 from model_zoo.config import Config, import_model, read_yaml, save_config
 from model_zoo.errors import UserInputError
+from model_zoo.files import exclusive_lock
 from model_zoo.parallel.context import (data_shard, gradient_reducer, init_parallel,
                                         pipeline_loss_network, wrap_train_step)
 from model_zoo.parallel.layers import dtype_of
@@ -166,18 +165,6 @@ def write_run_info(output_dir, config, context, shard, first_batch):
             "first_batch_sha1": digest.hexdigest()}
     with open(os.path.join(output_dir, "run_info.json"), "w", encoding="utf-8") as handle:
         json.dump(info, handle, indent=2)
-
-
-@contextlib.contextmanager
-def exclusive_lock(path: str):
-    """Hold a file lock, so that of several ranks on one machine only one builds the data."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def log(message: str):
