@@ -1,4 +1,4 @@
-"""The `model-zoo` command: train, eval, generate, data and convert.
+"""The `model-zoo` command: train, eval, generate, fill-mask, data, convert and rank-table.
 
 Model-specific subcommands are served by the model folder named in the config (or on the
 command line): `model-zoo eval CONFIG` calls the folder's `run_eval`, and so on, so a
@@ -49,6 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     generate.add_argument("--temperature", type=float, default=1.0)
     generate.add_argument("--seed", type=int, default=0, help="sampling seed")
+
+    fill_mask = commands.add_parser("fill-mask", help="predict masked tokens (masked LMs)")
+    add_config_arguments(fill_mask)
+    fill_mask.add_argument("--ckpt", required=True, help="checkpoint file")
+    text = fill_mask.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text", help="text with [MASK] tokens (needs the dataset's tokenizer)")
+    text.add_argument("--ids", help='token ids including the mask id, e.g. "4 17 6 9 5"')
+    fill_mask.add_argument("--mask-id", type=int, help="mask token id (default: the config's)")
+    fill_mask.add_argument("--top-k", type=int, default=5, help="ids to print per mask")
 
     for name, help_text, hook in (("data", "build a model's dataset from text files",
                                    "add_data_arguments"),
@@ -101,6 +110,8 @@ def run(args) -> int:
         print(json.dumps(model_command(module, "run_eval", "eval")(config, args.ckpt)))
     elif args.command == "generate":
         print(model_command(module, "run_generate", "generate")(config, args.ckpt, args))
+    elif args.command == "fill-mask":
+        print(model_command(module, "run_fill_mask", "fill-mask")(config, args.ckpt, args))
     return 0
 
 

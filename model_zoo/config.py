@@ -55,7 +55,11 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    """The optimisation loop: steps, batch, AdamW, schedule, precision, outputs."""
+    """The optimisation loop: steps, batch, AdamW, schedule, precision, outputs.
+
+    init_checkpoint: weights to start from (e.g. a pretrained model to fine-tune); the
+    parameters it lacks (a new head) keep their initialisation.
+    """
 
     steps: int = 100
     global_batch_size: int = 8
@@ -76,6 +80,7 @@ class TrainConfig:
     log_steps: int = 10
     seed: int = 1
     device_target: str = "auto"
+    init_checkpoint: str = ""
 
     def validate(self):
         for key in ("steps", "global_batch_size", "save_steps", "keep_checkpoints",
@@ -91,6 +96,8 @@ class TrainConfig:
             raise ConfigError(f"train.min_lr={self.min_lr} is above train.lr={self.lr}")
         _check_choice(self, "train", "precision", ("fp32", "fp16"))
         _check_choice(self, "train", "device_target", ("auto", "CPU", "Ascend"))
+        if self.init_checkpoint and not os.path.isfile(self.init_checkpoint):
+            raise ConfigError(f"train.init_checkpoint: {self.init_checkpoint!r} does not exist")
 
 
 @dataclass

@@ -55,11 +55,13 @@ def read_checkpoint(path: str) -> dict:
         raise CheckpointError(f"checkpoint {path!r} cannot be read: {first_line}") from None
 
 
-def load_weights(network, path: str, strict: bool = True) -> dict:
-    """Load a checkpoint's values into `network`; returns the checkpoint's parameter dict.
+def load_weights(network, path: str, strict: bool = True) -> list:
+    """Load a checkpoint's values into `network`; returns the names of the parameters the
+    file lacked (empty when strict).
 
     Names and shapes must match the network's parameters (optimizer state in the file is
-    ignored). With `strict`, a parameter the file lacks is an error.
+    ignored). With `strict`, a parameter the file lacks is an error; without it, at least
+    one parameter must match.
     """
     values = read_checkpoint(path)
     # keyed like the file: by each parameter's own name, which is not its attribute path
@@ -74,6 +76,9 @@ def load_weights(network, path: str, strict: bool = True) -> dict:
             raise CheckpointError(
                 f"checkpoint {path!r} does not match the model: {name!r} has shape "
                 f"{tuple(values[name].shape)} in the file and {tuple(param.shape)} in the model")
+    if len(missing) == len(expected):
+        raise CheckpointError(f"checkpoint {path!r} holds none of the model's parameters "
+                              f"(e.g. {next(iter(expected))!r})")
     ms.load_param_into_net(network, {k: v for k, v in values.items() if k in expected},
                            strict_load=False)
-    return values
+    return missing

@@ -65,6 +65,10 @@ def train(config: Config, output_dir: str, resume: bool = False, on_save=None) -
     network = module.build_train_network(config, compute_dtype)
     step_cell = build_train_step(config, network, context)
     start_step = 0
+    if config.train.init_checkpoint and not resume:
+        missing = load_weights(network, config.train.init_checkpoint, strict=False)
+        log(f"initialised from {config.train.init_checkpoint}"
+            + (f"; new parameters: {', '.join(missing)}" if missing else ""))
     if resume:
         newest_step, newest = list_checkpoints(output_dir)[-1]
         load_weights(step_cell, newest)
