@@ -102,6 +102,8 @@ def run(args) -> int:
     if args.command == "train":
         from model_zoo.train.cloud import CloudStorage
         from model_zoo.train.trainer import default_output_dir, train
+        if args.train_url and args.output_dir:
+            raise UserInputError("give --output-dir or --train-url, not both")
         storage = CloudStorage(args.data_url, args.train_url)
         output_dir = storage.prepare(config, args.output_dir or default_output_dir(args.config),
                                      args.resume)

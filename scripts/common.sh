@@ -28,10 +28,11 @@ output_dir_of() {  # CONFIG [train args]
     for arg in "$@"; do
         case "$arg" in
             --output-dir=*) dir=${arg#--output-dir=} ;;
+            --train-url=*|--train_url=*) dir=${arg#*=} ;;
         esac
-        if [ "$previous" = "--output-dir" ]; then
-            dir=$arg
-        fi
+        case "$previous" in
+            --output-dir|--train-url|--train_url) dir=$arg ;;
+        esac
         previous=$arg
     done
     echo "$dir"

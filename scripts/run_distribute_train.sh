@@ -54,7 +54,7 @@ fi
 locate=()
 [ -n "${SERVER_IP:-}" ] && locate+=(--server-ip "$SERVER_IP")
 [ -n "${RANK_START:-}" ] && locate+=(--rank-start "$RANK_START")
-DEVICES=$("$PYTHON" -m model_zoo rank-table devices "$RANK_TABLE" "${locate[@]}")
+DEVICES=$("$PYTHON" -m model_zoo rank-table devices "$RANK_TABLE" ${locate[@]+"${locate[@]}"})
 
 export RANK_TABLE_FILE
 RANK_TABLE_FILE=$(cd "$(dirname "$RANK_TABLE")" && pwd)/$(basename "$RANK_TABLE")
@@ -65,7 +65,7 @@ while read -r device_id rank_id; do
     rank_dir="$OUTPUT_DIR/rank_$rank_id"
     mkdir -p "$rank_dir"
     export DEVICE_ID=$device_id RANK_ID=$rank_id
-    env | sort > "$rank_dir/env.txt"
+    { echo "=== rank $rank_id (device $device_id) $(date '+%Y-%m-%d %H:%M:%S')"; env | sort; } >> "$rank_dir/env.txt"
     echo "=== rank $rank_id (device $device_id) started $(date '+%Y-%m-%d %H:%M:%S')" >> "$rank_dir/train.log"
     nohup "$PYTHON" -m model_zoo train "$CONFIG" "$@" >> "$rank_dir/train.log" 2>&1 &
     echo "rank $rank_id on device $device_id: pid $!, log $rank_dir/train.log"

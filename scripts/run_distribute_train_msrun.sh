@@ -35,6 +35,7 @@ require_positive WORKER_NUM "$WORKER_NUM"
 OUTPUT_DIR=$(output_dir_of "$CONFIG" "$@")
 TARGET=$(device_target)
 layout=()
+export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}
 if [ "$TARGET" != "Ascend" ]; then
     export DEVICE_TARGET=CPU
     layout=(--set "parallel.data_parallel=$WORKER_NUM")
@@ -44,4 +45,4 @@ exec msrun --worker_num="$WORKER_NUM" --local_worker_num="${LOCAL_WORKER_NUM:-$W
     --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${MASTER_PORT:-8118}" \
     --node_rank="${NODE_RANK:-0}" --log_dir="$OUTPUT_DIR/msrun_logs" --join=True \
     --cluster_time_out="${CLUSTER_TIME_OUT:-600}" \
-    python3 -m model_zoo train "$CONFIG" "${layout[@]}" "$@"
+    python3 -m model_zoo train "$CONFIG" ${layout[@]+"${layout[@]}"} "$@"

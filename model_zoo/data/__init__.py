@@ -1,20 +1,48 @@
 """Data pipeline shared by the models: text corpora, SentencePiece tokenizers, MindRecord files."""
 
-from model_zoo.data.corpus import python_docstrings_corpus, read_text_documents, split_documents
+from model_zoo.data.buckets import (
+    DEFAULT_BUCKETS,
+    BucketedBatches,
+    assign_buckets,
+    bucket_boundaries,
+    bucket_counts,
+    bucketed_dataset,
+    global_batches,
+    padding_ratio,
+)
+from model_zoo.data.corpus import (
+    Docstring,
+    python_docstring_records,
+    python_docstrings_corpus,
+    read_text_documents,
+    split_documents,
+)
 from model_zoo.data.mindrecord import (
     count_samples,
     create_dataset,
     pack_token_stream,
+    read_mindrecord,
     write_mindrecord,
 )
 from model_zoo.data.tokenizer import Tokenizer, train_tokenizer
 
 __all__ = [
+    "DEFAULT_BUCKETS",
+    "BucketedBatches",
+    "Docstring",
     "Tokenizer",
+    "assign_buckets",
+    "bucket_boundaries",
+    "bucket_counts",
+    "bucketed_dataset",
     "count_samples",
     "create_dataset",
+    "global_batches",
     "pack_token_stream",
+    "padding_ratio",
+    "python_docstring_records",
     "python_docstrings_corpus",
+    "read_mindrecord",
     "read_text_documents",
     "split_documents",
     "train_tokenizer",

@@ -5,6 +5,7 @@ import inspect
 import os
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -12,7 +13,9 @@ from model_zoo.errors import DataError
 
 EXCLUDED_STDLIB_DIRECTORIES = frozenset(
     {"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"})
-DOCUMENTED_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+DOCUMENTED_KINDS = {ast.Module: "module", ast.ClassDef: "class", ast.FunctionDef: "function",
+                    ast.AsyncFunctionDef: "function"}
+DOCUMENTED_NODES = tuple(DOCUMENTED_KINDS)
 STATEMENT_NODES = (ast.stmt, ast.excepthandler, ast.match_case)
 BLANK_LINES = re.compile(r"\n\s*\n")
 
@@ -24,19 +27,37 @@ def python_docstrings_corpus(min_chars=200):
     document, in source order. Sources are parsed with `ast` (never imported) in sorted path
     order, so the result depends only on the Python version. Files that fail to parse are skipped.
     """
-    documents = []
+    return [record.text for record in python_docstring_records(min_chars)]
+
+
+class Docstring(NamedTuple):
+    """One docstring of the standard library and where it comes from."""
+
+    path: str   # source file relative to the standard library, e.g. "email/message.py"
+    kind: str   # "module", "class" or "function" (async functions included)
+    name: str   # the class or function name, or the module path for a module docstring
+    text: str   # the docstring, cleaned with inspect.cleandoc
+
+
+def python_docstring_records(min_chars=1):
+    """The docstrings of `python_docstrings_corpus` with their source file and kind, in order."""
+    stdlib = Path(os.__file__).parent
+    records = []
     for path in _stdlib_sources():
         try:
             tree = ast.parse(path.read_bytes(), filename=str(path))
         except (OSError, SyntaxError, ValueError):
             continue
+        relative = path.relative_to(stdlib).as_posix()
         for node in _documented_nodes(tree):
             docstring = ast.get_docstring(node, clean=False)
             if docstring:
                 docstring = inspect.cleandoc(docstring)
                 if len(docstring) >= min_chars:
-                    documents.append(docstring)
-    return documents
+                    kind = DOCUMENTED_KINDS[type(node)]
+                    name = relative if kind == "module" else node.name
+                    records.append(Docstring(relative, kind, name, docstring))
+    return records
 
 
 def _documented_nodes(node):

@@ -111,6 +111,24 @@ def create_dataset(path, columns, batch_size, *, num_shards=1, shard_id=0, shuff
     return dataset
 
 
+def read_mindrecord(path, columns=None):
+    """All rows of a MindRecord file in file order, as a list of dicts of numpy values.
+
+    `columns` (default: all) selects the columns read; DataError if one is missing.
+    """
+    path = Path(path)
+    _check_readable(path)
+    available = _open(path).get_col_names()
+    columns = list(columns) if columns is not None else list(available)
+    missing = [column for column in columns if column not in available]
+    if missing:
+        raise DataError(f"{path}: has no column {', '.join(missing)} "
+                        f"(columns: {', '.join(available)})")
+    dataset = ms_dataset.MindDataset(str(path), columns_list=columns, shuffle=False,
+                                     num_parallel_workers=1)
+    return list(dataset.create_dict_iterator(output_numpy=True, num_epochs=1))
+
+
 def count_samples(path):
     """Number of samples in a MindRecord file."""
     path = Path(path)

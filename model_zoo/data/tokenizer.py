@@ -59,20 +59,37 @@ class Tokenizer:
 
 
 def train_tokenizer(documents, model_path, vocab_size, *, model_type="bpe",
-                    user_defined_symbols=(), character_coverage=1.0):
+                    user_defined_symbols=(), character_coverage=1.0, word_boundaries=False):
     """Train a SentencePiece model of exactly `vocab_size` pieces and write it to `model_path`.
 
-    Documents are fed line by line; the newline is a piece of its own, and text is neither
-    normalized nor stripped of spaces, so decode(encode(text)) gives back any text made of
-    characters seen in training. Ids: pad=0, unk=1, bos=2, eos=3. Training is single-threaded
-    and the model is serialized in memory (a model records its file prefix, so training into a
-    temporary prefix would make every file differ): equal inputs give byte-identical files.
-    `model_path` is replaced atomically.
+    Documents are fed line by line. By default (GPT-2) the newline is a piece of its own, and
+    text is neither normalized nor stripped of spaces, so decode(encode(text)) gives back any
+    text made of characters seen in training. Ids: pad=0, unk=1, bos=2, eos=3, the newline 4,
+    then the `user_defined_symbols` in the order given.
+
+    A piece that follows a space starts with SentencePiece's word-boundary marker "▁", but
+    the first word of a text or line has none, so word boundaries cannot be read off the
+    pieces. `word_boundaries=True` selects SentencePiece's usual settings instead: NFKC
+    normalization in which newlines and tabs are spaces, runs of spaces collapsed, and a
+    dummy "▁" before the text, so the first piece of every word starts with "▁" (whole-word
+    masking relies on it). There is no newline piece then: the `user_defined_symbols` take
+    ids 4, 5, ... and decode gives back the text with its whitespace normalized.
+
+    Training is single-threaded and the model is serialized in memory (a model records its
+    file prefix, so training into a temporary prefix would make every file differ): equal
+    inputs give byte-identical files. `model_path` is replaced atomically.
     """
     documents = list(documents)
     if not any(line.strip() for document in documents for line in document.split(NEWLINE)):
         raise DataError("no text to train the tokenizer on")
-    symbols = [NEWLINE] + [symbol for symbol in user_defined_symbols if symbol != NEWLINE]
+    if word_boundaries:
+        symbols = list(dict.fromkeys(user_defined_symbols))
+        whitespace = {"normalization_rule_name": "nmt_nfkc", "remove_extra_whitespaces": True,
+                      "add_dummy_prefix": True}
+    else:
+        symbols = [NEWLINE] + [symbol for symbol in user_defined_symbols if symbol != NEWLINE]
+        whitespace = {"normalization_rule_name": "identity", "remove_extra_whitespaces": False,
+                      "add_dummy_prefix": False}
     smallest_vocab = 4 + len(symbols) + 1
     if vocab_size < smallest_vocab:
         raise DataError(f"vocab_size={vocab_size} is too small: need at least {smallest_vocab} "
@@ -87,9 +104,7 @@ def train_tokenizer(documents, model_path, vocab_size, *, model_type="bpe",
             character_coverage=character_coverage,
             user_defined_symbols=symbols,
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-            normalization_rule_name="identity",
-            remove_extra_whitespaces=False,
-            add_dummy_prefix=False,
+            **whitespace,
             max_sentence_length=MAX_LINE_BYTES,
             num_threads=1,
             minloglevel=2,

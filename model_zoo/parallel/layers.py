@@ -9,6 +9,7 @@ Ascend; `construct` only does the math. Strategies follow `MINDSPORE_PARALLEL_RU
 - row-split linear:    MatMul ((dp,mp),(1,mp)), bias ((dp,1),(1,)), all-reduce over mp;
 - attention: heads split by mp; scores, softmax and context carry (dp,mp,1,1);
 - layer norm: ((dp,1,1),(1,),(1,)), the normalised axis is never split;
+- activations (GELU, exact GELU, ReLU, tanh): element-wise, the input's strategy;
 - vocabulary embedding: Gather ((1,1),(dp,1)) when vocab_emb_dp, else ((mp,1),(1,1));
 - cross-entropy: OneHot and SoftmaxCrossEntropyWithLogits with the class dimension whole.
 
@@ -52,6 +53,39 @@ class Dropout(nn.Cell):
         return self.dropout(x)[0]
 
 
+class ExactGELU(nn.Cell):
+    """GELU with the Gauss error function: x * 0.5 * (1 + erf(x / sqrt(2))).
+
+    This is BERT's (and Hugging Face's `hidden_act="gelu"`) activation; `ops.GeLU` is the
+    tanh approximation. Every primitive is element-wise (MindSpore's ErfInfo is an
+    ActivationOther, like GeLU; Mul/Add with a scalar get `()` for it, rule G1), so each
+    takes the input's strategy and no communication is inserted.
+
+    Args:
+        strategy: the input's strategy, e.g. (dp, mp) for a column-split linear's output.
+
+    Inputs:
+        x: a tensor whose rank is len(strategy).
+    Outputs:
+        a tensor of x's shape and dtype.
+    """
+
+    def __init__(self, strategy: tuple):
+        super().__init__()
+        strategy = tuple(strategy)
+        self.scale = ops.Mul().shard((strategy, ()))
+        self.erf = ops.Erf().shard((strategy,))
+        self.add_one = ops.Add().shard((strategy, ()))
+        self.half = ops.Mul().shard((strategy, ()))
+        self.mul = ops.Mul().shard((strategy, strategy))
+        self.inv_sqrt_2 = 1.0 / math.sqrt(2.0)
+
+    def construct(self, x):
+        erf = self.erf(self.scale(x, ops.cast(self.inv_sqrt_2, x.dtype)))
+        cdf = self.half(self.add_one(erf, ops.cast(1.0, x.dtype)), ops.cast(0.5, x.dtype))
+        return self.mul(x, cdf)
+
+
 class Linear(nn.Cell):
     """y = x W^T + b over the last axis, with the weight split by columns or rows.
 
@@ -61,7 +95,9 @@ class Linear(nn.Cell):
             the input features over mp (MindSpore all-reduces the partial sums), "none"
             keeps the weight whole.
         parallel_config: the layout; dp splits the rows (tokens).
-        activation: optional "gelu" or "relu" applied on the output, sharded like it.
+        activation: optional activation applied on the output, sharded like it: "gelu"
+            (tanh approximation, `ops.GeLU`), "gelu_exact" (erf form, `ExactGELU`), "relu"
+            or "tanh".
         has_bias: add a bias.
         compute_dtype: dtype of the matmul (weights are stored in float32).
         init_std: standard deviation of the normal weight init.
@@ -101,10 +137,15 @@ class Linear(nn.Cell):
         self.activation = None
         if activation == "gelu":
             self.activation = ops.GeLU().shard((out_strategy,))
+        elif activation == "gelu_exact":
+            self.activation = ExactGELU(out_strategy)
         elif activation == "relu":
             self.activation = ops.ReLU().shard((out_strategy,))
+        elif activation == "tanh":
+            self.activation = ops.Tanh().shard((out_strategy,))
         elif activation is not None:
-            raise ValueError(f"activation must be gelu, relu or None, got {activation!r}")
+            raise ValueError("activation must be gelu, gelu_exact, relu, tanh or None, "
+                             f"got {activation!r}")
 
     def construct(self, x):
         lead_shape = x.shape[:-1]

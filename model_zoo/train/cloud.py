@@ -11,6 +11,8 @@ plain paths used in place.
 import os
 
 from model_zoo.config import Config
+from model_zoo.errors import UserInputError
+from model_zoo.files import exclusive_lock, write_atomically
 
 CACHE_DIR = "/cache"
 
@@ -47,14 +49,27 @@ class CloudStorage:
     def _copy(self, source: str, target: str):
         self.moxing.file.copy_parallel(source, target)
 
+    def _copy_once(self, source: str, target: str, why: str):
+        """Copy to a local folder once per machine: the ranks of a server share the cache,
+        so the first copies while the others wait, then all read the finished copy."""
+        marker = target.rstrip("/") + ".copied"
+        with exclusive_lock(target.rstrip("/") + ".lock"):
+            if not os.path.exists(marker):
+                print(f"copying {source} to {target} {why}", flush=True)
+                self._copy(source, target)
+                write_atomically(marker, source + "\n")
+
     def prepare(self, config: Config, output_dir: str, resume: bool) -> str:
         """Point the config at the local data, fetch earlier outputs when resuming, and
         return the local output directory to train into."""
+        for flag, url in (("--data-url", self.data_url), ("--train-url", self.train_url)):
+            if url and "://" in url and not self.copies:
+                raise UserInputError(f"{flag} {url}: a URL needs the moxing library of the "
+                                     f"cloud platform, which is not installed here; give a path")
         if self.data_url:
             if self.copies:
                 local_data = os.path.join(self.cache_dir, "data")
-                print(f"copying {self.data_url} to {local_data}", flush=True)
-                self._copy(self.data_url, local_data)
+                self._copy_once(self.data_url, local_data, "(the dataset)")
                 config.data.dataset_dir = local_data
             else:
                 config.data.dataset_dir = self.data_url
@@ -64,8 +79,7 @@ class CloudStorage:
             return self.train_url
         self.local_output = os.path.join(self.cache_dir, "output")
         if resume:
-            print(f"copying {self.train_url} to {self.local_output} to resume", flush=True)
-            self._copy(self.train_url, self.local_output)
+            self._copy_once(self.train_url, self.local_output, "to resume")
         return self.local_output
 
     def upload(self, output_dir: str):
