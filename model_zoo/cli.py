@@ -1,4 +1,4 @@
-"""The `model-zoo` command: train, eval, generate, fill-mask, data, convert and rank-table.
+"""The `model-zoo` command: train, eval, generate, fill-mask, translate, data, convert, rank-table.
 
 Model-specific subcommands are served by the model folder named in the config (or on the
 command line): `model-zoo eval CONFIG` calls the folder's `run_eval`, and so on, so a
@@ -11,6 +11,7 @@ import sys
 
 from model_zoo.config import available_models, import_model, load_config
 from model_zoo.errors import UserInputError
+from model_zoo.parallel.plan import add_plan_arguments, run_plan_command
 from model_zoo.parallel.rank_table import add_rank_table_arguments, run_rank_table_command
 
 
@@ -59,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     fill_mask.add_argument("--mask-id", type=int, help="mask token id (default: the config's)")
     fill_mask.add_argument("--top-k", type=int, default=5, help="ids to print per mask")
 
+    translate = commands.add_parser("translate", help="translate lines of text")
+    add_config_arguments(translate)
+    translate.add_argument("--ckpt", required=True, help="checkpoint file")
+    translate.add_argument("--input", help="text file, one sentence per line (default: stdin)")
+    translate.add_argument("--beam", type=int, help="beam size (default: the config's; 1 = greedy)")
+
     for name, help_text, hook in (("data", "build a model's dataset from text files",
                                    "add_data_arguments"),
                                   ("convert", "import a Hugging Face checkpoint",
@@ -72,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_rank_table_arguments(commands.add_parser(
         "rank-table", help="generate, validate and merge HCCL rank tables (no config needed)"))
+    add_plan_arguments(commands.add_parser(
+        "plan", help="check a parallel layout offline: every operator strategy, memory per "
+                     "device, communication per step"))
     return parser
 
 
@@ -92,6 +102,8 @@ def model_command(module, name: str, command: str):
 def run(args) -> int:
     if args.command == "rank-table":
         return run_rank_table_command(args)
+    if args.command == "plan":
+        return run_plan_command(args)
     if args.command in ("data", "convert"):
         module = import_model(args.model)
         hook = "run_data_command" if args.command == "data" else "run_convert_command"
@@ -112,6 +124,8 @@ def run(args) -> int:
         print(json.dumps(model_command(module, "run_eval", "eval")(config, args.ckpt)))
     elif args.command == "generate":
         print(model_command(module, "run_generate", "generate")(config, args.ckpt, args))
+    elif args.command == "translate":
+        print(model_command(module, "run_translate", "translate")(config, args.ckpt, args))
     elif args.command == "fill-mask":
         print(model_command(module, "run_fill_mask", "fill-mask")(config, args.ckpt, args))
     return 0

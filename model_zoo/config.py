@@ -66,6 +66,7 @@ class TrainConfig:
     lr: float = 1e-3
     min_lr: float = 0.0
     warmup_steps: int = 0
+    lr_schedule: str = "cosine"
     weight_decay: float = 0.01
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
@@ -95,6 +96,7 @@ class TrainConfig:
         if self.min_lr > self.lr:
             raise ConfigError(f"train.min_lr={self.min_lr} is above train.lr={self.lr}")
         _check_choice(self, "train", "precision", ("fp32", "fp16"))
+        _check_choice(self, "train", "lr_schedule", ("cosine", "inverse_sqrt"))
         _check_choice(self, "train", "device_target", ("auto", "CPU", "Ascend"))
         if self.init_checkpoint and not os.path.isfile(self.init_checkpoint):
             raise ConfigError(f"train.init_checkpoint: {self.init_checkpoint!r} does not exist")

@@ -224,6 +224,7 @@ def test_missing_tensor(hf_dir, tmp_path):
     del tensors[key]
     (tmp_path / "config.json").write_text((path / "config.json").read_text())
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"bert\.encoder\.layer\.1\.intermediate\.dense\.bias"):
+    with pytest.raises(CheckpointError,
+                       match=r"bert\.encoder\.layer\.1\.intermediate\.dense\.bias"):
         convert_hf_bert(str(tmp_path), str(tmp_path / "out"))
     assert not (tmp_path / "out" / "model.ckpt").exists()

@@ -249,8 +249,8 @@ class BertModel(nn.Cell):
         self.encoder = BertEncoder(config, parallel_config, compute_dtype)
         self.pooler = BertPooler(config, parallel_config, compute_dtype)
         # attention_bias = (1 - mask) * MASK_VALUE, reshaped to (batch, 1, 1, seq) for the
-        # attention's Add ((dp,mp,1,1),(dp,1,1,1)); the scalar operands get () (rule G1).
-        self.cast = ops.Cast()
+        # attention's Add ((dp,mp,1,1),(dp,1,1,1)); the scalar operands get () (rule G1),
+        # and the int -> float Cast takes no strategy (ignored in semi-auto parallel).
         self.invert_mask = ops.Sub().shard(((), (dp, 1)))
         self.scale_mask = ops.Mul().shard(((dp, 1), ()))
         self.embeddings.pipeline_stage = 0
@@ -259,7 +259,7 @@ class BertModel(nn.Cell):
     def attention_bias(self, attention_mask):
         """float32 (batch, 1, 1, seq) additive bias from an int (batch, seq) 1/0 mask."""
         batch, seq = attention_mask.shape
-        keep = self.cast(attention_mask, ms.float32)
+        keep = ops.cast(attention_mask, ms.float32)
         bias = self.scale_mask(self.invert_mask(ops.cast(1.0, ms.float32), keep),
                                ops.cast(MASK_VALUE, ms.float32))
         return ops.reshape(bias, (batch, 1, 1, seq))

@@ -72,7 +72,7 @@ def pack_token_stream(documents_ids, length, eos_id):
 
 
 def create_dataset(path, columns, batch_size, *, num_shards=1, shard_id=0, shuffle=True, seed=1,
-                   skip_batches=0, repeat=True):
+                   skip_batches=0, repeat=True, drop_remainder=True):
     """A batched MindDataset over this shard's samples of a MindRecord file.
 
     Shuffling is deterministic and differs every epoch. It follows MindSpore's dataset seed
@@ -80,6 +80,7 @@ def create_dataset(path, columns, batch_size, *, num_shards=1, shard_id=0, shuff
     `mindspore.dataset.config.set_seed` before iterating changes the order. Batches drop the
     remainder; `skip_batches` skips that many batches of the (repeated) stream, which resumes
     training at its data position with the same batches an uninterrupted run would see.
+    Evaluation passes drop_remainder=False to read every sample once.
     """
     path = Path(path)
     _check_readable(path)
@@ -100,10 +101,10 @@ def create_dataset(path, columns, batch_size, *, num_shards=1, shard_id=0, shuff
     dataset = ms_dataset.MindDataset(str(path), columns_list=list(columns), shuffle=shuffle,
                                      **sharding)
     samples_per_shard = dataset.get_dataset_size()
-    if samples_per_shard < batch_size:
+    if drop_remainder and samples_per_shard < batch_size:
         raise DataError(f"{path}: {count_samples(path)} samples over {num_shards} shard(s) give "
                         f"{samples_per_shard} per shard, fewer than one batch of {batch_size}")
-    dataset = dataset.batch(batch_size, drop_remainder=True)
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
     if repeat:
         dataset = dataset.repeat()
     if skip_batches:

@@ -235,6 +235,39 @@ class PositionEmbedding(nn.Cell):
         return self.add(x, positions)
 
 
+def sinusoid_table(max_positions: int, hidden_size: int) -> np.ndarray:
+    """The fixed position encodings of Vaswani et al. (2017): sin on even, cos on odd features."""
+    positions = np.arange(max_positions, dtype=np.float64)[:, None]
+    rates = np.exp(-math.log(10000.0) * np.arange(0, hidden_size, 2) / hidden_size)
+    table = np.zeros((max_positions, hidden_size))
+    table[:, 0::2] = np.sin(positions * rates)
+    table[:, 1::2] = np.cos(positions * rates[: hidden_size // 2])
+    return table.astype(np.float32)
+
+
+class SinusoidalPositionEncoding(nn.Cell):
+    """Adds fixed sinusoidal positions to (batch, seq, hidden) activations.
+
+    Inputs:
+        x: float32 (batch, seq, hidden); offset (optional): int, the position of x's first
+            element (incremental decoding feeds one position at a time).
+    Outputs:
+        float32 (batch, seq, hidden).
+    """
+
+    def __init__(self, max_positions: int, hidden_size: int, *, parallel_config: ParallelConfig):
+        super().__init__()
+        dp = parallel_config.dp
+        self.table = Tensor(sinusoid_table(max_positions, hidden_size))
+        self.hidden_size = hidden_size
+        self.slice = ops.StridedSlice().shard(((1, 1),))
+        self.add = ops.Add().shard(((dp, 1, 1), (1, 1)))
+
+    def construct(self, x):
+        positions = self.slice(self.table, (0, 0), (x.shape[1], self.hidden_size), (1, 1))
+        return self.add(x, positions)
+
+
 class MultiHeadAttention(nn.Cell):
     """Multi-head attention: causal self attention or cross attention.
 
@@ -287,6 +320,9 @@ class MultiHeadAttention(nn.Cell):
         self.scale = ops.Mul().shard((heads, ()))
         self.scores = ops.BatchMatMul(transpose_b=True).shard((heads, heads))
         self.add_causal = ops.Add().shard((heads, (1, 1, 1, 1)))
+        self.cache_keep = ops.Mul().shard((heads, (1, 1, 1, 1)))
+        self.cache_write = ops.Mul().shard((heads, (1, 1, 1, 1)))
+        self.cache_add = ops.Add().shard((heads, heads))
         self.add_bias = ops.Add().shard((heads, (dp, 1, 1, 1)))
         self.softmax = ops.Softmax(axis=-1).shard((heads,))
         self.context = ops.BatchMatMul().shard((heads, heads))
@@ -306,17 +342,51 @@ class MultiHeadAttention(nn.Cell):
         return self.split_heads(x, (0, 2, 1, 3))
 
     def construct(self, query, key_value, attention_bias=None):
+        seq_q, seq_k = query.shape[1], key_value.shape[1]
+        k, v = self.project_key_value(key_value)
+        causal_bias = None
+        if self.causal:
+            causal_bias = self.slice_causal(self.causal_bias, (0, 0, seq_k - seq_q, 0),
+                                            (1, 1, seq_k, seq_k), (1, 1, 1, 1))
+        return self._attend(query, k, v, causal_bias, attention_bias)
+
+    def project_key_value(self, key_value):
+        """Keys and values (batch, heads, seq_k, head_dim) of `key_value`; incremental
+        decoding computes them once for the encoder output."""
+        return self._heads(self.key(key_value)), self._heads(self.value(key_value))
+
+    def attend(self, query, key, value, attention_bias=None):
+        """Attention of `query` over precomputed keys and values (cross attention)."""
+        return self._attend(query, key, value, None, attention_bias)
+
+    def decode_step(self, query, cache_key, cache_value, write, step_bias):
+        """One incremental self-attention step: no recomputation of past positions.
+
+        Args:
+            query: (batch, 1, hidden), the newest position.
+            cache_key, cache_value: (batch, heads, max_len, head_dim), the keys and values of
+                the positions decoded so far (zeros elsewhere).
+            write: float32 (1, 1, max_len, 1), one-hot at the newest position.
+            step_bias: float32 (1, 1, 1, max_len), 0 up to the newest position, else masked.
+        Returns:
+            (output (batch, 1, hidden), cache_key, cache_value) with the newest position
+            written into the caches.
+        """
+        k, v = self.project_key_value(query)
+        write = ops.cast(write, cache_key.dtype)
+        keep = 1.0 - write
+        cache_key = self.cache_add(self.cache_keep(cache_key, keep), self.cache_write(k, write))
+        cache_value = self.cache_add(self.cache_keep(cache_value, keep),
+                                     self.cache_write(v, write))
+        return self._attend(query, cache_key, cache_value, step_bias, None), cache_key, cache_value
+
+    def _attend(self, query, k, v, causal_bias, attention_bias):
         batch, seq_q = query.shape[0], query.shape[1]
-        seq_k = key_value.shape[1]
         q = self.scale(self._heads(self.query(query)),
                        ops.cast(self.inv_sqrt_head_dim, self.compute_dtype))
-        k = self._heads(self.key(key_value))
-        v = self._heads(self.value(key_value))
         scores = ops.cast(self.scores(q, k), ms.float32)
-        if self.causal:
-            bias = self.slice_causal(self.causal_bias, (0, 0, seq_k - seq_q, 0),
-                                     (1, 1, seq_k, seq_k), (1, 1, 1, 1))
-            scores = self.add_causal(scores, bias)
+        if causal_bias is not None:
+            scores = self.add_causal(scores, causal_bias)
         if attention_bias is not None:
             scores = self.add_bias(scores, attention_bias)
         probs = self.attention_dropout(ops.cast(self.softmax(scores), self.compute_dtype))
@@ -402,16 +472,23 @@ class CrossEntropy(nn.Cell):
         float32 scalar.
     """
 
-    def __init__(self, *, parallel_config: ParallelConfig):
+    def __init__(self, *, parallel_config: ParallelConfig, label_smoothing: float = 0.0,
+                 num_classes: int = None):
         super().__init__()
         dp = parallel_config.dp
+        if label_smoothing and not num_classes:
+            raise ValueError("label smoothing needs num_classes")
         self.one_hot = ops.OneHot().shard(((dp, 1), (), ()))
         self.softmax_cross_entropy = ops.SoftmaxCrossEntropyWithLogits().shard(
             ((dp, 1), (dp, 1)))
         self.mul = ops.Mul().shard(((dp,), (dp,)))
         self.sum = ops.ReduceSum().shard(((dp,),))
-        self.on_value = Tensor(1.0, ms.float32)
-        self.off_value = Tensor(0.0, ms.float32)
+        # Label smoothing spreads `label_smoothing` of the target mass evenly over all
+        # classes, so the one-hot target becomes (1 - e + e/V, e/V): the same loss as
+        # (1 - e) * NLL + e * mean over classes of -log p, without extra operators.
+        off = label_smoothing / num_classes if label_smoothing else 0.0
+        self.on_value = Tensor(1.0 - label_smoothing + off, ms.float32)
+        self.off_value = Tensor(off, ms.float32)
 
     def construct(self, logits, labels, mask):
         one_hot = self.one_hot(labels, logits.shape[-1], self.on_value, self.off_value)

@@ -17,7 +17,7 @@ from model_zoo.parallel.context import (data_shard, gradient_reducer, init_paral
 from model_zoo.parallel.layers import dtype_of
 from model_zoo.train.checkpoint import list_checkpoints, load_weights, save_checkpoint
 from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line
-from model_zoo.train.schedule import WarmupCosineSchedule
+from model_zoo.train.schedule import build_schedule
 from model_zoo.train.step import TrainStep, build_optimizer
 
 
@@ -85,7 +85,7 @@ def train(config: Config, output_dir: str, resume: bool = False, on_save=None) -
     metrics_path = os.path.join(output_dir, "metrics.jsonl")
     metrics = MetricsLog(metrics_path, resume_step=start_step)
     run_loop(config, runnable, step_cell, itertools.chain([first_batch], batches), metrics,
-             output_dir, start_step, on_save)
+             output_dir, start_step, on_save, tokens_counter(module, config, shard))
 
     network.set_train(False)
     result = module.evaluate(config, network)
@@ -103,7 +103,7 @@ def train(config: Config, output_dir: str, resume: bool = False, on_save=None) -
 
 def build_train_step(config: Config, network, context) -> TrainStep:
     train = config.train
-    schedule = WarmupCosineSchedule(train.lr, train.min_lr, train.warmup_steps, train.steps)
+    schedule = build_schedule(train)
     loss_network = pipeline_loss_network(network, config.parallel)
     optimizer = build_optimizer(network, train, schedule)
     return TrainStep(
@@ -114,11 +114,13 @@ def build_train_step(config: Config, network, context) -> TrainStep:
         accumulation=train.grad_accumulation)
 
 
-def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_step, on_save):
+def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_step, on_save,
+             tokens_of):
+    """The steps; `tokens_of(batch)` counts the tokens a global step trains on."""
     train = config.train
-    tokens_per_sample = config.model.seq_length
     step_cell.set_train(True)
     interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
+    interval_tokens = 0
     for step in range(start_step + 1, train.steps + 1):
         batch = next(batches)
         started = time.perf_counter()
@@ -127,14 +129,15 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
         interval_losses.append(loss_value)
         if step == start_step + 1:
             log(f"compiled and ran the first step in {time.perf_counter() - started:.1f} s")
-            interval_start, interval_steps = time.perf_counter(), 0
+            interval_start, interval_steps, interval_tokens = time.perf_counter(), 0, 0
         else:
             interval_steps += 1
+            interval_tokens += tokens_of(batch)
         if not np.isfinite(loss_value) and train.precision == "fp32":
             raise RuntimeError(f"loss became {loss_value} at step {step}; lower train.lr")
         if step % train.log_steps == 0 or step == train.steps:
             if interval_steps == 0:  # only the first step so far: time it alone
-                interval_start, interval_steps = started, 1
+                interval_start, interval_steps, interval_tokens = started, 1, tokens_of(batch)
             elapsed = max(time.perf_counter() - interval_start, 1e-9)
             samples_per_s = interval_steps * train.global_batch_size / elapsed
             entry = {"step": step, "loss": float(np.mean(interval_losses)),
@@ -142,15 +145,26 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
                      "loss_scale": scale.asnumpy().item(),
                      "grad_norm": grad_norm.asnumpy().item(), "finite": bool(finite.asnumpy().item()),
                      "samples_per_s": samples_per_s,
-                     "tokens_per_s": samples_per_s * tokens_per_sample}
+                     "tokens_per_s": interval_tokens / elapsed}
             metrics.write(entry)
             log(progress_line(entry, train.steps))
             interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
+            interval_tokens = 0
         if step % train.save_steps == 0 or step == train.steps:
             path = save_checkpoint(step_cell, output_dir, step, train.keep_checkpoints)
             log(f"saved {path}")
             if on_save is not None:
                 on_save(output_dir)
+
+
+def tokens_counter(module, config, shard):
+    """Tokens of a global step: the model folder's `batch_tokens(batch)` (real tokens of this
+    rank's batch) times the ranks reading distinct data, else batch x seq_length."""
+    count = getattr(module, "batch_tokens", None)
+    if count is None:
+        tokens = config.train.global_batch_size * config.model.seq_length
+        return lambda batch: tokens
+    return lambda batch: count(batch) * shard.num_shards
 
 
 def write_run_info(output_dir, config, context, shard, first_batch):

@@ -1,0 +1,442 @@
+"""Memory and communication of a layout, from a recorded forward pass (`plan.record`).
+
+Everything is per device, for the devices of one pipeline stage (S = dp x mp of them), and
+the report uses the worst stage. Slices come from the strategies: a tensor of n elements
+whose strategy (or output layout) is (s_1, ..., s_r) has n / (s_1 ... s_r) elements on a
+device. Sizes are exact for what the recording sees: no formula is fitted to a model.
+
+Memory of stage k
+-----------------
+For every parameter p owned by stage k, with slice P = numel(p) / prod(split(p)):
+
+    weights      4 P / z          fp32 master weights (the model stores float32)
+    working copy c P              the compute-dtype copy MatMul keeps for the backward pass
+                                  when the weight is cast (fp16: c = 2); plus 4 P when the
+                                  optimizer shard all-gathers the weight (z > 1)
+    gradients    4 P              fp32, accumulated over micro batches
+    optimizer    8 P / z          AdamWeightDecay's m and v in fp32
+
+z is the optimizer-shard group (rules, optimizer parallel): with `parallel.optimizer_shard`
+a parameter is sliced on dimension 0 over its replica group r = S / prod(split(p)) when
+that divides its dim-0 slice and the slice is at least 64 KB (MindSpore's threshold);
+otherwise z = 1. Gradients are not sharded (optimizer_level level1). A parameter used on a
+later stage (GPT-2's tied embedding on the last stage) costs that stage a received copy
+and its gradient (8 P).
+
+Activations per micro batch, A_k, are the tensors the backward pass needs, summed over the
+recorded operators (SAVED below: MatMul keeps both operands, Softmax its output, LayerNorm
+its input and statistics, GeLU its input and output, Dropout a one-byte mask per element,
+Add and Cast nothing, ...), each counted once (a cast shared by Q, K and V is one tensor,
+as MindSpore's graph optimiser merges equal casts) and sliced by the strategy of the
+operator that keeps it. Weights and their casts are counted above, not here. With
+`parallel.recompute` a recomputed cell (a block) keeps only its inputs, and re-creates its
+activations during its own backward pass, so one block's activations are added once (R_k):
+
+    activations_k = m_k x A_k + R_k,   m_k = min(pp - k, micro_batch_num) micro batches in
+                                       flight on stage k with 1F1B (1 without pipeline)
+
+For GPT-2 this gives, per layer and micro batch of b sequences of s tokens (hidden h,
+heads a, model parallel t, data parallel d, c = 2 bytes for fp16, dropout on), with
+T = b s / d tokens per device:
+
+    T h (14 + 24 / t) + 16 T + 7 a s^2 (b / d) / t  bytes
+
+which is Korthikanti et al. (2022, "Reducing Activation Recomputation in Large Transformer
+Models", eq. 2: s b h (10 + 24 / t) + 5 a s^2 b / t) adapted to our operators: the layer
+norms and the softmax run in float32 (4 h + 4 h more per token, 2 a s more per query), the
+statistics of the two layer norms add 16 bytes per token, and the batch is split by d.
+`gpt2_layer_activation_bytes` states it and a test checks it against the recording.
+
+Communication per step
+----------------------
+Bytes one device sends, by kind, for one step of micro_batch_num x grad_accumulation micro
+steps. A ring all-reduce of B bytes over n devices sends 2 (n - 1) / n B; an all-gather or
+reduce-scatter (n - 1) / n B of the full result.
+
+- all-reduce, model parallel: a MatMul whose contracted dimension is split k ways sums its
+  partial products, forward (B = its output slice); in the backward pass the input gradient
+  of a MatMul whose n dimension is split c ways is summed over c (B = the input slice).
+  A vocabulary-split Gather sums the partial lookups (forward). Operators inside a
+  recomputed cell communicate twice in the forward direction (mp_comm_recompute).
+- all-gather / reduce-scatter, redistribution (rule G8): where an operator wants a tensor
+  less split than its producer left it (e.g. the whole class dimension of the loss after a
+  vocabulary-split head), MindSpore all-gathers it; the backward pass is counted as a
+  reduce-scatter of the same size (conservative: MindSpore's AllGather gradient).
+- all-reduce, data parallel (G9): each parameter's gradient over its replica group r, once
+  per accumulation slice (pipelines accumulate micro batches first); with the optimizer
+  shard a reduce-scatter instead, plus an all-gather of the weights for each micro step.
+- send/receive, pipeline: every tensor crossing a stage boundary, forward and (if it needs a
+  gradient) backward, per micro step; a parameter shared across stages once per step.
+- bubble: the idle fraction of a 1F1B pipeline, (pp - 1) / (micro_batch_num + pp - 1).
+"""
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Dict, List
+
+from model_zoo.parallel.config import ParallelConfig
+
+GIB = 2 ** 30
+WEIGHT_BYTES = 4
+GRADIENT_BYTES = 4
+ADAM_BYTES = 8
+MASK_BYTES = 1
+OPTIMIZER_SHARD_THRESHOLD = 64 * 1024
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_receive")
+
+# inputs / outputs each operator keeps for its backward pass ("x" = input 0, "w" = input 1)
+SAVED = {
+    "MatMul": "cross", "BatchMatMul": "cross", "Mul": "cross", "Div": "divide",
+    "RealDiv": "divide", "Maximum": "both", "Minimum": "both", "Pow": "both",
+    "Softmax": "out0", "LogSoftmax": "out0", "Tanh": "out0", "Sigmoid": "out0",
+    "Exp": "out0", "Sqrt": "out0", "Rsqrt": "out0", "ReLU": "out0", "Reciprocal": "out0",
+    "GeLU": "in0+out0", "FastGeLU": "in0+out0", "Erf": "in0", "Square": "in0", "Log": "in0",
+    "SiLU": "in0", "Abs": "in0", "LayerNorm": "in0+stats", "Dropout": "mask",
+    "Gather": "indices", "SoftmaxCrossEntropyWithLogits": "out1",
+}
+SAVES_NOTHING = {"Add", "Sub", "BiasAdd", "Cast", "Reshape", "Transpose", "StridedSlice",
+                 "ReduceSum", "ReduceMean", "OneHot", "Ones", "Zeros", "Concat", "Split",
+                 "ExpandDims", "Squeeze", "Tile", "Neg", "Identity", "ZerosLike", "OnesLike",
+                 "AddExt", "SubExt", "Select"}
+
+
+def gpt2_layer_activation_bytes(batch, seq, hidden, heads, dp=1, mp=1, compute_bytes=2,
+                                dropout=True) -> float:
+    """Closed form of one GPT-2 block's activations per device and micro batch.
+
+    Per token (T = batch x seq / dp of them on a device), in units of `hidden`: the float32
+    inputs of ln_1 and ln_2 (4 + 4), the compute-dtype casts of their outputs shared by Q, K,
+    V and by the expansion (c + c), Q, K, V and the attention output's input (4c / mp), GELU's
+    input and output (2 x 4c / mp), two one-byte dropout masks (2); plus the float32 mean and
+    variance of both layer norms (16 bytes). Per query and head, in units of seq: the float32
+    softmax output (4), then the dropout mask and the dropped probabilities (1 + c), or
+    without dropout the probabilities cast to the compute dtype (c; none in float32).
+    For fp16 with dropout: T h (14 + 24 / mp) + 16 T + 7 a s^2 (batch / dp) / mp.
+    """
+    c, tokens = compute_bytes, batch * seq / dp
+    per_token = (8 + 2 * c + 12 * c / mp + (2 if dropout else 0)) * hidden + 16
+    if dropout:
+        per_query = 4 + 1 + c
+    else:
+        per_query = 4 + (c if c != 4 else 0)
+    return tokens * per_token + per_query * heads * seq * seq * (batch / dp) / mp
+
+
+@dataclass
+class StageMemory:
+    stage: int
+    weights: float = 0
+    working_copy: float = 0
+    gradients: float = 0
+    optimizer: float = 0
+    activations: float = 0
+    activations_per_micro_batch: float = 0
+    micro_batches_in_flight: int = 1
+    recompute_peak: float = 0
+    parameters: int = 0            # elements of the parameter slices this device holds
+
+    @property
+    def total(self) -> float:
+        return (self.weights + self.working_copy + self.gradients + self.optimizer
+                + self.activations)
+
+    def to_dict(self):
+        return {"stage": self.stage, "weights": self.weights, "working_copy": self.working_copy,
+                "gradients": self.gradients, "optimizer": self.optimizer,
+                "activations": self.activations,
+                "activations_per_micro_batch": self.activations_per_micro_batch,
+                "micro_batches_in_flight": self.micro_batches_in_flight,
+                "recompute_peak": self.recompute_peak, "parameters_per_device": self.parameters,
+                "total": self.total}
+
+
+@dataclass
+class StageCommunication:
+    stage: int
+    bytes: Dict[str, float] = field(default_factory=lambda: {kind: 0.0 for kind in KINDS})
+    details: Dict[tuple, List[float]] = field(default_factory=dict)
+
+    def add(self, kind, reason, amount):
+        if amount <= 0:
+            return
+        self.bytes[kind] += amount
+        entry = self.details.setdefault((kind, reason), [0.0, 0])
+        entry[0] += amount
+        entry[1] += 1
+
+    @property
+    def total(self) -> float:
+        return sum(self.bytes.values())
+
+    def to_dict(self):
+        return {"stage": self.stage, **self.bytes, "total": self.total,
+                "details": [{"kind": kind, "what": reason, "bytes": amount, "count": count}
+                            for (kind, reason), (amount, count) in sorted(
+                                self.details.items(), key=lambda item: -item[1][0])]}
+
+
+def _slice_bytes(info, split, bytes_per_element=None) -> float:
+    size = bytes_per_element if bytes_per_element is not None else info.nbytes / max(info.numel, 1)
+    parts = math.prod(split) if split else 1
+    return info.numel * size / parts
+
+
+def _input_split(call, index, info):
+    if call.strategy is not None and index < len(call.strategy) and \
+            len(call.strategy[index]) == len(info.shape):
+        return call.strategy[index]
+    return info.layout
+
+
+def saved_tensors(call):
+    """[(TensorInfo, split, bytes per element or None)] the call keeps for backward."""
+    outputs_need_grad = any(out.needs_grad for out in call.outputs)
+    if not outputs_need_grad:
+        return []
+    tensors = call.tensors
+    rule = SAVED.get(call.name)
+    if rule is None:
+        if call.name in SAVES_NOTHING:
+            return []
+        rule = "all-float-inputs"
+    kept = []
+
+    def keep_input(index):
+        if index < len(tensors):
+            kept.append((tensors[index], _input_split(call, index, tensors[index]), None))
+
+    def keep_output(index, bytes_per_element=None):
+        if index < len(call.outputs):
+            out = call.outputs[index]
+            kept.append((out, out.layout, bytes_per_element))
+
+    if rule == "cross" and len(tensors) >= 2:
+        if tensors[1].needs_grad:
+            keep_input(0)
+        if tensors[0].needs_grad:
+            keep_input(1)
+    elif rule == "divide" and len(tensors) >= 2:
+        keep_input(1)
+        if tensors[1].needs_grad:
+            keep_input(0)
+    elif rule == "both":
+        for index in range(len(tensors)):
+            keep_input(index)
+    elif rule == "out0":
+        keep_output(0)
+    elif rule == "out1":
+        keep_output(1)
+    elif rule == "in0":
+        keep_input(0)
+    elif rule == "in0+out0":
+        keep_input(0)
+        keep_output(0)
+    elif rule == "in0+stats":
+        keep_input(0)
+        keep_output(1)
+        keep_output(2)
+    elif rule == "mask":
+        keep_output(1, MASK_BYTES)
+    elif rule == "indices":
+        if tensors and tensors[0].needs_grad:
+            keep_input(1)
+    else:
+        for index, info in enumerate(tensors):
+            if info.dtype.startswith(("Float", "BFloat")):
+                keep_input(index)
+    return [(info, split, size) for info, split, size in kept
+            if info.param is None and info.numel > 1]
+
+
+def _stage_count(rec, parallel):
+    return max(parallel.pipeline_stage, 1 + max((c.stage for c in rec.calls), default=0))
+
+
+def _cast_bytes(rec) -> Dict[str, int]:
+    """Parameter name -> itemsize of the smallest compute-dtype copy made of it."""
+    found = {}
+    for call in rec.calls:
+        if call.name == "Cast" and call.tensors and call.tensors[0].param and call.outputs:
+            source, out = call.tensors[0], call.outputs[0]
+            out_size = out.nbytes // max(out.numel, 1)
+            if out.dtype != source.dtype:
+                found[source.param] = min(found.get(source.param, 99), out_size)
+    return found
+
+
+def shard_group(param, parallel: ParallelConfig) -> int:
+    """z: the optimizer-shard group a parameter's weights and moments are divided by."""
+    if not parallel.optimizer_shard or not param.requires_grad:
+        return 1
+    split = param.split or (1,) * len(param.shape)
+    replicas = max(1, parallel.devices_per_stage // math.prod(split))
+    if replicas == 1 or not param.shape:
+        return 1
+    dim0 = param.shape[0] // split[0]
+    if dim0 % replicas or param.slice_numel * WEIGHT_BYTES < OPTIMIZER_SHARD_THRESHOLD:
+        return 1
+    return replicas
+
+
+def estimate_memory(rec, parallel: ParallelConfig) -> List[StageMemory]:
+    """Memory per device of every pipeline stage (formulas in the module docstring)."""
+    stages = [StageMemory(k) for k in range(_stage_count(rec, parallel))]
+    casts = _cast_bytes(rec)
+    for param in rec.params.values():
+        memory = stages[param.stage]
+        slice_numel = param.slice_numel
+        z = shard_group(param, parallel)
+        memory.parameters += slice_numel
+        memory.weights += WEIGHT_BYTES * slice_numel / z
+        if param.name in casts:
+            memory.working_copy += casts[param.name] * slice_numel
+        if z > 1:
+            memory.working_copy += WEIGHT_BYTES * slice_numel
+        if param.requires_grad:
+            memory.gradients += GRADIENT_BYTES * slice_numel
+            memory.optimizer += ADAM_BYTES * slice_numel / z
+        for other in param.used_on_stages - {param.stage}:
+            stages[other].working_copy += (WEIGHT_BYTES + casts.get(param.name, 0)) * slice_numel
+            if param.requires_grad:
+                stages[other].gradients += GRADIENT_BYTES * slice_numel
+
+    per_micro = [0.0] * len(stages)
+    inside = defaultdict(float)        # recompute root -> activations it re-creates
+    root_stage = {}
+    seen = set()
+    for call in rec.calls:
+        for info, split, size in saved_tensors(call):
+            if (call.recompute_root, info.key) in seen:
+                continue
+            seen.add((call.recompute_root, info.key))
+            amount = _slice_bytes(info, split, size)
+            if call.recompute_root is None:
+                per_micro[call.stage] += amount
+            else:
+                inside[call.recompute_root] += amount
+                root_stage.setdefault(call.recompute_root, call.stage)
+    for root, inputs in rec.checkpoints.items():
+        stage = root_stage.get(root)
+        if stage is None:
+            stage = next((c.stage for c in rec.calls if c.recompute_root == root), 0)
+        per_micro[stage] += sum(_slice_bytes(info, info.layout) for info in inputs
+                                if info.param is None)
+    pp = parallel.pipeline_stage
+    for memory in stages:
+        k = memory.stage
+        memory.activations_per_micro_batch = per_micro[k]
+        memory.micro_batches_in_flight = min(pp - k, parallel.micro_batch_num) if pp > 1 else 1
+        memory.recompute_peak = max((amount for root, amount in inside.items()
+                                     if root_stage.get(root) == k), default=0.0)
+        memory.activations = (memory.micro_batches_in_flight * per_micro[k]
+                              + memory.recompute_peak)
+    return stages
+
+
+def _ring(n):
+    return 2 * (n - 1) / n if n > 1 else 0.0
+
+
+def _collective(n):
+    return (n - 1) / n if n > 1 else 0.0
+
+
+def _generic(path: str) -> str:
+    """A cell path with block indices replaced by *, to sum the same operator of all layers."""
+    return ".".join("*" if part.isdigit() else part for part in path.split("."))
+
+
+def estimate_communication(rec, parallel: ParallelConfig,
+                           accumulation: int = 1) -> List[StageCommunication]:
+    """Bytes each device of every stage sends per step, by kind (module docstring)."""
+    stages = [StageCommunication(k) for k in range(_stage_count(rec, parallel))]
+    micro_steps = parallel.micro_batch_num * accumulation
+    calls = rec.calls
+    crossing = set()
+    for call in calls:
+        comm = stages[call.stage]
+        forward = micro_steps * (2 if call.recompute_root else 1)
+        backward = micro_steps
+        where = _generic(call.path)
+        tensors = call.tensors
+        if call.strategy is not None and call.outputs and len(call.strategy) == len(tensors):
+            out = call.outputs[0]
+            if call.name in ("MatMul", "BatchMatMul"):
+                from model_zoo.parallel.plan import matmul_dims
+                _, m, k, _, n = matmul_dims(call)
+                comm.add("all_reduce", f"{where}: partial sums (k split {k})",
+                         forward * _ring(k) * _slice_bytes(out, out.layout))
+                x, w = tensors[0], tensors[1]
+                if x.needs_grad:
+                    comm.add("all_reduce", f"{where}: input gradient (n split {n})",
+                             backward * _ring(n) * _slice_bytes(x, call.strategy[0]))
+                if w.needs_grad and w.param is None:
+                    comm.add("all_reduce", f"{where}: operand gradient (m split {m})",
+                             backward * _ring(m) * _slice_bytes(w, call.strategy[1]))
+            elif call.name == "Gather":
+                axis = int(call.args[2]) % len(call.strategy[0])
+                p = call.strategy[0][axis]
+                comm.add("all_reduce", f"{where}: vocabulary-split lookup (split {p})",
+                         forward * _ring(p) * _slice_bytes(out, out.layout))
+            elif call.name in ("ReduceSum", "ReduceMean"):
+                reduced = math.prod(call.strategy[0]) // max(1, math.prod(out.layout or ()))
+                comm.add("all_reduce", f"{where}: reduction over a split dimension",
+                         forward * _ring(reduced) * _slice_bytes(out, out.layout))
+            for index, info in enumerate(tensors):
+                wanted = call.strategy[index]
+                have = info.layout
+                if have is None or len(have) != len(wanted) or info.param is not None:
+                    continue
+                gather = math.prod(max(1, h // w) if h % w == 0 else h
+                                   for h, w in zip(have, wanted))
+                if gather > 1:
+                    amount = _collective(gather) * _slice_bytes(info, wanted)
+                    comm.add("all_gather", f"{where}: input {index} redistributed "
+                                           f"{have} -> {wanted}", forward * amount)
+                    if info.needs_grad:
+                        comm.add("reduce_scatter", f"{where}: gradient of input {index} "
+                                                   f"{wanted} -> {have}", backward * amount)
+        for index, info in enumerate(tensors):
+            if info.param is not None or info.producer is None:
+                continue
+            source = calls[info.producer].stage
+            if source != call.stage and (info.key, call.stage) not in crossing:
+                crossing.add((info.key, call.stage))
+                split = info.layout or _input_split(call, index, info)
+                amount = _slice_bytes(info, split)
+                stages[source].add("send_receive", f"stage {source} -> {call.stage}: "
+                                                   f"{info.shape} activations", micro_steps * amount)
+                if info.needs_grad:
+                    stages[call.stage].add("send_receive", f"stage {call.stage} -> {source}: "
+                                                           f"{info.shape} gradients",
+                                           micro_steps * amount)
+    per_stage = parallel.devices_per_stage
+    for param in rec.params.values():
+        split = param.split or (1,) * len(param.shape)
+        replicas = max(1, per_stage // math.prod(split))
+        grad_bytes = GRADIENT_BYTES * param.slice_numel
+        z = shard_group(param, parallel)
+        for stage in {param.stage} | param.used_on_stages:
+            comm = stages[stage]
+            if param.requires_grad and replicas > 1:
+                if z > 1:
+                    comm.add("reduce_scatter", "parameter gradients (optimizer shard)",
+                             accumulation * _collective(replicas) * grad_bytes)
+                    comm.add("all_gather", "weights (optimizer shard)",
+                             micro_steps * _collective(replicas) * WEIGHT_BYTES * param.slice_numel)
+                else:
+                    comm.add("all_reduce", "parameter gradients (data parallel)",
+                             accumulation * _ring(replicas) * grad_bytes)
+        for other in param.used_on_stages - {param.stage}:
+            amount = WEIGHT_BYTES * param.slice_numel
+            stages[param.stage].add("send_receive", f"shared parameter {param.name}", amount)
+            if param.requires_grad:
+                stages[other].add("send_receive", f"gradient of shared {param.name}", amount)
+    return stages
+
+
+def pipeline_bubble(parallel: ParallelConfig) -> float:
+    """Idle fraction of a 1F1B (or GPipe) pipeline: (pp - 1) / (micro + pp - 1)."""
+    pp = parallel.pipeline_stage
+    return (pp - 1) / (parallel.micro_batch_num + pp - 1) if pp > 1 else 0.0

@@ -1,0 +1,173 @@
+"""Translation: greedy decoding and batched beam search with an incremental decoder.
+
+The encoder runs once per batch; every decoder step feeds only the newest token and reuses
+the cached keys and values of earlier positions (and the encoder's keys and values), so a
+step costs the same at position 100 as at position 1. The cells compile once per batch
+shape; the search itself (scores, beams, finished hypotheses) is plain numpy.
+"""
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from .model import CrossKeyValues, DecoderStep, Transformer, step_inputs
+
+
+class Encoder(nn.Cell):
+    """Source ids and mask -> (memory, source bias), as one compiled graph."""
+
+    def __init__(self, transformer: Transformer):
+        super().__init__(auto_prefix=False)
+        self.transformer = transformer
+
+    def construct(self, source_ids, source_mask):
+        return self.transformer.encode(source_ids, source_mask)
+
+
+class Translator:
+    """Decodes with a trained Transformer (put in eval mode by the constructor).
+
+    Args:
+        transformer: the model.
+        max_extra: a translation may be at most this many tokens longer than its source.
+    """
+
+    def __init__(self, transformer: Transformer, max_extra: int = None):
+        transformer.set_train(False)
+        config = transformer.config
+        self.config = config
+        self.encoder = Encoder(transformer)
+        self.cross = CrossKeyValues(transformer)
+        self.steps = {}
+        self.max_extra = config.max_decode_extra if max_extra is None else max_extra
+        self.max_len = config.seq_length + config.max_decode_extra + 1
+        self.position_table = transformer.positions.table.asnumpy()
+        attention = transformer.decoder_layers[0].self_attention.function
+        self.cache_shape = (attention.num_heads, self.max_len, attention.head_dim)
+        self.num_layers = config.num_layers
+
+    def _start(self, source_ids, source_mask, copies: int):
+        """Encode, repeat each sentence `copies` times, and prepare empty caches."""
+        memory, source_bias = self.encoder(Tensor(source_ids, ms.int32),
+                                           Tensor(source_mask, ms.int32))
+        if copies > 1:
+            index = Tensor(np.repeat(np.arange(source_ids.shape[0]), copies), ms.int32)
+            memory, source_bias = ops.gather(memory, index, 0), ops.gather(source_bias, index, 0)
+        cross_keys, cross_values = self.cross(memory)
+        rows = source_ids.shape[0] * copies
+        zeros = Tensor(np.zeros((rows,) + self.cache_shape, np.float32))
+        caches = (tuple(zeros for _ in range(self.num_layers)),
+                  tuple(zeros for _ in range(self.num_layers)))
+        return caches, (cross_keys, cross_values, source_bias)
+
+    def _step(self, tokens, parents, position, caches, cross, top_k):
+        """Log-probabilities and ids of each hypothesis' `top_k` best next tokens."""
+        if top_k not in self.steps:
+            self.steps[top_k] = DecoderStep(self.encoder.transformer, top_k)
+        write, step_bias = step_inputs(position, self.max_len)
+        encoding = Tensor(self.position_table[position:position + 1])
+        values, ids, keys, cache_values = self.steps[top_k](
+            Tensor(tokens.reshape(-1, 1), ms.int32), Tensor(parents, ms.int32), write, step_bias,
+            encoding, caches[0], caches[1], *cross)
+        return values.asnumpy(), ids.asnumpy(), (keys, cache_values)
+
+    def _length_limit(self, source_mask) -> int:
+        return min(int(source_mask.sum(axis=1).max()) + self.max_extra, self.max_len - 1)
+
+    def greedy(self, source_ids, source_mask) -> list:
+        """The most likely token at every step; one id list per sentence (eos excluded)."""
+        config = self.config
+        caches, cross = self._start(source_ids, source_mask, 1)
+        batch = source_ids.shape[0]
+        tokens = np.full(batch, config.bos_token_id, np.int64)
+        rows = np.arange(batch)
+        outputs = [[] for _ in range(batch)]
+        done = np.zeros(batch, bool)
+        for position in range(self._length_limit(source_mask)):
+            _, ids, caches = self._step(tokens, rows, position, caches, cross, 1)
+            tokens = ids[:, 0]
+            for row in np.flatnonzero(~done):
+                if tokens[row] == config.eos_token_id:
+                    done[row] = True
+                else:
+                    outputs[row].append(int(tokens[row]))
+            if done.all():
+                break
+        return outputs
+
+    def beam_search(self, source_ids, source_mask, beam_size: int = None,
+                    length_penalty: float = None) -> list:
+        """Beam search with the GNMT length penalty ((5 + length) / 6) ** alpha.
+
+        Each sentence keeps `beam_size` live hypotheses; a hypothesis that emits eos is
+        finished and scored by its log-probability divided by the length penalty. A sentence
+        stops when it has `beam_size` finished hypotheses and no live one can still beat the
+        best, or at the length limit. Returns the best id list per sentence (eos excluded).
+        """
+        config = self.config
+        beam = beam_size or config.beam_size
+        alpha = config.length_penalty if length_penalty is None else length_penalty
+        batch = source_ids.shape[0]
+        caches, cross = self._start(source_ids, source_mask, beam)
+        scores = np.full((batch, beam), -np.inf)
+        scores[:, 0] = 0.0
+        sequences = np.zeros((batch, beam, 0), np.int64)
+        tokens = np.full(batch * beam, config.bos_token_id, np.int64)
+        rows = np.arange(batch * beam)
+        finished = [[] for _ in range(batch)]
+        done = np.zeros(batch, bool)
+        limit = self._length_limit(source_mask)
+
+        def penalty(length):
+            return ((5.0 + length) / 6.0) ** alpha
+
+        for position in range(limit):
+            # 2 x beam continuations per hypothesis: even if `beam` of them end, `beam` live
+            # hypotheses remain.
+            top_scores, top_ids, caches = self._step(tokens, rows, position, caches, cross,
+                                                     2 * beam)
+            width = top_scores.shape[-1]
+            candidates = (scores[:, :, None] + top_scores.reshape(batch, beam, width)).reshape(
+                batch, -1)
+            candidate_ids = top_ids.reshape(batch, -1)
+            order = np.argsort(-candidates, axis=1, kind="stable")[:, :2 * beam]
+            new_scores = np.full((batch, beam), -np.inf)
+            parents = np.zeros((batch, beam), np.int64)
+            new_tokens = np.full((batch, beam), config.pad_token_id, np.int64)
+            for row in range(batch):
+                if done[row]:
+                    continue
+                kept = 0
+                for flat in order[row]:
+                    score = candidates[row, flat]
+                    if not np.isfinite(score):
+                        break
+                    parent, token = int(flat) // width, int(candidate_ids[row, flat])
+                    if token == config.eos_token_id:
+                        finished[row].append((score / penalty(position + 1),
+                                              sequences[row, parent].tolist()))
+                        continue
+                    new_scores[row, kept], parents[row, kept] = score, parent
+                    new_tokens[row, kept] = token
+                    kept += 1
+                    if kept == beam:
+                        break
+                best_finished = max((s for s, _ in finished[row]), default=-np.inf)
+                best_alive = new_scores[row].max() / penalty(limit)
+                if len(finished[row]) >= beam and best_finished >= best_alive:
+                    done[row] = True
+            if done.all():
+                break
+            rows = (np.arange(batch)[:, None] * beam + parents).reshape(-1)
+            sequences = np.concatenate(
+                [sequences[np.arange(batch)[:, None], parents], new_tokens[:, :, None]], axis=2)
+            scores = np.where(done[:, None], -np.inf, new_scores)
+            tokens = new_tokens.reshape(-1)
+        results = []
+        for row in range(batch):
+            if not finished[row]:  # length limit reached: take the live hypotheses
+                finished[row] = [(scores[row, k] / penalty(sequences.shape[2]),
+                                  sequences[row, k].tolist()) for k in range(beam)
+                                 if np.isfinite(scores[row, k])]
+            results.append(max(finished[row], key=lambda item: item[0])[1])
+        return results
