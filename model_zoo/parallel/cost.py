@@ -13,7 +13,9 @@ For every parameter p owned by stage k, with slice P = numel(p) / prod(split(p))
     working copy c P              the compute-dtype copy MatMul keeps for the backward pass
                                   when the weight is cast (fp16: c = 2); plus 4 P when the
                                   optimizer shard all-gathers the weight (z > 1)
-    gradients    4 P              fp32, accumulated over micro batches
+    gradients    4 P g            fp32; g = 2 when a step has several micro steps (micro
+                                  batches or train.grad_accumulation): the running sum and
+                                  the current micro step's gradients coexist
     optimizer    8 P / z          AdamWeightDecay's m and v in fp32
 
 z is the optimizer-shard group (rules, optimizer parallel): with `parallel.optimizer_shard`
@@ -32,8 +34,13 @@ operator that keeps it. Weights and their casts are counted above, not here. Wit
 `parallel.recompute` a recomputed cell (a block) keeps only its inputs, and re-creates its
 activations during its own backward pass, so one block's activations are added once (R_k):
 
-    activations_k = m_k x A_k + R_k,   m_k = min(pp - k, micro_batch_num) micro batches in
-                                       flight on stage k with 1F1B (1 without pipeline)
+    activations_k = m_k x A_k + R_k + W_k,   m_k = min(pp - k, micro_batch_num) micro
+                                             batches in flight on stage k with 1F1B (1
+                                             without pipeline)
+
+W_k, the backward working set, is the largest sum, over the operators of stage k, of the
+gradients of an operator's outputs and of its activation inputs: they are alive together
+while its backward runs (for GPT-2 the vocabulary head's logits gradient).
 
 For GPT-2 this gives, per layer and micro batch of b sequences of s tokens (hidden h,
 heads a, model parallel t, data parallel d, c = 2 bytes for fp16, dropout on), with
@@ -134,6 +141,7 @@ class StageMemory:
     activations_per_micro_batch: float = 0
     micro_batches_in_flight: int = 1
     recompute_peak: float = 0
+    backward_working: float = 0
     parameters: int = 0            # elements of the parameter slices this device holds
 
     @property
@@ -147,7 +155,9 @@ class StageMemory:
                 "activations": self.activations,
                 "activations_per_micro_batch": self.activations_per_micro_batch,
                 "micro_batches_in_flight": self.micro_batches_in_flight,
-                "recompute_peak": self.recompute_peak, "parameters_per_device": self.parameters,
+                "recompute_peak": self.recompute_peak,
+                "backward_working": self.backward_working,
+                "parameters_per_device": self.parameters,
                 "total": self.total}
 
 
@@ -191,8 +201,7 @@ def _input_split(call, index, info):
 
 def saved_tensors(call):
     """[(TensorInfo, split, bytes per element or None)] the call keeps for backward."""
-    outputs_need_grad = any(out.needs_grad for out in call.outputs)
-    if not outputs_need_grad:
+    if not call.outputs or not call.outputs[0].needs_grad:
         return []
     tensors = call.tensors
     rule = SAVED.get(call.name)
@@ -279,10 +288,11 @@ def shard_group(param, parallel: ParallelConfig) -> int:
     return replicas
 
 
-def estimate_memory(rec, parallel: ParallelConfig) -> List[StageMemory]:
+def estimate_memory(rec, parallel: ParallelConfig, accumulation: int = 1) -> List[StageMemory]:
     """Memory per device of every pipeline stage (formulas in the module docstring)."""
     stages = [StageMemory(k) for k in range(_stage_count(rec, parallel))]
     casts = _cast_bytes(rec)
+    gradient_sets = 2 if parallel.micro_batch_num * accumulation > 1 else 1
     for param in rec.params.values():
         memory = stages[param.stage]
         slice_numel = param.slice_numel
@@ -294,12 +304,12 @@ def estimate_memory(rec, parallel: ParallelConfig) -> List[StageMemory]:
         if z > 1:
             memory.working_copy += WEIGHT_BYTES * slice_numel
         if param.requires_grad:
-            memory.gradients += GRADIENT_BYTES * slice_numel
+            memory.gradients += gradient_sets * GRADIENT_BYTES * slice_numel
             memory.optimizer += ADAM_BYTES * slice_numel / z
         for other in param.used_on_stages - {param.stage}:
             stages[other].working_copy += (WEIGHT_BYTES + casts.get(param.name, 0)) * slice_numel
             if param.requires_grad:
-                stages[other].gradients += GRADIENT_BYTES * slice_numel
+                stages[other].gradients += gradient_sets * GRADIENT_BYTES * slice_numel
 
     per_micro = [0.0] * len(stages)
     inside = defaultdict(float)        # recompute root -> activations it re-creates
@@ -322,6 +332,13 @@ def estimate_memory(rec, parallel: ParallelConfig) -> List[StageMemory]:
             stage = next((c.stage for c in rec.calls if c.recompute_root == root), 0)
         per_micro[stage] += sum(_slice_bytes(info, info.layout) for info in inputs
                                 if info.param is None)
+    working = [0.0] * len(stages)
+    for call in rec.calls:
+        amount = sum(_slice_bytes(out, out.layout) for out in call.outputs if out.needs_grad)
+        amount += sum(_slice_bytes(info, _input_split(call, index, info))
+                      for index, info in enumerate(call.tensors)
+                      if info.needs_grad and info.param is None)
+        working[call.stage] = max(working[call.stage], amount)
     pp = parallel.pipeline_stage
     for memory in stages:
         k = memory.stage
@@ -329,8 +346,9 @@ def estimate_memory(rec, parallel: ParallelConfig) -> List[StageMemory]:
         memory.micro_batches_in_flight = min(pp - k, parallel.micro_batch_num) if pp > 1 else 1
         memory.recompute_peak = max((amount for root, amount in inside.items()
                                      if root_stage.get(root) == k), default=0.0)
+        memory.backward_working = working[k]
         memory.activations = (memory.micro_batches_in_flight * per_micro[k]
-                              + memory.recompute_peak)
+                              + memory.recompute_peak + memory.backward_working)
     return stages
 
 

@@ -168,6 +168,7 @@ class OpCall:
     outputs: List[TensorInfo]
     stage: int
     recompute_root: Optional[str]   # outermost recomputed cell this call runs in
+    staged: bool = True       # the stage comes from an enclosing cell's pipeline_stage
 
     @property
     def tensors(self) -> List[TensorInfo]:
@@ -328,13 +329,33 @@ class Recorder:
                 return name
         return ""
 
-    def _stage(self, tensor_args):
+    def _stage(self):
+        """The pipeline stage of the innermost enclosing cell that has one, else None."""
         for cell in reversed(self.cell_stack):
             stage = stage_of(cell)
             if stage is not None:
                 return stage
-        producers = [self.calls[t.producer].stage for t in tensor_args if t.producer is not None]
-        return max(producers) if producers else 0
+        return None
+
+    def place_unstaged(self):
+        """Operators outside every staged cell run where their users are (MindSpore places
+        them with their consumers), else with their producers, else on stage 0."""
+        consumers = {}
+        for call in self.calls:
+            for info in call.tensors:
+                consumers.setdefault(id(info), []).append(call)
+        for call in reversed(self.calls):
+            if call.staged:
+                continue
+            users = [c.stage for out in call.outputs for c in consumers.get(id(out), [])]
+            if users:
+                call.stage = min(users)
+        for call in self.calls:
+            if not call.staged and not any(c for out in call.outputs
+                                           for c in consumers.get(id(out), [])):
+                producers = [self.calls[t.producer].stage for t in call.tensors
+                             if t.producer is not None]
+                call.stage = max(producers) if producers else 0
 
     def _recompute_root(self):
         for cell in self.cell_stack:
@@ -374,12 +395,10 @@ class Recorder:
                 recorded_args.append(arg)
         name = prim.name
         path = self.owners.get(id(prim)) or f"{self._cell_path() or '<network>'}/{name}"
-        tensors = [a for a in recorded_args if isinstance(a, TensorInfo)]
-        for a in recorded_args:
-            if isinstance(a, list):
-                tensors.extend(x for x in a if isinstance(x, TensorInfo))
+        stage = self._stage()
         call = OpCall(len(self.calls), name, path, self._cell_path(), prim, strategy_of(prim),
-                      recorded_args, [], self._stage(tensors), self._recompute_root())
+                      recorded_args, [], 0 if stage is None else stage, self._recompute_root(),
+                      staged=stage is not None)
         if self.compute:
             result = original(prim, *args, **kwargs)
         else:
@@ -412,6 +431,7 @@ class Recorder:
         dtype = _dtype_name(tensor.dtype)
         tensor_inputs = call.tensors
         needs_grad = (call.name not in NO_GRADIENT and dtype.startswith(("Float", "BFloat"))
+                      and position not in AUXILIARY_OUTPUTS.get(call.name, ())
                       and any(t.needs_grad for t in tensor_inputs))
         key, param = None, None
         if call.name == "Cast" and tensor_inputs:
@@ -508,6 +528,7 @@ def record(net: nn.Cell, inputs, *, compute: bool = False, stages: int = 1,
     finally:
         net.set_train(training)
         ms.set_context(mode=mode)
+    recorder.place_unstaged()
     return Recording(recorder.calls, _parameters(net, recorder), recorder.checkpoints,
                      input_infos, stages)
 
@@ -741,6 +762,9 @@ for _name in ("GeLU", "FastGeLU", "ReLU", "Tanh", "Sigmoid", "Erf", "Exp", "Log"
 
 VIEWS = {"Reshape", "ExpandDims", "Squeeze"}
 
+# outputs that only serve the operator's own backward pass (statistics, masks, gradients)
+AUXILIARY_OUTPUTS = {"LayerNorm": (1, 2), "Dropout": (1,), "SoftmaxCrossEntropyWithLogits": (1,)}
+
 NO_GRADIENT = {"OneHot", "Ones", "Zeros", "ZerosLike", "OnesLike", "Equal", "NotEqual", "Less",
                "LessEqual", "Greater", "GreaterEqual", "LogicalAnd", "LogicalOr",
                "LogicalNot", "StopGradient"}
@@ -764,6 +788,14 @@ def _right_aligned_max(parts, rank):
 
 
 def output_layout(call: OpCall, position: int, shape: tuple) -> Optional[tuple]:
+    """Splits per dimension of output `position` (see `_output_layout`), or None."""
+    layout = _output_layout(call, position, shape)
+    if layout is None or len(layout) != len(shape):
+        return None
+    return tuple(layout)
+
+
+def _output_layout(call: OpCall, position: int, shape: tuple) -> Optional[tuple]:
     """Splits per dimension of output `position` as the operator leaves it, or None.
 
     Operators with a strategy follow MindSpore's output tensor layouts (a contracted or
@@ -828,6 +860,8 @@ def reshape_layout(in_shape, in_layout, out_shape) -> Optional[tuple]:
     it. Anything else needs a redistribution whose cost is not modelled: None (unknown).
     """
     in_shape, out_shape = tuple(in_shape), tuple(out_shape)
+    if len(in_layout) != len(in_shape) or math.prod(in_shape) != math.prod(out_shape):
+        return None
     out_layout = []
     i = j = 0
     while i < len(in_shape) or j < len(out_shape):
@@ -1117,7 +1151,9 @@ def check_recording(rec: Recording, parallel: ParallelConfig, device_num: int) -
                 path_b, "", index))
     last = 0
     for call in rec.calls:
-        if call.stage < last and call.name not in ("Cast", "Reshape"):
+        if not call.staged:
+            continue
+        if call.stage < last:
             found.append(Violation("pipeline", f"runs on stage {call.stage} after an operator "
                                                f"of stage {last}; stages must not decrease in "
                                                f"execution order", call.path, call.name))
@@ -1243,11 +1279,16 @@ def load_plan_config(path: str, overrides=None):
     the parallel layout and batch divisibility become plan violations instead, so that one
     run reports all of them.
     """
-    from model_zoo.config import (SECTIONS, Config, TrainConfig, apply_override, build_section,
-                                  import_model, read_yaml)
+    from model_zoo.config import apply_override, read_yaml
     raw = read_yaml(path)
     for override in overrides or []:
         apply_override(raw, override)
+    return plan_config_from_dict(raw, path)
+
+
+def plan_config_from_dict(raw: dict, path: str = "<dict>"):
+    """`load_plan_config` for a config already read into a dict."""
+    from model_zoo.config import SECTIONS, Config, TrainConfig, build_section, import_model
     unknown = set(raw) - set(SECTIONS)
     if unknown:
         raise ConfigError(f"unknown section {sorted(unknown)[0]!r} in {path} "
@@ -1284,8 +1325,17 @@ def network_inputs(module, config, network, batch_size: int):
 
 
 def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
-               device: str = "ascend910") -> Plan:
-    """Check `config`'s layout and operators and estimate its cost (see the module doc)."""
+               device: str = "ascend910", customize=None) -> Plan:
+    """Check `config`'s layout and operators and estimate its cost (see the module doc).
+
+    Args:
+        config: a Config (from `load_plan_config`).
+        config_path: shown in the report.
+        device_num: the devices the job will have (default: dp x mp x pp).
+        device: a key of DEVICES, whose memory the estimate is held against.
+        customize: optional function called with the built network before the recording
+            (the tests use it to break strategies on purpose).
+    """
     from mindspore.nn.utils import no_init_parameters
     from model_zoo.config import import_model
     from model_zoo.parallel import cost
@@ -1311,12 +1361,14 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
     except ConfigError as err:
         violations.append(Violation("build", str(err)))
         return plan
+    if customize is not None:
+        customize(network)
     inputs = network_inputs(module, config, network, micro_batch)
     dataset_layout = None if parallel.full_batch else parallel.devices_per_stage
     plan.recording = record(network, inputs, stages=parallel.pipeline_stage,
                             dataset_layout=dataset_layout)
     violations.extend(check_recording(plan.recording, parallel, device_num))
-    plan.memory = cost.estimate_memory(plan.recording, parallel)
+    plan.memory = cost.estimate_memory(plan.recording, parallel, train.grad_accumulation)
     plan.communication = cost.estimate_communication(plan.recording, parallel,
                                                      train.grad_accumulation)
     plan.bubble = cost.pipeline_bubble(parallel)
@@ -1359,14 +1411,14 @@ def format_report(plan: Plan, max_violations: int = 20) -> str:
         lines.append("")
         lines.append(f"memory per device, GiB ({plan.device_name}: {_gib(plan.device_memory)})")
         lines.append(f"  {'stage':>5} {'weights':>8} {'copies':>8} {'grads':>8} "
-                     f"{'optimizer':>9} {'activ.':>8} {'(micro x n + recompute)':>24} "
+                     f"{'optimizer':>9} {'activ.':>8} {'= micro x n + recomp. + bwd':>26} "
                      f"{'total':>8}")
         for m in plan.memory:
             detail = (f"{_gib(m.activations_per_micro_batch)} x {m.micro_batches_in_flight}"
-                      f" + {_gib(m.recompute_peak)}")
+                      f" + {_gib(m.recompute_peak)} + {_gib(m.backward_working)}")
             lines.append(f"  {m.stage:>5} {_gib(m.weights):>8} {_gib(m.working_copy):>8} "
                          f"{_gib(m.gradients):>8} {_gib(m.optimizer):>9} "
-                         f"{_gib(m.activations):>8} {detail:>24} {_gib(m.total):>8}")
+                         f"{_gib(m.activations):>8} {detail:>26} {_gib(m.total):>8}")
         worst = plan.worst_stage
         verdict = "fits" if plan.fits else "DOES NOT FIT"
         lines.append(f"  worst stage {worst.stage}: {_gib(worst.total)} of "
@@ -1435,3 +1487,202 @@ def run_plan_command(args) -> int:
     else:
         print(format_report(plan))
     return 0 if plan.ok else 1
+
+
+# --- the strategy table of docs/parallelism.md (generated, so it cannot drift) ---------------
+
+SYMBOL_DP, SYMBOL_MP = 3, 5     # distinct primes: every strategy value decodes to dp/mp
+
+
+def _layer_examples():
+    """(layer, variant, factory(parallel_config)) for every sharded layer in layers.py.
+
+    Sizes are multiples of SYMBOL_MP so that every layer builds with mp = 5.
+    """
+    from model_zoo.parallel import layers as L
+    h, heads, ffn, vocab, seq = 60, 5, 120, 60, 8
+    return [
+        ("Linear", 'split="column"', lambda pc: L.Linear(h, ffn, split="column",
+                                                           parallel_config=pc)),
+        ("Linear", 'split="column", activation="gelu"',
+         lambda pc: L.Linear(h, ffn, split="column", activation="gelu", parallel_config=pc)),
+        ("Linear", 'split="row"', lambda pc: L.Linear(ffn, h, split="row", parallel_config=pc)),
+        ("Linear", 'split="none"', lambda pc: L.Linear(h, h, parallel_config=pc)),
+        ("ExactGELU", "strategy (dp, mp)", lambda pc: L.ExactGELU((pc.dp, pc.mp))),
+        ("Dropout", "strategy (dp, 1, 1)", lambda pc: L.Dropout(0.1, (pc.dp, 1, 1))),
+        ("LayerNorm", "", lambda pc: L.LayerNorm(h, parallel_config=pc)),
+        ("VocabEmbedding", "vocab_emb_dp: true", lambda pc: L.VocabEmbedding(
+            vocab, h, parallel_config=_with(pc, vocab_emb_dp=True))),
+        ("VocabEmbedding", "vocab_emb_dp: false", lambda pc: L.VocabEmbedding(
+            vocab, h, parallel_config=_with(pc, vocab_emb_dp=False))),
+        ("PositionEmbedding", "", lambda pc: L.PositionEmbedding(seq, h, parallel_config=pc)),
+        ("SinusoidalPositionEncoding", "",
+         lambda pc: L.SinusoidalPositionEncoding(seq, h, parallel_config=pc)),
+        ("MultiHeadAttention", "causal=True", lambda pc: L.MultiHeadAttention(
+            h, heads, parallel_config=pc, causal=True, max_seq_length=seq,
+            attention_dropout=0.1, hidden_dropout=0.1)),
+        ("FeedForward", 'activation="gelu"', lambda pc: L.FeedForward(
+            h, ffn, parallel_config=pc, hidden_dropout=0.1)),
+        ("ResidualAdd", "", lambda pc: L.ResidualAdd(parallel_config=pc)),
+        ("VocabProjection", "vocab_emb_dp: true", lambda pc: L.VocabProjection(
+            h, parallel_config=_with(pc, vocab_emb_dp=True))),
+        ("VocabProjection", "vocab_emb_dp: false", lambda pc: L.VocabProjection(
+            h, parallel_config=_with(pc, vocab_emb_dp=False))),
+        ("CrossEntropy", "", lambda pc: L.CrossEntropy(parallel_config=pc)),
+    ]
+
+
+def _with(parallel: ParallelConfig, **changes) -> ParallelConfig:
+    import dataclasses
+    return dataclasses.replace(parallel, **changes)
+
+
+def sharded_layer_names() -> List[str]:
+    """Every nn.Cell subclass defined in model_zoo/parallel/layers.py."""
+    from model_zoo.parallel import layers as L
+    return sorted(name for name, value in vars(L).items()
+                  if isinstance(value, type) and issubclass(value, nn.Cell)
+                  and value.__module__ == L.__name__)
+
+
+def _symbol(value: int) -> str:
+    names = []
+    for prime, name in ((SYMBOL_DP, "dp"), (SYMBOL_MP, "mp")):
+        while value % prime == 0:
+            names.append(name)
+            value //= prime
+    if value != 1:
+        names.append(str(value))
+    return "·".join(names) or "1"
+
+
+def _symbolic(strategy) -> str:
+    parts = ["(" + ", ".join(_symbol(v) for v in part) + ("," if len(part) == 1 else "") + ")"
+             for part in strategy]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def _communication_note(prim, strategy) -> str:
+    name = prim.name
+    try:
+        if name in ("MatMul", "BatchMatMul"):
+            notes = []
+            x, w = strategy
+            tb = bool(prim.attrs.get("transpose_b", False))
+            ta = bool(prim.attrs.get("transpose_a", False))
+            k = x[-2] if ta else x[-1]
+            n = w[-2] if tb else w[-1]
+            if k != 1:
+                notes.append(f"forward all-reduce over {_symbol(k)}")
+            if n != 1:
+                notes.append(f"backward all-reduce of the input gradient over {_symbol(n)}")
+            return "; ".join(notes) or "none"
+        if name == "Gather" and strategy[0][0] != 1:
+            return f"vocabulary split: masked lookup, all-reduce over {_symbol(strategy[0][0])}"
+        if name in ("ReduceSum", "ReduceMean") and any(v != 1 for v in strategy[0]):
+            return "all-reduce of the partial sums"
+    except (IndexError, TypeError, ValueError):
+        pass
+    return "none"
+
+
+def strategy_table() -> str:
+    """Markdown: every sharded layer's operators and strategies in terms of dp and mp."""
+    parallel = ParallelConfig(data_parallel=SYMBOL_DP, model_parallel=SYMBOL_MP,
+                              vocab_emb_dp=False)
+    lines = ["| layer | variant | operator (attribute) | strategy | communication |",
+             "|---|---|---|---|---|"]
+    for layer, variant, factory in _layer_examples():
+        cell = factory(parallel)
+        for name, _, attr, prim in primitives(cell):
+            strategy = strategy_of(prim)
+            if strategy is None:
+                continue
+            where = f"{name}.{attr}" if name else attr
+            lines.append(f"| `{layer}` | {variant} | {prim.name} (`{where}`) | "
+                         f"`{_symbolic(strategy)}` | {_communication_note(prim, strategy)} |")
+    return "\n".join(lines)
+
+
+def plan_config_files(root: Optional[str] = None) -> List[str]:
+    """Every shipped layout config: model_zoo/<model>/configs/plan/*.yaml, sorted."""
+    import glob
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return sorted(glob.glob(os.path.join(root, "*", "configs", "plan", "*.yaml")))
+
+
+def layout_table(plans: Optional[Dict[str, Plan]] = None) -> str:
+    """Markdown: every shipped layout config with its devices and estimated memory."""
+    lines = ["| config | parameters | dp x mp x pp | devices | micro batches | "
+             "memory per device (worst stage, Ascend 910) | fits 32 GiB | pipeline bubble |",
+             "|---|---|---|---|---|---|---|---|"]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for path in plan_config_files():
+        relative = os.path.relpath(path, root)
+        plan = (plans or {}).get(relative)
+        if plan is None:
+            plan = build_plan(load_plan_config(path), relative)
+        p = plan.config.parallel
+        lines.append(f"| `{relative}` | {_count(plan.parameter_count)} | "
+                     f"{p.dp} x {p.mp} x {p.pipeline_stage} | {plan.device_num} | "
+                     f"{p.micro_batch_num} | {_gib(plan.worst_stage.total)} GiB (stage "
+                     f"{plan.worst_stage.stage}) | {'yes' if plan.fits else 'NO'} | "
+                     f"{100 * plan.bubble:.0f}% |")
+    return "\n".join(lines)
+
+
+DOC_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "docs", "parallelism.md")
+
+
+def _marker(name: str, end: bool = False) -> str:
+    if end:
+        return f"<!-- END GENERATED {name} -->"
+    return (f"<!-- BEGIN GENERATED {name}: `python3 -m model_zoo.parallel.plan --update-docs` "
+            f"writes this section; do not edit it by hand -->")
+
+
+def generated_sections(plans=None) -> Dict[str, str]:
+    return {"strategies": strategy_table(), "layouts": layout_table(plans)}
+
+
+def render_doc(text: str, sections: Dict[str, str]) -> str:
+    """`text` with every generated section replaced by its current content."""
+    for name, body in sections.items():
+        begin, end = _marker(name), _marker(name, end=True)
+        if begin not in text or end not in text:
+            raise PlanError(f"{DOC_PATH} lacks the markers of the generated section {name!r}")
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = f"{head}{begin}\n{body}\n{end}{tail}"
+    return text
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m model_zoo.parallel.plan",
+        description="The generated parts of docs/parallelism.md (for a plan of one config, "
+                    "use `model-zoo plan CONFIG`).")
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--strategy-table", action="store_true",
+                       help="print every sharded layer's operators and strategies (markdown)")
+    group.add_argument("--layout-table", action="store_true",
+                       help="print the shipped layout configs with their memory (markdown)")
+    group.add_argument("--update-docs", action="store_true",
+                       help=f"rewrite the generated sections of {DOC_PATH}")
+    args = parser.parse_args(argv)
+    if args.strategy_table:
+        print(strategy_table())
+    elif args.layout_table:
+        print(layout_table())
+    else:
+        with open(DOC_PATH, encoding="utf-8") as handle:
+            text = handle.read()
+        with open(DOC_PATH, "w", encoding="utf-8") as handle:
+            handle.write(render_doc(text, generated_sections()))
+        print(f"updated {DOC_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

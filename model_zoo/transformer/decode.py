@@ -44,6 +44,9 @@ class Translator:
         self.position_table = transformer.positions.table.asnumpy()
         attention = transformer.decoder_layers[0].self_attention.function
         self.cache_shape = (attention.num_heads, self.max_len, attention.head_dim)
+        # The caches hold keys and values as the attention computes them (fp16 with fp16
+        # precision): BatchMatMul needs the query and the cached keys in one dtype.
+        self.cache_dtype = attention.compute_dtype
         self.num_layers = config.num_layers
 
     def _start(self, source_ids, source_mask, copies: int):
@@ -55,7 +58,7 @@ class Translator:
             memory, source_bias = ops.gather(memory, index, 0), ops.gather(source_bias, index, 0)
         cross_keys, cross_values = self.cross(memory)
         rows = source_ids.shape[0] * copies
-        zeros = Tensor(np.zeros((rows,) + self.cache_shape, np.float32))
+        zeros = Tensor(np.zeros((rows,) + self.cache_shape, np.float32), self.cache_dtype)
         caches = (tuple(zeros for _ in range(self.num_layers)),
                   tuple(zeros for _ in range(self.num_layers)))
         return caches, (cross_keys, cross_values, source_bias)

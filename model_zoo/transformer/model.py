@@ -197,7 +197,7 @@ class Transformer(nn.Cell):
             cell.pipeline_stage = 0
         self.decoder_norm.pipeline_stage = parallel_config.pipeline_stage - 1
         self.projection.pipeline_stage = parallel_config.pipeline_stage - 1
-        self.embedding_multiplier = math.sqrt(config.hidden_size)
+        self.embedding_multiplier = Tensor(math.sqrt(config.hidden_size), ms.float32)
 
     def embed(self, ids):
         """Token embeddings scaled by sqrt(hidden), plus positions (from 0)."""
