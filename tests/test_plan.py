@@ -17,11 +17,12 @@ from mindspore import Tensor
 from mindspore.nn.utils import no_init_parameters
 
 from conftest import run_cli
+from model_zoo.config import load_config
 from model_zoo.gpt2.model import GPT2Config, GPT2ForTraining
 from model_zoo.parallel import cost
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.parallel.plan import (DOC_PATH, PlanError, build_plan, format_report,
-                                     generated_sections, layout_table, load_plan_config,
+                                     generated_sections, load_plan_config,
                                      plan_config_files, plan_config_from_dict, record,
                                      render_doc, sharded_layer_names, _layer_examples)
 
@@ -161,6 +162,9 @@ def test_required_layouts_are_shipped():
     for layout in REQUIRED_GPT2:
         dp, mp, pp = layout.split("x")
         assert f"gpt2-1024-d{dp}m{mp}p{pp}.yaml" in names, layout
+        assert f"bert-large-d{dp}m{mp}p{pp}.yaml" in names, layout
+    for layout in ("dp8", "dp16", "dp32", "dp64", "dp2-mp4", "dp4-mp4", "dp4-mp8", "dp8-mp8"):
+        assert f"transformer-base-{layout}.yaml" in names, layout
     for size in ("10b", "50b", "100b"):
         assert any(name.startswith(f"gpt-{size}-") for name in names), size
 
@@ -175,6 +179,7 @@ def test_shipped_config_passes(relative):
     match = re.search(r"-d(\d+)m(\d+)p(\d+)\.yaml$", name)
     assert match, f"{name}: name a layout config ...-d<dp>m<mp>p<pp>.yaml"
     dp, mp, pp = map(int, match.groups())
+    load_config(os.path.join(ROOT, relative))  # the trainer reads it as it is
     parallel = config.parallel
     assert (parallel.dp, parallel.mp, parallel.pipeline_stage) == (dp, mp, pp)
     assert plan.device_num == dp * mp * pp
@@ -250,15 +255,13 @@ def test_split_that_does_not_divide():
 
 
 def test_split_not_power_of_two():
-    plan = build_plan(tiny(dp=2, mp=2), device_num=4,
-                      customize=reshard(QUERY, ((2, 1), (6, 1))))  # 6 divides 64? no: G2
-    assert only(plan, "G2")
-    plan = build_plan(tiny(dp=2, mp=2), customize=reshard(
-        "lm.transformer.blocks.0.ln_1.norm", ((1, 1, 1), (1,), (1,))))
-    assert not plan.violations
-    plan = build_plan(tiny(dp=2, mp=2, batch=48, layers=1), customize=reshard(
-        "lm.transformer.blocks.0.ln_1.norm", ((3, 1, 1), (1,), (1,))))
-    assert "split 3 is not a power of 2 (device number 4)" in str(only(plan, "G3")[0])
+    # 3 divides the micro batch of 48 sequences, but the device number is a power of two
+    norm = "lm.transformer.blocks.0.ln_1.norm"
+    plan = build_plan(tiny(dp=2, mp=2, batch=48, layers=1),
+                      customize=reshard(norm, ((3, 1, 1), (1,), (1,))))
+    violation = only(plan, "G3")[0]
+    assert (violation.path, violation.input, violation.dim) == (norm, 0, 0)
+    assert "split 3 is not a power of 2 (device number 4)" in str(violation)
 
 
 def test_mismatched_contraction_splits():
@@ -565,7 +568,7 @@ def test_memory_estimate_against_a_measured_cpu_run(cpu_memory_run):
       estimate with its saved activations replaced by all the forward outputs the recording
       saw ("keep-everything"). The run must lie in [estimate, 1.25 x keep-everything]; the
       25% covers what neither counts: the allocator's block caching and rounding and the
-      optimizer's per-parameter temporaries (measured here: about 7%).
+      optimizer's per-parameter temporaries (measured here: about 8%).
     A wrong shape, dtype size or slice in the estimate moves it out of this band: the
     activations alone are half of the estimate for this config.
     """

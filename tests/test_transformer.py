@@ -35,8 +35,9 @@ from model_zoo.transformer.model import (Transformer, TransformerConfig,
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "model_zoo", "transformer",
                           "configs")
+LAYOUT_DIR = os.path.join(CONFIG_DIR, "plan")
 LAYOUT_CONFIGS = sorted(os.path.basename(path)
-                        for path in glob.glob(os.path.join(CONFIG_DIR, "transformer-*.yaml")))
+                        for path in glob.glob(os.path.join(LAYOUT_DIR, "transformer-*.yaml")))
 PAD, BOS, EOS = 0, 2, 3
 
 
@@ -458,8 +459,9 @@ def test_cli_translate_prints_one_line_per_input_line(cli_run):
 # --- layout configs --------------------------------------------------------------------------
 
 def test_configs_for_the_layout_table():
-    expected = {"transformer-base.yaml", "transformer-big.yaml"} | {
-        f"transformer-base-dp{n}.yaml" for n in (8, 16, 32, 64)} | {
+    for name in ("transformer-base.yaml", "transformer-big.yaml"):
+        assert os.path.isfile(os.path.join(CONFIG_DIR, name))
+    expected = {f"transformer-base-dp{n}.yaml" for n in (8, 16, 32, 64)} | {
         f"transformer-base-dp{dp}-mp{mp}.yaml" for dp, mp in ((2, 4), (4, 4), (4, 8), (8, 8))}
     assert set(LAYOUT_CONFIGS) == expected
     base = load_config(os.path.join(CONFIG_DIR, "transformer-base.yaml"))
@@ -481,7 +483,7 @@ def strategy(prim):
 
 @pytest.mark.parametrize("name", LAYOUT_CONFIGS)
 def test_layout_config_builds_with_its_strategies(name):
-    config = load_config(os.path.join(CONFIG_DIR, name))
+    config = load_config(os.path.join(LAYOUT_DIR, name))
     parallel = config.parallel
     dp, mp = parallel.dp, parallel.mp
     match = re.fullmatch(r"transformer-base-dp(\d+)(?:-mp(\d+))?\.yaml", name)

@@ -10,7 +10,6 @@ import os
 from dataclasses import dataclass, field
 from typing import List
 
-import numpy as np
 
 from model_zoo.config import Config, DataConfig
 from model_zoo.data import create_dataset
@@ -94,6 +93,17 @@ def _split(config: Config, split: str):
 def build_train_network(config: Config, compute_dtype):
     """BertForPreTraining or BertForSequenceClassification, by model.task."""
     return build_bert_network(config.model, config.parallel, compute_dtype)
+
+
+def plan_inputs(config: Config, batch_size: int):
+    """The training network's inputs for the plan check, in the dataset's column order."""
+    import mindspore as ms
+    seq, predictions = config.model.seq_length, config.data.max_predictions_per_seq
+    if _pretraining(config):
+        return [((batch_size, seq), ms.int32)] * 3 + [
+            ((batch_size, predictions), ms.int32), ((batch_size, predictions), ms.int32),
+            ((batch_size, predictions), ms.float32), ((batch_size,), ms.int32)]
+    return [((batch_size, seq), ms.int32)] * 3 + [((batch_size,), ms.int32)]
 
 
 def create_train_dataset(config: Config, shard, skip_batches: int = 0):

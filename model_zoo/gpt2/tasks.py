@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import List
 
+import mindspore as ms
 import numpy as np
 
 from model_zoo.config import Config, DataConfig
@@ -57,6 +58,11 @@ def prepare_data(config: Config):
 def build_train_network(config: Config, compute_dtype):
     """The cell the trainer optimises: token ids (batch, seq_length + 1) -> mean loss."""
     return GPT2ForTraining(config.model, config.parallel, compute_dtype)
+
+
+def plan_inputs(config: Config, batch_size: int):
+    """The training network's inputs for the plan check: token ids (batch, seq_length + 1)."""
+    return [((batch_size, config.model.seq_length + 1), ms.int32)]
 
 
 def create_train_dataset(config: Config, shard, skip_batches: int = 0):

@@ -49,9 +49,10 @@ T = b s / d tokens per device:
     T h (14 + 24 / t) + 16 T + 7 a s^2 (b / d) / t  bytes
 
 which is Korthikanti et al. (2022, "Reducing Activation Recomputation in Large Transformer
-Models", eq. 2: s b h (10 + 24 / t) + 5 a s^2 b / t) adapted to our operators: the layer
-norms and the softmax run in float32 (4 h + 4 h more per token, 2 a s more per query), the
-statistics of the two layer norms add 16 bytes per token, and the batch is split by d.
+Models", eq. 2: s b h (10 + 24 / t) + 5 a s^2 b / t) adapted to our operators: the two
+layer norms take float32 inputs (4 instead of 2 bytes each: 4 h more per token), the
+softmax output is float32 (2 a s more per query), the statistics of the two layer norms add
+16 bytes per token, and the batch is split by d.
 `gpt2_layer_activation_bytes` states it and a test checks it against the recording.
 
 Communication per step
@@ -368,6 +369,7 @@ def _generic(path: str) -> str:
 def estimate_communication(rec, parallel: ParallelConfig,
                            accumulation: int = 1) -> List[StageCommunication]:
     """Bytes each device of every stage sends per step, by kind (module docstring)."""
+    from model_zoo.parallel.plan import matmul_dims  # plan imports this module
     stages = [StageCommunication(k) for k in range(_stage_count(rec, parallel))]
     micro_steps = parallel.micro_batch_num * accumulation
     calls = rec.calls
@@ -381,7 +383,6 @@ def estimate_communication(rec, parallel: ParallelConfig,
         if call.strategy is not None and call.outputs and len(call.strategy) == len(tensors):
             out = call.outputs[0]
             if call.name in ("MatMul", "BatchMatMul"):
-                from model_zoo.parallel.plan import matmul_dims
                 _, m, k, _, n = matmul_dims(call)
                 comm.add("all_reduce", f"{where}: partial sums (k split {k})",
                          forward * _ring(k) * _slice_bytes(out, out.layout))

@@ -40,7 +40,6 @@ micro batch. Without it the network must take a single batch of token ids of
 """
 
 import argparse
-import inspect
 import json
 import math
 import os
@@ -215,6 +214,7 @@ class Recording:
     checkpoints: Dict[str, List[TensorInfo]]   # recomputed cell path -> its input tensors
     inputs: List[TensorInfo]
     stages: int
+    output: Any = None          # what the network returned (zeros unless compute=True)
 
     def strategy_calls(self) -> List[OpCall]:
         return [call for call in self.calls if call.strategy is not None]
@@ -520,7 +520,7 @@ def record(net: nn.Cell, inputs, *, compute: bool = False, stages: int = 1,
         with recorder.active():
             input_infos = [recorder.register_input(t) for t in tensors]
             try:
-                net(*tensors)
+                output = net(*tensors)
             except RuntimeError as err:
                 last = recorder.calls[-1].path if recorder.calls else "the first operator"
                 raise PlanError(f"the forward pass could not be recorded after {last}: "
@@ -530,7 +530,7 @@ def record(net: nn.Cell, inputs, *, compute: bool = False, stages: int = 1,
         ms.set_context(mode=mode)
     recorder.place_unstaged()
     return Recording(recorder.calls, _parameters(net, recorder), recorder.checkpoints,
-                     input_infos, stages)
+                     input_infos, stages, output)
 
 
 def _parameters(net, recorder) -> Dict[str, ParamInfo]:
@@ -1028,7 +1028,13 @@ def _check_broadcast(call, shapes, violation):
 def _check_matmul(call, shapes, violation):
     batch, m, k_x, k_w, n = matmul_dims(call)
     x, w = call.strategy
-    ta, tb = bool(call.attr("transpose_a", False)), bool(call.attr("transpose_b", False))
+    tb = bool(call.attr("transpose_b", False))
+    # Conservative (rules: "MatMul extras", marked [?]): MatMul's PCL exception (2-D, equal
+    # strategies, product S, unequal K shards) is not used, and transpose_a is refused as
+    # matmul_info.cc@4a7a9e4b does.
+    if call.name == "MatMul" and call.attr("transpose_a", False):
+        violation("MatMul", "transpose_a with a strategy is rejected by some MindSpore "
+                            "versions; transpose the input instead", 0)
     if k_x != k_w:
         violation("MatMul", f"the contracted dimension is split {k_x} in input 0 but {k_w} in "
                             f"input 1 (strategy {call.strategy}, transpose_b={tb}); MatMul "
@@ -1310,18 +1316,13 @@ def plan_config_from_dict(raw: dict, path: str = "<dict>"):
 
 
 def network_inputs(module, config, network, batch_size: int):
-    """The network's inputs for one micro batch: the model folder's `plan_inputs`, or one
-    int32 (batch, seq_length + 1) batch of token ids for a single-input network."""
+    """The network's inputs for one micro batch, from the model folder's `plan_inputs`."""
     hook = getattr(module, "plan_inputs", None)
-    if hook is not None:
-        return list(hook(config, batch_size))
-    arguments = [p for p in inspect.signature(network.construct).parameters.values()
-                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(arguments) != 1:
-        raise PlanError(f"model {config.model.name!r}: its training network takes "
-                        f"{len(arguments)} inputs; the model folder must define "
-                        f"plan_inputs(config, batch_size) returning their (shape, dtype)")
-    return [((batch_size, config.model.seq_length + 1), ms.int32)]
+    if hook is None:
+        raise PlanError(f"model {config.model.name!r}: the model folder must define "
+                        f"plan_inputs(config, batch_size) returning its training network's "
+                        f"inputs as (shape, dtype)")
+    return list(hook(config, batch_size))
 
 
 def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
@@ -1384,7 +1385,7 @@ def _gib(value: float) -> str:
 def _count(value: float) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if value >= size:
-            return f"{value / size:.2f} {unit}"
+            return f"{value / size:.2f}{unit}"
     return str(int(value))
 
 

@@ -65,6 +65,13 @@ def build_train_network(config: Config, compute_dtype):
     return TransformerForTraining(config.model, config.parallel, compute_dtype)
 
 
+def plan_inputs(config: Config, batch_size: int):
+    """The training network's inputs for the plan check: the five batch columns at the
+    longest bucket."""
+    import mindspore as ms
+    return [((batch_size, config.model.seq_length), ms.int32)] * 5
+
+
 def create_train_dataset(config: Config, shard, skip_batches: int = 0):
     """This rank's length-bucketed batches of the train split, resumable at `skip_batches`."""
     return create_translation_dataset(
