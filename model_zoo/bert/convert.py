@@ -14,16 +14,14 @@ no next-sentence head: those are written at this project's initialisation (norma
 with the config's init_std from a fixed seed, zero biases) and the conversion says so.
 """
 
-import json
 import os
 
 import numpy as np
 
 from model_zoo.errors import CheckpointError, ConfigError, DataError
+from model_zoo.huggingface import (CONFIG_FILE, output_paths, read_hf_config, read_weights,
+                                   write_converted)
 
-CONFIG_FILE = "config.json"
-CHECKPOINT_FILE = "model.ckpt"
-CONFIG_YAML = "config.yaml"
 # The converted config's data.dataset_dir, inside the output dir: it holds no tokenizer, so
 # fill-mask inputs are given as ids until a dataset (and its tokenizer) is put there.
 DATASET_SUBDIR = "dataset"
@@ -60,32 +58,13 @@ def convert_hf_bert(hf_dir: str, output_dir: str, overwrite: bool = False, *, lo
     OUT/model.ckpt (unless `overwrite`). Nothing is written before everything has been
     read and checked.
     """
-    import mindspore as ms
-
-    if not os.path.isdir(hf_dir):
-        raise DataError(f"Hugging Face model directory {hf_dir!r} does not exist")
     hf_config, config_file = _read_hf_config(hf_dir)
     config = build_config(hf_config, config_file,
                           dataset_dir=os.path.join(output_dir, DATASET_SUBDIR))
-    ckpt_path = os.path.join(output_dir, CHECKPOINT_FILE)
-    config_path = os.path.join(output_dir, CONFIG_YAML)
-    if os.path.exists(ckpt_path) and not overwrite:
-        raise CheckpointError(f"{ckpt_path!r} already exists: pass --overwrite to replace it")
-    tensors, weight_file = _read_weights(hf_dir)
+    config_path, ckpt_path = output_paths(output_dir, overwrite)
+    tensors, weight_file = read_weights(hf_dir, floating_only=True)
     params, notes = map_weights(tensors, hf_config, weight_file)
-
-    os.makedirs(output_dir, exist_ok=True)
-    # save_checkpoint appends ".ckpt" to names without it, so the temporary name ends in it.
-    tmp = os.path.join(output_dir, f".{CHECKPOINT_FILE}.tmp.ckpt")
-    try:
-        ms.save_checkpoint([{"name": name, "data": ms.Tensor(value)}
-                            for name, value in params.items()], tmp)
-        os.replace(tmp, ckpt_path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    from model_zoo.config import save_config
-    save_config(config, config_path)
+    write_converted(params, config, config_path, ckpt_path)
     for note in notes:
         if log is not None:
             log(note)
@@ -93,20 +72,7 @@ def convert_hf_bert(hf_dir: str, output_dir: str, overwrite: bool = False, *, lo
 
 
 def _read_hf_config(hf_dir: str):
-    path = os.path.join(hf_dir, CONFIG_FILE)
-    if not os.path.isfile(path):
-        raise DataError(f"{path!r} does not exist: {hf_dir!r} is not a Hugging Face model "
-                        "directory (expected config.json written by save_pretrained)")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            raw = json.load(handle)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise DataError(f"{path!r} is not a readable JSON file: {err}") from None
-    if not isinstance(raw, dict):
-        raise DataError(f"{path!r} must hold a JSON object")
-    if raw.get("model_type") != "bert":
-        raise DataError(f"{path!r} is not a BERT config: model_type is "
-                        f"{raw.get('model_type')!r}, expected 'bert'")
+    raw, path = read_hf_config(hf_dir, "bert", "BERT")
     config = dict(HF_DEFAULTS)
     config.update(raw)
     _check_supported(config, path)
@@ -160,78 +126,6 @@ def build_config(hf_config: dict, origin: str = CONFIG_FILE, dataset_dir: str = 
         return config_from_dict(raw, origin=origin)
     except ConfigError as err:
         raise DataError(f"{origin!r} does not give a valid BERT config: {err}") from None
-
-
-def _read_weights(hf_dir: str):
-    """All tensors of the folder as float32 numpy arrays, and the file (or index) read."""
-    candidates = [
-        ("model.safetensors", _load_safetensors),
-        ("model.safetensors.index.json", None),
-        ("pytorch_model.bin", _load_torch),
-        ("pytorch_model.bin.index.json", None),
-    ]
-    for name, loader in candidates:
-        path = os.path.join(hf_dir, name)
-        if not os.path.isfile(path):
-            continue
-        if loader is not None:
-            return loader(path), path
-        shard_loader = _load_safetensors if name.startswith("model.") else _load_torch
-        return _load_sharded(path, shard_loader), path
-    raise CheckpointError(f"no weight file in {hf_dir!r}: expected model.safetensors or "
-                          "pytorch_model.bin (or their .index.json for sharded weights)")
-
-
-def _load_sharded(index_path: str, loader):
-    try:
-        with open(index_path, encoding="utf-8") as handle:
-            weight_map = json.load(handle)["weight_map"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"weight index {index_path!r} cannot be read: {err}") from None
-    tensors = {}
-    for shard in sorted(set(weight_map.values())):
-        shard_path = os.path.join(os.path.dirname(index_path), shard)
-        if not os.path.isfile(shard_path):
-            raise CheckpointError(f"weight shard {shard_path!r} named by {index_path!r} "
-                                  "does not exist")
-        tensors.update(loader(shard_path))
-    return tensors
-
-
-def _load_safetensors(path: str) -> dict:
-    try:
-        from safetensors.numpy import load_file
-    except ImportError:
-        raise CheckpointError(f"reading {path!r} needs the safetensors package "
-                              "(pip install safetensors)") from None
-    try:
-        loaded = load_file(path)
-    except Exception as err:  # safetensors raises its own error types on bad files
-        raise CheckpointError(f"weight file {path!r} cannot be read: {_first_line(err)}") from None
-    return {name: np.asarray(value, dtype=np.float32) for name, value in loaded.items()
-            if np.issubdtype(value.dtype, np.floating)}
-
-
-def _load_torch(path: str) -> dict:
-    try:
-        import torch
-    except ImportError:
-        raise CheckpointError(f"reading {path!r} needs PyTorch; convert it to "
-                              "model.safetensors or install torch") from None
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # pickle/zip errors of all kinds
-        raise CheckpointError(f"weight file {path!r} cannot be read: {_first_line(err)}") from None
-    if not isinstance(loaded, dict):
-        raise CheckpointError(f"weight file {path!r} does not hold a state dict")
-    return {name: value.detach().to(torch.float32).numpy()
-            for name, value in loaded.items()
-            if isinstance(value, torch.Tensor) and value.is_floating_point()}
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _normalise_keys(tensors: dict) -> dict:

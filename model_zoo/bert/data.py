@@ -78,7 +78,6 @@ Dataset directories (dataset.json is written last and marks a complete dataset):
 """
 
 import hashlib
-import json
 import random
 import re
 import sys
@@ -89,9 +88,12 @@ from typing import NamedTuple
 import numpy as np
 
 from model_zoo.data import (
+    MANIFEST_FILE,
     Tokenizer,
+    check_no_dataset,
     python_docstring_records,
     python_docstrings_corpus,
+    read_manifest,
     read_text_documents,
     split_documents,
     train_tokenizer,
@@ -120,7 +122,6 @@ CLASSIFICATION_SCHEMA = {"input_ids": _INT_SEQUENCE, "token_type_ids": _INT_SEQU
                          "attention_mask": _INT_SEQUENCE, "label": {"type": "int32"}}
 
 TOKENIZER_FILE = "tokenizer.model"
-MANIFEST_FILE = "dataset.json"
 PRETRAINING_FILES = {"train": "train.mindrecord", "heldout": "heldout.mindrecord"}
 CLASSIFICATION_FILES = {"train": "train.mindrecord", "dev": "dev.mindrecord"}
 BUILTIN_PYTHON_DOCS = "builtin:python-docs"
@@ -401,7 +402,7 @@ def build_pretraining_dataset(output_dir, documents, *, vocab_size, seq_length,
         DataError: a dataset already there, invalid sizes, or too little text for a split.
     """
     output_dir = Path(output_dir)
-    _check_no_dataset(output_dir)
+    check_no_dataset(output_dir)
     _check_pretraining_sizes(vocab_size, seq_length, max_predictions_per_seq, masked_lm_prob,
                              dupe_factor, short_seq_prob)
     splits = dict(zip(PRETRAINING_FILES, split_documents(documents, heldout_fraction, seed)))
@@ -585,7 +586,7 @@ def build_classification_dataset(output_dir, tokenizer_path, *, seq_length, seed
             or a Python whose standard library lacks the task's modules.
     """
     output_dir = Path(output_dir)
-    _check_no_dataset(output_dir)
+    check_no_dataset(output_dir)
     _check_int("seq_length", seq_length, 3)
     tokenizer = load_bert_tokenizer(tokenizer_path)
     model_bytes = Path(tokenizer_path).read_bytes()
@@ -679,20 +680,6 @@ def classification_dataset_ready(output_dir, vocab_size, seq_length, *, tokenize
 
 # ----------------------------------------------------------------------------- shared
 
-def read_manifest(output_dir):
-    """The dataset.json of `output_dir` as a dict, or None if there is none."""
-    manifest_path = Path(output_dir) / MANIFEST_FILE
-    if not manifest_path.exists():
-        return None
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DataError(f"{manifest_path}: not a readable dataset description ({error})") from None
-    if not isinstance(manifest, dict):
-        raise DataError(f"{manifest_path}: not a readable dataset description (not a JSON object)")
-    return manifest
-
-
 def load_documents(sources):
     """The documents of text files and built-in corpora (`builtin:python-docs`), in order."""
     documents = []
@@ -741,7 +728,7 @@ def add_data_arguments(parser):
 def run_data_command(args):
     """Build the dataset described by the parsed arguments and print a one-line summary."""
     output_dir = Path(args.output_dir)
-    _check_no_dataset(output_dir)
+    check_no_dataset(output_dir)
     if args.task == "classify":
         if not args.tokenizer:
             raise UserInputError("--task classify needs --tokenizer PATH (the pretraining "
@@ -804,12 +791,6 @@ def _check_pretraining_sizes(vocab_size, seq_length, max_predictions_per_seq, ma
 def _check_int(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise DataError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _check_no_dataset(output_dir):
-    if (output_dir / MANIFEST_FILE).exists():
-        raise DataError(f"{output_dir} already holds a dataset ({output_dir / MANIFEST_FILE}); "
-                        f"delete it or choose another output directory")
 
 
 def _check_task(output_dir, manifest, task):

@@ -1,4 +1,5 @@
-"""Data pipeline shared by the models: text corpora, SentencePiece tokenizers, MindRecord files."""
+"""Data pipeline shared by the models: text corpora, SentencePiece tokenizers, MindRecord files,
+dataset.json manifests."""
 
 from model_zoo.data.buckets import (
     DEFAULT_BUCKETS,
@@ -17,6 +18,7 @@ from model_zoo.data.corpus import (
     read_text_documents,
     split_documents,
 )
+from model_zoo.data.manifest import MANIFEST_FILE, check_no_dataset, read_manifest
 from model_zoo.data.mindrecord import (
     count_samples,
     create_dataset,
@@ -28,6 +30,7 @@ from model_zoo.data.tokenizer import Tokenizer, train_tokenizer
 
 __all__ = [
     "DEFAULT_BUCKETS",
+    "MANIFEST_FILE",
     "BucketedBatches",
     "Docstring",
     "Tokenizer",
@@ -35,6 +38,7 @@ __all__ = [
     "bucket_boundaries",
     "bucket_counts",
     "bucketed_dataset",
+    "check_no_dataset",
     "count_samples",
     "create_dataset",
     "global_batches",
@@ -42,6 +46,7 @@ __all__ = [
     "padding_ratio",
     "python_docstring_records",
     "python_docstrings_corpus",
+    "read_manifest",
     "read_mindrecord",
     "read_text_documents",
     "split_documents",

@@ -10,13 +10,15 @@ dataset.json records the source, vocab_size, seq_length, split seed and, per spl
 numbers of documents, tokens (counting the eos that ends each document) and samples.
 """
 
-import json
 import sys
 from pathlib import Path
 
 from model_zoo.data import (
+    MANIFEST_FILE,
+    check_no_dataset,
     pack_token_stream,
     python_docstrings_corpus,
+    read_manifest,
     read_text_documents,
     split_documents,
     train_tokenizer,
@@ -27,7 +29,6 @@ from model_zoo.files import write_json_atomically
 
 TOKENIZER_FILE = "tokenizer.model"
 SPLIT_FILES = {"train": "train.mindrecord", "heldout": "heldout.mindrecord"}
-MANIFEST_FILE = "dataset.json"
 BUILTIN_PYTHON_DOCS = "builtin:python-docs"
 SCHEMA = {"input_ids": {"type": "int32", "shape": [-1]}}
 
@@ -40,7 +41,7 @@ def build_dataset(output_dir, documents, *, vocab_size, seq_length, heldout_frac
     dataset.json) are replaced; a complete dataset is never overwritten.
     """
     output_dir = Path(output_dir)
-    _check_no_dataset(output_dir)
+    check_no_dataset(output_dir)
     _check_positive("vocab_size", vocab_size)
     _check_positive("seq_length", seq_length)
     splits = dict(zip(("train", "heldout"), split_documents(documents, heldout_fraction, seed)))
@@ -99,20 +100,6 @@ def dataset_ready(output_dir, vocab_size, seq_length):
     return True
 
 
-def read_manifest(output_dir):
-    """The dataset.json of `output_dir` as a dict, or None if there is none."""
-    manifest_path = Path(output_dir) / MANIFEST_FILE
-    if not manifest_path.exists():
-        return None
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DataError(f"{manifest_path}: not a readable dataset description ({error})") from None
-    if not isinstance(manifest, dict):
-        raise DataError(f"{manifest_path}: not a readable dataset description (not a JSON object)")
-    return manifest
-
-
 def load_documents(sources):
     """The documents of text files and built-in corpora (`builtin:python-docs`), in order."""
     documents = []
@@ -144,7 +131,7 @@ def add_data_arguments(parser):
 
 def run_data_command(args):
     """Build the dataset described by the parsed arguments and print a one-line summary."""
-    _check_no_dataset(Path(args.output_dir))
+    check_no_dataset(Path(args.output_dir))
     documents = load_documents(args.input)
     source = " ".join(args.input)
     if BUILTIN_PYTHON_DOCS in args.input:
@@ -157,12 +144,6 @@ def run_data_command(args):
           f"{splits['train']['tokens'] + splits['heldout']['tokens']} tokens, "
           f"{splits['train']['samples']} train / {splits['heldout']['samples']} heldout samples "
           f"of {args.seq_length + 1} tokens in {args.output_dir}")
-
-
-def _check_no_dataset(output_dir):
-    if (output_dir / MANIFEST_FILE).exists():
-        raise DataError(f"{output_dir} already holds a dataset ({output_dir / MANIFEST_FILE}); "
-                        f"delete it or choose another output directory")
 
 
 def _check_positive(name, value):

@@ -40,7 +40,6 @@ The batch size is chosen when reading, not when building: the trainer's per-rank
 """
 
 import gettext
-import json
 import re
 import time
 from pathlib import Path
@@ -57,6 +56,7 @@ from model_zoo.data.buckets import (
     bucketed_dataset,
     padding_ratio,
 )
+from model_zoo.data.manifest import MANIFEST_FILE, check_no_dataset, read_manifest
 from model_zoo.data.mindrecord import read_mindrecord, write_mindrecord
 from model_zoo.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
 from model_zoo.errors import DataError
@@ -66,7 +66,6 @@ TOKENIZER_FILE = "tokenizer.model"
 SPLITS = ("train", "dev", "test")
 SPLIT_FILES = {split: f"{split}.mindrecord" for split in SPLITS}
 TEXT_SPLITS = ("dev", "test")
-MANIFEST_FILE = "dataset.json"
 CATALOG_ROOT = "/usr/share/locale"
 BUILTIN_LOCALE_PREFIX = "builtin:locale-"
 BUILTIN_LOCALE_DE = "builtin:locale-de"
@@ -392,7 +391,7 @@ def build_translation_dataset(output_dir, pairs, *, vocab_size, seq_length,
     """
     started = time.perf_counter()
     output_dir = Path(output_dir)
-    _check_no_dataset(output_dir)
+    check_no_dataset(output_dir)
     _check_positive("vocab_size", vocab_size)
     _check_positive("seq_length", seq_length)
     if batch_size is not None:
@@ -491,20 +490,6 @@ def translation_dataset_ready(output_dir, vocab_size, seq_length):
     return True
 
 
-def read_manifest(output_dir):
-    """The dataset.json of `output_dir` as a dict, or None if there is none."""
-    manifest_path = Path(output_dir) / MANIFEST_FILE
-    if not manifest_path.exists():
-        return None
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DataError(f"{manifest_path}: not a readable dataset description ({error})") from None
-    if not isinstance(manifest, dict):
-        raise DataError(f"{manifest_path}: not a readable dataset description (not a JSON object)")
-    return manifest
-
-
 def split_path(dataset_dir, split):
     """The MindRecord file of `split` ("train", "dev" or "test") in a dataset directory."""
     if split not in SPLIT_FILES:
@@ -601,7 +586,7 @@ def add_data_arguments(parser):
 def run_data_command(args):
     """Build the dataset described by the parsed arguments and print what was found."""
     output_dir = Path(args.output_dir)
-    _check_no_dataset(output_dir)
+    check_no_dataset(output_dir)
     if len(args.source) != len(args.target):
         raise DataError(f"give as many --target files as --source files "
                         f"({len(args.source)} --source, {len(args.target)} --target)")
@@ -640,12 +625,6 @@ def _describe_source(found):
                   f"{found['too_long']} over {MAX_WORDS} words, {found['duplicate']} duplicates, "
                   f"{found['header'] + found['plural'] + found['context']} header/plural/context")
     return f"{found['kept']} pairs from {found['lines']} lines ({found['blank']} blank skipped)"
-
-
-def _check_no_dataset(output_dir):
-    if (output_dir / MANIFEST_FILE).exists():
-        raise DataError(f"{output_dir} already holds a dataset ({output_dir / MANIFEST_FILE}); "
-                        f"delete it or choose another output directory")
 
 
 def _check_positive(name, value):

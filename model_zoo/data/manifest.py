@@ -1,0 +1,30 @@
+"""The dataset.json of a built dataset directory: written last, it marks a complete dataset."""
+
+import json
+from pathlib import Path
+
+from model_zoo.errors import DataError
+
+MANIFEST_FILE = "dataset.json"
+
+
+def read_manifest(output_dir):
+    """The dataset.json of `output_dir` as a dict, or None if there is none."""
+    manifest_path = Path(output_dir) / MANIFEST_FILE
+    if not manifest_path.exists():
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"{manifest_path}: not a readable dataset description ({error})") from None
+    if not isinstance(manifest, dict):
+        raise DataError(f"{manifest_path}: not a readable dataset description (not a JSON object)")
+    return manifest
+
+
+def check_no_dataset(output_dir):
+    """DataError if `output_dir` already holds a complete dataset (a dataset.json)."""
+    output_dir = Path(output_dir)
+    if (output_dir / MANIFEST_FILE).exists():
+        raise DataError(f"{output_dir} already holds a dataset ({output_dir / MANIFEST_FILE}); "
+                        f"delete it or choose another output directory")

@@ -1,0 +1,167 @@
+"""Reading Hugging Face `save_pretrained` folders for the converters.
+
+A model's `convert.py` maps a folder written by `save_pretrained` (`config.json` plus
+`model.safetensors` or `pytorch_model.bin`, or their sharded `.index.json` forms) onto its
+own parameters. What does not depend on the model lives here: reading config.json, finding
+and loading the weights as float32 numpy arrays, and writing the converted checkpoint and
+config whole or not at all. The model-specific defaults, checks and weight mapping stay in
+each model's `convert.py`.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from model_zoo.errors import CheckpointError, DataError
+
+CONFIG_FILE = "config.json"
+CHECKPOINT_FILE = "model.ckpt"
+CONFIG_YAML = "config.yaml"
+
+
+def read_hf_config(hf_dir: str, model_type: str, model_name: str):
+    """The raw config.json of the folder `hf_dir` as a dict, and its path.
+
+    DataError if the folder or its config.json is missing or unreadable, or if its
+    `model_type` is not `model_type` (`model_name` is how the message names the model).
+    """
+    if not os.path.isdir(hf_dir):
+        raise DataError(f"Hugging Face model directory {hf_dir!r} does not exist")
+    path = os.path.join(hf_dir, CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise DataError(f"{path!r} does not exist: {hf_dir!r} is not a Hugging Face model "
+                        "directory (expected config.json written by save_pretrained)")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            raw = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"{path!r} is not a readable JSON file: {err}") from None
+    if not isinstance(raw, dict):
+        raise DataError(f"{path!r} must hold a JSON object")
+    if raw.get("model_type") != model_type:
+        raise DataError(f"{path!r} is not a {model_name} config: model_type is "
+                        f"{raw.get('model_type')!r}, expected {model_type!r}")
+    return raw, path
+
+
+def output_paths(output_dir: str, overwrite: bool = False):
+    """(config_path, ckpt_path) of a conversion into `output_dir`.
+
+    CheckpointError if the checkpoint already exists and `overwrite` is false.
+    """
+    ckpt_path = os.path.join(output_dir, CHECKPOINT_FILE)
+    config_path = os.path.join(output_dir, CONFIG_YAML)
+    if os.path.exists(ckpt_path) and not overwrite:
+        raise CheckpointError(f"{ckpt_path!r} already exists: pass --overwrite to replace it")
+    return config_path, ckpt_path
+
+
+def write_converted(params: dict, config, config_path: str, ckpt_path: str):
+    """Write `params` ({name: array}) to `ckpt_path` atomically, then `config` as YAML."""
+    write_checkpoint(params, ckpt_path)
+    from model_zoo.config import save_config
+    save_config(config, config_path)
+
+
+def write_checkpoint(params: dict, ckpt_path: str):
+    """Save `params` ({name: array}) as a MindSpore checkpoint via a temporary file."""
+    import mindspore as ms
+
+    output_dir = os.path.dirname(ckpt_path)
+    os.makedirs(output_dir or ".", exist_ok=True)
+    # save_checkpoint appends ".ckpt" to names without it, so the temporary name ends in it.
+    tmp = os.path.join(output_dir, f".{os.path.basename(ckpt_path)}.tmp.ckpt")
+    try:
+        ms.save_checkpoint([{"name": name, "data": ms.Tensor(value)}
+                            for name, value in params.items()], tmp)
+        os.replace(tmp, ckpt_path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def read_weights(hf_dir: str, floating_only: bool = False):
+    """All tensors of the folder as float32 numpy arrays, and the file (or index) read.
+
+    With `floating_only`, tensors that are not floating point (integer buffers) are skipped.
+    """
+    def safetensors_loader(path):
+        return load_safetensors(path, floating_only)
+
+    def torch_loader(path):
+        return load_torch(path, floating_only)
+
+    candidates = [
+        ("model.safetensors", safetensors_loader),
+        ("model.safetensors.index.json", None),
+        ("pytorch_model.bin", torch_loader),
+        ("pytorch_model.bin.index.json", None),
+    ]
+    for name, loader in candidates:
+        path = os.path.join(hf_dir, name)
+        if not os.path.isfile(path):
+            continue
+        if loader is not None:
+            return loader(path), path
+        shard_loader = safetensors_loader if name.startswith("model.") else torch_loader
+        return load_sharded(path, shard_loader), path
+    raise CheckpointError(f"no weight file in {hf_dir!r}: expected model.safetensors or "
+                          "pytorch_model.bin (or their .index.json for sharded weights)")
+
+
+def load_sharded(index_path: str, loader) -> dict:
+    """The tensors of every shard named by the `.index.json` file, each read by `loader`."""
+    try:
+        with open(index_path, encoding="utf-8") as handle:
+            weight_map = json.load(handle)["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"weight index {index_path!r} cannot be read: {err}") from None
+    tensors = {}
+    for shard in sorted(set(weight_map.values())):
+        shard_path = os.path.join(os.path.dirname(index_path), shard)
+        if not os.path.isfile(shard_path):
+            raise CheckpointError(f"weight shard {shard_path!r} named by {index_path!r} "
+                                  "does not exist")
+        tensors.update(loader(shard_path))
+    return tensors
+
+
+def load_safetensors(path: str, floating_only: bool = False) -> dict:
+    """The tensors of a .safetensors file as float32 numpy arrays."""
+    try:
+        from safetensors.numpy import load_file
+    except ImportError:
+        raise CheckpointError(f"reading {path!r} needs the safetensors package "
+                              "(pip install safetensors)") from None
+    try:
+        loaded = load_file(path)
+    except Exception as err:  # safetensors raises its own error types on bad files
+        raise CheckpointError(f"weight file {path!r} cannot be read: {first_line(err)}") from None
+    return {name: np.asarray(value, dtype=np.float32) for name, value in loaded.items()
+            if not floating_only or np.issubdtype(value.dtype, np.floating)}
+
+
+def load_torch(path: str, floating_only: bool = False) -> dict:
+    """The tensors of a pytorch_model.bin state dict as float32 numpy arrays."""
+    try:
+        import torch
+    except ImportError:
+        raise CheckpointError(f"reading {path!r} needs PyTorch; convert it to "
+                              "model.safetensors or install torch") from None
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # pickle/zip errors of all kinds
+        raise CheckpointError(f"weight file {path!r} cannot be read: {first_line(err)}") from None
+    if not isinstance(loaded, dict):
+        raise CheckpointError(f"weight file {path!r} does not hold a state dict")
+    return {name: value.detach().to(torch.float32).numpy()
+            for name, value in loaded.items()
+            if isinstance(value, torch.Tensor)
+            and (not floating_only or value.is_floating_point())}
+
+
+def first_line(err: Exception) -> str:
+    """The first line of an exception's message, or its type name if it has none."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
