@@ -194,6 +194,15 @@ def apply_override(raw: dict, override: str):
 
 
 def config_from_dict(raw: dict, origin: str = "<dict>") -> Config:
+    """A typed config from its sections, every value and the layout validated."""
+    config = typed_config(raw, origin)
+    config.validate()
+    return config
+
+
+def typed_config(raw: dict, origin: str = "<dict>") -> Config:
+    """The sections typed key by key (model and data by the model folder), not yet
+    validated as a whole: the plan check reports layout problems itself."""
     unknown = set(raw) - set(SECTIONS)
     if unknown:
         raise ConfigError(f"unknown section {sorted(unknown)[0]!r} in {origin} "
@@ -212,7 +221,6 @@ def config_from_dict(raw: dict, origin: str = "<dict>") -> Config:
         train=build_section(TrainConfig, raw.get("train") or {}, "train"),
         data=build_section(module.DataConfig, raw.get("data") or {}, "data"),
     )
-    config.validate()
     return config
 
 

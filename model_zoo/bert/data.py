@@ -88,13 +88,13 @@ from typing import NamedTuple
 import numpy as np
 
 from model_zoo.data import (
+    BUILTIN_PYTHON_DOCS,
     MANIFEST_FILE,
     Tokenizer,
     check_no_dataset,
+    load_documents,
     python_docstring_records,
-    python_docstrings_corpus,
     read_manifest,
-    read_text_documents,
     split_documents,
     train_tokenizer,
     write_mindrecord,
@@ -124,7 +124,6 @@ CLASSIFICATION_SCHEMA = {"input_ids": _INT_SEQUENCE, "token_type_ids": _INT_SEQU
 TOKENIZER_FILE = "tokenizer.model"
 PRETRAINING_FILES = {"train": "train.mindrecord", "heldout": "heldout.mindrecord"}
 CLASSIFICATION_FILES = {"train": "train.mindrecord", "dev": "dev.mindrecord"}
-BUILTIN_PYTHON_DOCS = "builtin:python-docs"
 
 # The classification task: topic -> top-level standard-library modules and packages.
 DOCSTRING_TOPICS = {
@@ -679,19 +678,6 @@ def classification_dataset_ready(output_dir, vocab_size, seq_length, *, tokenize
 
 
 # ----------------------------------------------------------------------------- shared
-
-def load_documents(sources):
-    """The documents of text files and built-in corpora (`builtin:python-docs`), in order."""
-    documents = []
-    for source in sources:
-        if source == BUILTIN_PYTHON_DOCS:
-            documents.extend(python_docstrings_corpus())
-        elif source.startswith("builtin:"):
-            raise DataError(f"{source}: unknown built-in corpus (available: {BUILTIN_PYTHON_DOCS})")
-        else:
-            documents.extend(read_text_documents([source]))
-    return documents
-
 
 def add_data_arguments(parser):
     """Arguments of `model-zoo data bert`."""

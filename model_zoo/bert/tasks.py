@@ -15,7 +15,7 @@ from model_zoo.config import Config, DataConfig
 from model_zoo.data import create_dataset
 from model_zoo.errors import ConfigError, DataError, UserInputError
 from model_zoo.parallel.layers import dtype_of
-from model_zoo.train.checkpoint import load_weights
+from model_zoo.train.checkpoint import load_for_evaluation
 
 from .data import (BUILTIN_PYTHON_DOCS, CLASSIFICATION_COLUMNS, CLASSIFICATION_FILES,
                    PRETRAINING_COLUMNS, PRETRAINING_FILES, TOKENIZER_FILE,
@@ -180,10 +180,8 @@ def _encode_with_masks(config: Config, tokenizer, text: str) -> list:
 
 
 def load_network(config: Config, ckpt: str):
-    network = build_train_network(config, dtype_of(config.train.precision))
-    load_weights(network, ckpt)
-    network.set_train(False)
-    return network
+    return load_for_evaluation(build_train_network(config, dtype_of(config.train.precision)),
+                               ckpt)
 
 
 def run_eval(config: Config, ckpt: str) -> dict:

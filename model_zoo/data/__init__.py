@@ -12,7 +12,9 @@ from model_zoo.data.buckets import (
     padding_ratio,
 )
 from model_zoo.data.corpus import (
+    BUILTIN_PYTHON_DOCS,
     Docstring,
+    load_documents,
     python_docstring_records,
     python_docstrings_corpus,
     read_text_documents,
@@ -29,6 +31,7 @@ from model_zoo.data.mindrecord import (
 from model_zoo.data.tokenizer import Tokenizer, train_tokenizer
 
 __all__ = [
+    "BUILTIN_PYTHON_DOCS",
     "DEFAULT_BUCKETS",
     "MANIFEST_FILE",
     "BucketedBatches",
@@ -42,6 +45,7 @@ __all__ = [
     "count_samples",
     "create_dataset",
     "global_batches",
+    "load_documents",
     "pack_token_stream",
     "padding_ratio",
     "python_docstring_records",

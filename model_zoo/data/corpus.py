@@ -11,6 +11,8 @@ import numpy as np
 
 from model_zoo.errors import DataError
 
+BUILTIN_PYTHON_DOCS = "builtin:python-docs"
+
 EXCLUDED_STDLIB_DIRECTORIES = frozenset(
     {"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"})
 DOCUMENTED_KINDS = {ast.Module: "module", ast.ClassDef: "class", ast.FunctionDef: "function",
@@ -137,3 +139,16 @@ def split_documents(documents, heldout_fraction, seed):
     train = [doc for index, doc in enumerate(documents) if index not in heldout_indices]
     heldout = [doc for index, doc in enumerate(documents) if index in heldout_indices]
     return train, heldout
+
+
+def load_documents(sources):
+    """The documents of text files and built-in corpora (`builtin:python-docs`), in order."""
+    documents = []
+    for source in sources:
+        if source == BUILTIN_PYTHON_DOCS:
+            documents.extend(python_docstrings_corpus())
+        elif source.startswith("builtin:"):
+            raise DataError(f"{source}: unknown built-in corpus (available: {BUILTIN_PYTHON_DOCS})")
+        else:
+            documents.extend(read_text_documents([source]))
+    return documents

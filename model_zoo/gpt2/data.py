@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 
 from model_zoo.data import (
+    BUILTIN_PYTHON_DOCS,
     MANIFEST_FILE,
     check_no_dataset,
+    load_documents,
     pack_token_stream,
-    python_docstrings_corpus,
     read_manifest,
-    read_text_documents,
     split_documents,
     train_tokenizer,
     write_mindrecord,
@@ -29,7 +29,6 @@ from model_zoo.files import write_json_atomically
 
 TOKENIZER_FILE = "tokenizer.model"
 SPLIT_FILES = {"train": "train.mindrecord", "heldout": "heldout.mindrecord"}
-BUILTIN_PYTHON_DOCS = "builtin:python-docs"
 SCHEMA = {"input_ids": {"type": "int32", "shape": [-1]}}
 
 
@@ -98,19 +97,6 @@ def dataset_ready(output_dir, vocab_size, seq_length):
             raise DataError(f"{output_dir / name}: missing from the dataset in {output_dir}; "
                             f"delete the directory and build it again")
     return True
-
-
-def load_documents(sources):
-    """The documents of text files and built-in corpora (`builtin:python-docs`), in order."""
-    documents = []
-    for source in sources:
-        if source == BUILTIN_PYTHON_DOCS:
-            documents.extend(python_docstrings_corpus())
-        elif source.startswith("builtin:"):
-            raise DataError(f"{source}: unknown built-in corpus (available: {BUILTIN_PYTHON_DOCS})")
-        else:
-            documents.extend(read_text_documents([source]))
-    return documents
 
 
 def add_data_arguments(parser):

@@ -16,7 +16,7 @@ from model_zoo.config import Config, DataConfig
 from model_zoo.data import Tokenizer, count_samples, create_dataset
 from model_zoo.errors import DataError, UserInputError
 from model_zoo.parallel.layers import dtype_of
-from model_zoo.train.checkpoint import load_weights
+from model_zoo.train.checkpoint import load_for_evaluation
 
 from .data import (BUILTIN_PYTHON_DOCS, SPLIT_FILES, TOKENIZER_FILE, build_dataset,
                    dataset_ready, load_documents)
@@ -110,10 +110,8 @@ def sample_text(config: Config, network, prompt: str = "Return the") -> str:
 
 def load_network(config: Config, ckpt: str):
     """A GPT2ForTraining in eval mode with the weights of `ckpt`."""
-    network = build_train_network(config, dtype_of(config.train.precision))
-    load_weights(network, ckpt)
-    network.set_train(False)
-    return network
+    return load_for_evaluation(build_train_network(config, dtype_of(config.train.precision)),
+                               ckpt)
 
 
 def run_eval(config: Config, ckpt: str) -> dict:

@@ -1294,22 +1294,8 @@ def load_plan_config(path: str, overrides=None):
 
 def plan_config_from_dict(raw: dict, path: str = "<dict>"):
     """`load_plan_config` for a config already read into a dict."""
-    from model_zoo.config import SECTIONS, Config, TrainConfig, build_section, import_model
-    unknown = set(raw) - set(SECTIONS)
-    if unknown:
-        raise ConfigError(f"unknown section {sorted(unknown)[0]!r} in {path} "
-                          f"(sections: {', '.join(SECTIONS)})")
-    model_raw = raw.get("model") or {}
-    name = model_raw.get("name")
-    if not name or not isinstance(name, str):
-        raise ConfigError(f"model.name is missing in {path}: name the model folder, e.g. gpt2")
-    module = import_model(name)
-    config = Config(
-        model=build_section(module.ModelConfig, model_raw, "model"),
-        parallel=build_section(ParallelConfig, raw.get("parallel") or {}, "parallel"),
-        train=build_section(TrainConfig, raw.get("train") or {}, "train"),
-        data=build_section(module.DataConfig, raw.get("data") or {}, "data"),
-    )
+    from model_zoo.config import typed_config
+    config = typed_config(raw, path)
     config.model.validate()
     config.train.validate()
     return config

@@ -82,3 +82,10 @@ def load_weights(network, path: str, strict: bool = True) -> list:
     ms.load_param_into_net(network, {k: v for k, v in values.items() if k in expected},
                            strict_load=False)
     return missing
+
+
+def load_for_evaluation(network, path: str):
+    """`network` with the weights of checkpoint `path` (strict), in eval mode (no dropout)."""
+    load_weights(network, path)
+    network.set_train(False)
+    return network

@@ -15,7 +15,7 @@ from model_zoo.config import Config, DataConfig
 from model_zoo.data import Tokenizer
 from model_zoo.errors import DataError, UserInputError
 from model_zoo.parallel.layers import dtype_of
-from model_zoo.train.checkpoint import load_weights
+from model_zoo.train.checkpoint import load_for_evaluation
 
 from .data import (BUILTIN_LOCALE_DE, TOKENIZER_FILE, build_translation_dataset,
                    create_translation_dataset, load_pairs, read_examples, split_path,
@@ -154,10 +154,8 @@ def sample_text(config: Config, network) -> str:
 
 
 def load_network(config: Config, ckpt: str):
-    network = build_train_network(config, dtype_of(config.train.precision))
-    load_weights(network, ckpt)
-    network.set_train(False)
-    return network
+    return load_for_evaluation(build_train_network(config, dtype_of(config.train.precision)),
+                               ckpt)
 
 
 def run_eval(config: Config, ckpt: str) -> dict:
