@@ -88,6 +88,8 @@ from typing import NamedTuple
 import numpy as np
 
 from model_zoo.data import (
+    check_built_with,
+    check_files,
     BUILTIN_PYTHON_DOCS,
     MANIFEST_FILE,
     Tokenizer,
@@ -475,8 +477,8 @@ def pretraining_dataset_ready(output_dir, vocab_size, seq_length, max_prediction
     _check_task(output_dir, manifest, "pretraining")
     asked = {"vocab_size": vocab_size, "seq_length": seq_length,
              "max_predictions_per_seq": max_predictions_per_seq}
-    _check_built_with(output_dir, manifest, asked)
-    _check_files(output_dir, PRETRAINING_FILES)
+    check_built_with(output_dir, manifest, asked)
+    check_files(output_dir, [TOKENIZER_FILE, *PRETRAINING_FILES.values()])
     return True
 
 
@@ -666,8 +668,8 @@ def classification_dataset_ready(output_dir, vocab_size, seq_length, *, tokenize
     if manifest is None:
         return False
     _check_task(output_dir, manifest, "classification")
-    _check_built_with(output_dir, manifest, {"vocab_size": vocab_size, "seq_length": seq_length})
-    _check_files(output_dir, CLASSIFICATION_FILES)
+    check_built_with(output_dir, manifest, {"vocab_size": vocab_size, "seq_length": seq_length})
+    check_files(output_dir, [TOKENIZER_FILE, *CLASSIFICATION_FILES.values()])
     if tokenizer_path is not None:
         digest = hashlib.sha256(Tokenizer(tokenizer_path).model_path.read_bytes()).hexdigest()
         if digest != manifest.get("tokenizer_sha256"):
@@ -785,19 +787,3 @@ def _check_task(output_dir, manifest, task):
         kind = f"a BERT {built} dataset" if built else "another model's dataset"
         raise DataError(f"{output_dir} holds {kind}, not a BERT {task} dataset; use another "
                         f"directory or delete it")
-
-
-def _check_built_with(output_dir, manifest, asked):
-    built = {key: manifest.get(key) for key in asked}
-    if built != asked:
-        def describe(values):
-            return ", ".join(f"{key}={value}" for key, value in values.items())
-        raise DataError(f"{output_dir} holds a dataset built with {describe(built)}, but "
-                        f"{describe(asked)} is asked for; use another directory or delete it")
-
-
-def _check_files(output_dir, split_files):
-    for name in [TOKENIZER_FILE, *split_files.values(), *(f"{n}.db" for n in split_files.values())]:
-        if not (output_dir / name).is_file():
-            raise DataError(f"{output_dir / name}: missing from the dataset in {output_dir}; "
-                            f"delete the directory and build it again")

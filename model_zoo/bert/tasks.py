@@ -12,7 +12,7 @@ from typing import List
 
 
 from model_zoo.config import Config, DataConfig
-from model_zoo.data import create_dataset
+from model_zoo.data import create_dataset, parse_token_ids
 from model_zoo.errors import ConfigError, DataError, UserInputError
 from model_zoo.parallel.layers import dtype_of
 from model_zoo.train.checkpoint import load_for_evaluation
@@ -205,14 +205,7 @@ def run_fill_mask(config: Config, ckpt: str, args) -> str:
     mask_id = config.model.mask_token_id if args.mask_id is None else args.mask_id
     tokenizer = _tokenizer(config)
     if args.ids is not None:
-        try:
-            ids = [int(token) for token in args.ids.replace(",", " ").split()]
-        except ValueError:
-            raise UserInputError(f"--ids {args.ids!r}: give integers separated by spaces") from None
-        bad = [token for token in ids if not 0 <= token < config.model.vocab_size]
-        if bad:
-            raise UserInputError(f"--ids: id {bad[0]} is outside the vocabulary "
-                                 f"[0, {config.model.vocab_size})")
+        ids = parse_token_ids(args.ids, "--ids", config.model.vocab_size)
     elif tokenizer is None:
         raise UserInputError(f"no tokenizer for {config.data.dataset_dir} to encode --text; "
                              f"give token ids with --ids")

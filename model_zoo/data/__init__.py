@@ -20,7 +20,13 @@ from model_zoo.data.corpus import (
     read_text_documents,
     split_documents,
 )
-from model_zoo.data.manifest import MANIFEST_FILE, check_no_dataset, read_manifest
+from model_zoo.data.manifest import (
+    MANIFEST_FILE,
+    check_built_with,
+    check_files,
+    check_no_dataset,
+    read_manifest,
+)
 from model_zoo.data.mindrecord import (
     count_samples,
     create_dataset,
@@ -28,7 +34,7 @@ from model_zoo.data.mindrecord import (
     read_mindrecord,
     write_mindrecord,
 )
-from model_zoo.data.tokenizer import Tokenizer, train_tokenizer
+from model_zoo.data.tokenizer import Tokenizer, parse_token_ids, train_tokenizer
 
 __all__ = [
     "BUILTIN_PYTHON_DOCS",
@@ -41,6 +47,8 @@ __all__ = [
     "bucket_boundaries",
     "bucket_counts",
     "bucketed_dataset",
+    "check_built_with",
+    "check_files",
     "check_no_dataset",
     "count_samples",
     "create_dataset",
@@ -48,6 +56,7 @@ __all__ = [
     "load_documents",
     "pack_token_stream",
     "padding_ratio",
+    "parse_token_ids",
     "python_docstring_records",
     "python_docstrings_corpus",
     "read_manifest",

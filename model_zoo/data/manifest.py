@@ -28,3 +28,26 @@ def check_no_dataset(output_dir):
     if (output_dir / MANIFEST_FILE).exists():
         raise DataError(f"{output_dir} already holds a dataset ({output_dir / MANIFEST_FILE}); "
                         f"delete it or choose another output directory")
+
+
+def check_built_with(output_dir, manifest, asked: dict):
+    """DataError if the dataset in `output_dir` was built with other settings than `asked`
+    (e.g. {"vocab_size": 2048, "seq_length": 64}): it is never silently reused or overwritten."""
+    built = {key: manifest.get(key) for key in asked}
+    if built != asked:
+        def describe(values):
+            return ", ".join(f"{key}={value}" for key, value in values.items())
+        raise DataError(f"{output_dir} holds a dataset built with {describe(built)}, but "
+                        f"{describe(asked)} is asked for; use another directory or delete it")
+
+
+def check_files(output_dir, names):
+    """DataError naming the first of `names` missing from `output_dir`; a MindRecord file
+    counts with its `.db` index."""
+    output_dir = Path(output_dir)
+    for name in names:
+        for needed in ([name, name + ".db"] if name.endswith(".mindrecord") else [name]):
+            if not (output_dir / needed).is_file():
+                raise DataError(f"{output_dir / needed}: missing from the dataset in {output_dir}; "
+                                f"delete the directory and build it again")
+

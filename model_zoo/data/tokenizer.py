@@ -6,7 +6,7 @@ from pathlib import Path
 
 import sentencepiece
 
-from model_zoo.errors import DataError
+from model_zoo.errors import DataError, UserInputError
 from model_zoo.files import write_atomically
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -135,3 +135,17 @@ def _training_error(error, vocab_size):
                          f"at most {too_high.group(1)} pieces; use a smaller vocab_size "
                          f"or more text")
     return DataError(f"tokenizer training failed: {error}")
+
+
+def parse_token_ids(text: str, flag: str, vocab_size: int) -> list:
+    """Token ids typed on the command line ("1 2 3" or "1,2,3"), each checked against the
+    vocabulary; UserInputError naming `flag` otherwise."""
+    try:
+        ids = [int(token) for token in text.replace(",", " ").split()]
+    except ValueError:
+        raise UserInputError(f"{flag} {text!r}: give integers separated by spaces") from None
+    bad = [token for token in ids if not 0 <= token < vocab_size]
+    if bad:
+        raise UserInputError(f"{flag}: id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    return ids
+

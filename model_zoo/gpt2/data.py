@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from model_zoo.data import (
+    check_built_with,
+    check_files,
     BUILTIN_PYTHON_DOCS,
     MANIFEST_FILE,
     check_no_dataset,
@@ -87,15 +89,8 @@ def dataset_ready(output_dir, vocab_size, seq_length):
     manifest = read_manifest(output_dir)
     if manifest is None:
         return False
-    built = (manifest.get("vocab_size"), manifest.get("seq_length"))
-    if built != (vocab_size, seq_length):
-        raise DataError(f"{output_dir} holds a dataset built with vocab_size={built[0]}, "
-                        f"seq_length={built[1]}, but vocab_size={vocab_size}, "
-                        f"seq_length={seq_length} is asked for; use another directory or delete it")
-    for name in [TOKENIZER_FILE, *SPLIT_FILES.values(), *(f"{n}.db" for n in SPLIT_FILES.values())]:
-        if not (output_dir / name).is_file():
-            raise DataError(f"{output_dir / name}: missing from the dataset in {output_dir}; "
-                            f"delete the directory and build it again")
+    check_built_with(output_dir, manifest, {"vocab_size": vocab_size, "seq_length": seq_length})
+    check_files(output_dir, [TOKENIZER_FILE, *SPLIT_FILES.values()])
     return True
 
 

@@ -13,7 +13,7 @@ import mindspore as ms
 import numpy as np
 
 from model_zoo.config import Config, DataConfig
-from model_zoo.data import Tokenizer, count_samples, create_dataset
+from model_zoo.data import Tokenizer, count_samples, create_dataset, parse_token_ids
 from model_zoo.errors import DataError, UserInputError
 from model_zoo.parallel.layers import dtype_of
 from model_zoo.train.checkpoint import load_for_evaluation
@@ -125,15 +125,7 @@ def run_generate(config: Config, ckpt: str, args) -> str:
     """`model-zoo generate`: a line `ids: ...` with the new ids, then the text if known."""
     tokenizer = tokenizer_for(config)
     if args.prompt_ids is not None:
-        try:
-            prompt = [int(token) for token in args.prompt_ids.replace(",", " ").split()]
-        except ValueError:
-            raise UserInputError(f"--prompt-ids {args.prompt_ids!r}: give integers "
-                                 f"separated by spaces") from None
-        bad = [token for token in prompt if not 0 <= token < config.model.vocab_size]
-        if bad:
-            raise UserInputError(f"--prompt-ids: id {bad[0]} is outside the vocabulary "
-                                 f"[0, {config.model.vocab_size})")
+        prompt = parse_token_ids(args.prompt_ids, "--prompt-ids", config.model.vocab_size)
     elif tokenizer is None:
         raise UserInputError(f"no tokenizer in {config.data.dataset_dir} to encode --prompt; "
                              f"give token ids with --prompt-ids")

@@ -56,7 +56,8 @@ from model_zoo.data.buckets import (
     bucketed_dataset,
     padding_ratio,
 )
-from model_zoo.data.manifest import MANIFEST_FILE, check_no_dataset, read_manifest
+from model_zoo.data.manifest import (MANIFEST_FILE, check_built_with, check_files, check_no_dataset,
+                                     read_manifest)
 from model_zoo.data.mindrecord import read_mindrecord, write_mindrecord
 from model_zoo.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
 from model_zoo.errors import DataError
@@ -475,18 +476,11 @@ def translation_dataset_ready(output_dir, vocab_size, seq_length):
     manifest = read_manifest(output_dir)
     if manifest is None:
         return False
-    built = (manifest.get("vocab_size"), manifest.get("seq_length"))
-    if built != (vocab_size, seq_length):
-        raise DataError(f"{output_dir} holds a dataset built with vocab_size={built[0]}, "
-                        f"seq_length={built[1]}, but vocab_size={vocab_size}, "
-                        f"seq_length={seq_length} is asked for; use another directory or delete it")
-    names = [TOKENIZER_FILE, *SPLIT_FILES.values(), *(f"{n}.db" for n in SPLIT_FILES.values())]
+    check_built_with(output_dir, manifest, {"vocab_size": vocab_size, "seq_length": seq_length})
+    names = [TOKENIZER_FILE, *SPLIT_FILES.values()]
     for split in TEXT_SPLITS:
         names.extend(manifest.get("splits", {}).get(split, {}).get("text", {}).values())
-    for name in names:
-        if not (output_dir / name).is_file():
-            raise DataError(f"{output_dir / name}: missing from the dataset in {output_dir}; "
-                            f"delete the directory and build it again")
+    check_files(output_dir, names)
     return True
 
 
