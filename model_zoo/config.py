@@ -40,6 +40,12 @@ class ModelConfig:
             raise ConfigError(f"model.hidden_size={self.hidden_size} is not divisible by "
                               f"model.num_heads={self.num_heads}")
 
+    def check_fractions(self, *keys):
+        """Rates such as dropout must lie in [0, 1); ConfigError naming the key."""
+        for key in keys:
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"model.{key} must be in [0, 1), got {getattr(self, key)}")
+
 
 @dataclass
 class DataConfig:

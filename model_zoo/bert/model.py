@@ -77,9 +77,7 @@ class BertConfig(ModelConfig):
             raise ConfigError(f"model.type_vocab_size must be >= 1, got {self.type_vocab_size}")
         if self.num_labels < 2:
             raise ConfigError(f"model.num_labels must be >= 2, got {self.num_labels}")
-        for key in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ConfigError(f"model.{key} must be in [0, 1), got {getattr(self, key)}")
+        self.check_fractions("dropout", "attention_dropout")
         for key in ("layer_norm_eps", "init_std"):
             if not getattr(self, key) > 0.0:
                 raise ConfigError(f"model.{key} must be > 0, got {getattr(self, key)}")

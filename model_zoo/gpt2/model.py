@@ -42,9 +42,7 @@ class GPT2Config(ModelConfig):
         super().validate()
         if self.ffn_hidden_size < 0:
             raise ConfigError(f"model.ffn_hidden_size must be >= 0, got {self.ffn_hidden_size}")
-        for key in ("dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ConfigError(f"model.{key} must be in [0, 1), got {getattr(self, key)}")
+        self.check_fractions("dropout", "attention_dropout")
 
 
 class GPT2Block(nn.Cell):

@@ -54,9 +54,7 @@ class TransformerConfig(ModelConfig):
 
     def validate(self):
         super().validate()
-        for key in ("dropout", "attention_dropout", "label_smoothing"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ConfigError(f"model.{key} must be in [0, 1), got {getattr(self, key)}")
+        self.check_fractions("dropout", "attention_dropout", "label_smoothing")
         if self.norm_placement not in ("pre", "post"):
             raise ConfigError(f"model.norm_placement must be pre or post, got "
                               f"{self.norm_placement!r}")
