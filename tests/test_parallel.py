@@ -21,7 +21,7 @@ from model_zoo.gpt2.model import GPT2Block, GPT2Config, GPT2ForTraining
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.parallel.context import (check_layout, data_shard, detect_device_target,
                                         launched_ranks)
-from model_zoo.parallel.layers import LayerNorm, MultiHeadAttention
+from model_zoo.parallel.layers import LayerNorm, MultiHeadAttention, kernels_for
 from model_zoo.parallel.plan import primitives, record
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "model_zoo", "gpt2", "configs")
@@ -287,16 +287,18 @@ def test_launched_ranks(monkeypatch):
 _BUILT = {}
 
 
-def benchmark_net(dp: int, mp: int, vocab_emb_dp: bool):
-    """The gpt2-1024.yaml model for one layout, built once without weights."""
-    key = (dp, mp, vocab_emb_dp)
+def benchmark_net(dp: int, mp: int, vocab_emb_dp: bool, kernels: str = "Ascend"):
+    """The gpt2-1024.yaml model for one layout, built once without weights, with the
+    kernels (fused or composed, see layers.use_fused_kernels) of device target `kernels`."""
+    key = (dp, mp, vocab_emb_dp, kernels)
     if key not in _BUILT:
         config = load_config(BENCHMARK, [f"parallel.data_parallel={dp}",
                                          f"parallel.model_parallel={mp}",
                                          f"parallel.vocab_emb_dp={str(vocab_emb_dp).lower()}"])
         assert (config.model.num_layers, config.model.hidden_size, config.model.num_heads,
                 config.model.seq_length, config.model.vocab_size) == (24, 1024, 16, 1024, 50304)
-        _BUILT[key] = (build(config.model, config.parallel, ms.float16), config.parallel)
+        with kernels_for(kernels):
+            _BUILT[key] = (build(config.model, config.parallel, ms.float16), config.parallel)
     return _BUILT[key]
 
 
@@ -304,9 +306,10 @@ MODEL_PARALLEL = [1, 2, 4, 8]
 CHECKED_OPS = {"MatMul", "BatchMatMul", "Softmax", "Gather", "LayerNorm", "Add"}
 
 
+@pytest.mark.parametrize("kernels", ["Ascend", "CPU"])
 @pytest.mark.parametrize("mp", MODEL_PARALLEL)
-def test_every_primitive_has_a_valid_strategy(mp):
-    net, parallel = benchmark_net(1, mp, False)
+def test_every_primitive_has_a_valid_strategy(mp, kernels):
+    net, parallel = benchmark_net(1, mp, False, kernels)
     found = primitives(net)
     names = {prim.name for _, _, _, prim in found}
     assert CHECKED_OPS <= names
@@ -325,7 +328,8 @@ def test_every_primitive_has_a_valid_strategy(mp):
             assert k_x == k_w, f"{where}: contracted dimension split {k_x} vs {k_w}"
             assert strat[0][:-2] == strat[1][:-2], f"{where}: batch dimensions differ"
         if prim.name in ("Softmax", "LogSoftmax"):
-            for axis in prim.attrs["axis"]:
+            axes = prim.attrs["axis"]
+            for axis in (axes,) if isinstance(axes, int) else axes:
                 assert strat[0][axis] == 1, f"{where}: softmax axis split"
         if prim.name == "LayerNorm":
             assert prim.attrs["begin_norm_axis"] == -1

@@ -11,13 +11,22 @@ Ascend; `construct` only does the math. Strategies follow `MINDSPORE_PARALLEL_RU
 - layer norm: ((dp,1,1),(1,),(1,)), the normalised axis is never split;
 - activations (GELU, exact GELU, ReLU, tanh): element-wise, the input's strategy;
 - vocabulary embedding: Gather ((1,1),(dp,1)) when vocab_emb_dp, else ((mp,1),(1,1));
-- cross-entropy: OneHot and SoftmaxCrossEntropyWithLogits with the class dimension whole.
+- cross-entropy: OneHot and SoftmaxCrossEntropyWithLogits (or LogSoftmax, Mul, ReduceSum)
+  with the class dimension whole.
 
 Stand-alone and data-parallel runs ignore the strategies; the plan check verifies them.
 Activations are (batch, seq, hidden); a linear layer flattens them to 2-D for MatMul.
+
+Fused or composed kernels: on Ascend, GeLU and SoftmaxCrossEntropyWithLogits are fused
+kernels, fast and lean in memory. MindSpore's CPU kernels for them are several times slower
+than the same math composed of element-wise operators (GeLU forward and backward: 29 ms
+against 5 ms for a 1024x1024 tensor; see benchmarks/README.md), so on CPU the layers build
+the composed form. The choice follows the device target; the plan check, which models
+Ascend, builds under `kernels_for("Ascend")`.
 """
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import mindspore as ms
@@ -32,6 +41,25 @@ MASK_VALUE = -1e9
 def dtype_of(precision: str):
     """MindSpore compute dtype for a `train.precision` value."""
     return ms.float16 if precision == "fp16" else ms.float32
+
+
+_KERNEL_TARGETS = []
+
+
+@contextmanager
+def kernels_for(device_target: str):
+    """Build layers with the kernels of `device_target` instead of the current one's."""
+    _KERNEL_TARGETS.append(device_target)
+    try:
+        yield
+    finally:
+        _KERNEL_TARGETS.pop()
+
+
+def use_fused_kernels() -> bool:
+    """Whether layers built now use the fused GeLU and cross-entropy kernels (not on CPU)."""
+    target = _KERNEL_TARGETS[-1] if _KERNEL_TARGETS else ms.get_context("device_target")
+    return target != "CPU"
 
 
 class Dropout(nn.Cell):
@@ -86,6 +114,45 @@ class ExactGELU(nn.Cell):
         return self.mul(x, cdf)
 
 
+class TanhGELU(nn.Cell):
+    """GELU with the tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+    composed of element-wise operators: the math of `ops.GeLU` (GPT-2's "gelu_new"), for
+    devices where the fused kernel is slow (see `use_fused_kernels`). Each operator takes
+    the input's strategy (scalars get `()`, rule G1), so no communication is inserted.
+
+    Args:
+        strategy: the input's strategy, e.g. (dp, mp) for a column-split linear's output.
+    """
+
+    def __init__(self, strategy: tuple):
+        super().__init__()
+        strategy = tuple(strategy)
+        self.square = ops.Mul().shard((strategy, strategy))
+        self.scale_cube = ops.Mul().shard((strategy, ()))
+        self.add_linear = ops.Add().shard((strategy, ()))
+        self.times_x = ops.Mul().shard((strategy, strategy))
+        self.tanh = ops.Tanh().shard((strategy,))
+        self.add_one = ops.Add().shard((strategy, ()))
+        self.half_x = ops.Mul().shard((strategy, ()))
+        self.mul = ops.Mul().shard((strategy, strategy))
+        self.linear = math.sqrt(2.0 / math.pi)
+        self.cubic = self.linear * 0.044715
+
+    def construct(self, x):
+        # sqrt(2/pi) (x + 0.044715 x^3) = x (linear + cubic x^2)
+        slope = self.add_linear(self.scale_cube(self.square(x, x), ops.cast(self.cubic, x.dtype)),
+                                ops.cast(self.linear, x.dtype))
+        cdf = self.add_one(self.tanh(self.times_x(x, slope)), ops.cast(1.0, x.dtype))
+        return self.mul(self.half_x(x, ops.cast(0.5, x.dtype)), cdf)
+
+
+def gelu(strategy: tuple):
+    """The tanh-approximated GELU for an input of `strategy`: fused or composed."""
+    if use_fused_kernels():
+        return ops.GeLU().shard((tuple(strategy),))
+    return TanhGELU(strategy)
+
+
 class Linear(nn.Cell):
     """y = x W^T + b over the last axis, with the weight split by columns or rows.
 
@@ -96,7 +163,7 @@ class Linear(nn.Cell):
             keeps the weight whole.
         parallel_config: the layout; dp splits the rows (tokens).
         activation: optional activation applied on the output, sharded like it: "gelu"
-            (tanh approximation, `ops.GeLU`), "gelu_exact" (erf form, `ExactGELU`), "relu"
+            (tanh approximation, see `gelu`), "gelu_exact" (erf form, `ExactGELU`), "relu"
             or "tanh".
         has_bias: add a bias.
         compute_dtype: dtype of the matmul (weights are stored in float32).
@@ -136,7 +203,7 @@ class Linear(nn.Cell):
             self.bias_add = ops.Add().shard((out_strategy, (out_strategy[1],)))
         self.activation = None
         if activation == "gelu":
-            self.activation = ops.GeLU().shard((out_strategy,))
+            self.activation = gelu(out_strategy)
         elif activation == "gelu_exact":
             self.activation = ExactGELU(out_strategy)
         elif activation == "relu":
@@ -464,7 +531,9 @@ class CrossEntropy(nn.Cell):
     """Mean cross-entropy over the positions whose mask is 1.
 
     OneHot and SoftmaxCrossEntropyWithLogits split the tokens by dp and keep the class
-    dimension whole, as MindSpore requires; the masked mean reduces over dp.
+    dimension whole, as MindSpore requires; the masked mean reduces over dp. Where the fused
+    kernel is slow (see `use_fused_kernels`) the loss is -sum(one_hot * LogSoftmax(logits)),
+    with the same strategies.
 
     Inputs:
         logits: float32 (tokens, classes); labels: int32 (tokens,); mask: float32 (tokens,).
@@ -479,8 +548,14 @@ class CrossEntropy(nn.Cell):
         if label_smoothing and not num_classes:
             raise ValueError("label smoothing needs num_classes")
         self.one_hot = ops.OneHot().shard(((dp, 1), (), ()))
-        self.softmax_cross_entropy = ops.SoftmaxCrossEntropyWithLogits().shard(
-            ((dp, 1), (dp, 1)))
+        self.fused = use_fused_kernels()
+        if self.fused:
+            self.softmax_cross_entropy = ops.SoftmaxCrossEntropyWithLogits().shard(
+                ((dp, 1), (dp, 1)))
+        else:
+            self.log_softmax = ops.LogSoftmax(axis=-1).shard(((dp, 1),))
+            self.weigh_classes = ops.Mul().shard(((dp, 1), (dp, 1)))
+            self.sum_classes = ops.ReduceSum().shard(((dp, 1),))
         self.mul = ops.Mul().shard(((dp,), (dp,)))
         self.sum = ops.ReduceSum().shard(((dp,),))
         # Label smoothing spreads `label_smoothing` of the target mass evenly over all
@@ -492,8 +567,13 @@ class CrossEntropy(nn.Cell):
 
     def construct(self, logits, labels, mask):
         one_hot = self.one_hot(labels, logits.shape[-1], self.on_value, self.off_value)
-        loss = self.softmax_cross_entropy(logits, one_hot)[0]
-        total = self.sum(self.mul(loss, mask), ())
+        if self.fused:
+            loss = self.softmax_cross_entropy(logits, one_hot)[0]
+            total = self.sum(self.mul(loss, mask), ())
+        else:
+            log_likelihood = self.sum_classes(
+                self.weigh_classes(self.log_softmax(logits), one_hot), -1)
+            total = -self.sum(self.mul(log_likelihood, mask), ())
         return total / ops.maximum(self.sum(mask, ()), 1.0)
 
 

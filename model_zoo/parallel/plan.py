@@ -1326,7 +1326,7 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
     from mindspore.nn.utils import no_init_parameters
     from model_zoo.config import import_model
     from model_zoo.parallel import cost
-    from model_zoo.parallel.layers import dtype_of
+    from model_zoo.parallel.layers import dtype_of, kernels_for
 
     if device not in DEVICES:
         raise UserInputError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
@@ -1343,7 +1343,7 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
         return plan
     module = import_model(config.model.name)
     try:
-        with no_init_parameters():
+        with no_init_parameters(), kernels_for("Ascend"):
             network = module.build_train_network(config, dtype_of(train.precision))
     except ConfigError as err:
         violations.append(Violation("build", str(err)))
@@ -1484,7 +1484,9 @@ SYMBOL_DP, SYMBOL_MP = 3, 5     # distinct primes: every strategy value decodes 
 def _layer_examples():
     """(layer, variant, factory(parallel_config)) for every sharded layer in layers.py.
 
-    Sizes are multiples of SYMBOL_MP so that every layer builds with mp = 5.
+    Sizes are multiples of SYMBOL_MP so that every layer builds with mp = 5. The table is
+    built with Ascend's fused kernels; the rows marked "CPU" show the composed forms that
+    CPU runs build instead (`layers.use_fused_kernels`).
     """
     from model_zoo.parallel import layers as L
     h, heads, ffn, vocab, seq = 60, 5, 120, 60, 8
@@ -1496,6 +1498,7 @@ def _layer_examples():
         ("Linear", 'split="row"', lambda pc: L.Linear(ffn, h, split="row", parallel_config=pc)),
         ("Linear", 'split="none"', lambda pc: L.Linear(h, h, parallel_config=pc)),
         ("ExactGELU", "strategy (dp, mp)", lambda pc: L.ExactGELU((pc.dp, pc.mp))),
+        ("TanhGELU", "strategy (dp, mp); CPU", lambda pc: L.TanhGELU((pc.dp, pc.mp))),
         ("Dropout", "strategy (dp, 1, 1)", lambda pc: L.Dropout(0.1, (pc.dp, 1, 1))),
         ("LayerNorm", "", lambda pc: L.LayerNorm(h, parallel_config=pc)),
         ("VocabEmbedding", "vocab_emb_dp: true", lambda pc: L.VocabEmbedding(
@@ -1516,7 +1519,14 @@ def _layer_examples():
         ("VocabProjection", "vocab_emb_dp: false", lambda pc: L.VocabProjection(
             h, parallel_config=_with(pc, vocab_emb_dp=False))),
         ("CrossEntropy", "", lambda pc: L.CrossEntropy(parallel_config=pc)),
+        ("CrossEntropy", "CPU", lambda pc: _built_for("CPU", L.CrossEntropy, parallel_config=pc)),
     ]
+
+
+def _built_for(device_target: str, layer, **kwargs):
+    from model_zoo.parallel.layers import kernels_for
+    with kernels_for(device_target):
+        return layer(**kwargs)
 
 
 def _with(parallel: ParallelConfig, **changes) -> ParallelConfig:
@@ -1567,7 +1577,7 @@ def _communication_note(prim, strategy) -> str:
         if name == "Gather" and strategy[0][0] != 1:
             return f"vocabulary split: masked lookup, all-reduce over {_symbol(strategy[0][0])}"
         if name in ("ReduceSum", "ReduceMean") and any(v != 1 for v in strategy[0]):
-            return "all-reduce of the partial sums"
+            return "all-reduce of the partial sums when a reduced axis is split"
     except (IndexError, TypeError, ValueError):
         pass
     return "none"
@@ -1580,7 +1590,7 @@ def strategy_table() -> str:
     lines = ["| layer | variant | operator (attribute) | strategy | communication |",
              "|---|---|---|---|---|"]
     for layer, variant, factory in _layer_examples():
-        cell = factory(parallel)
+        cell = _built_for("Ascend", factory, pc=parallel)
         for name, _, attr, prim in primitives(cell):
             strategy = strategy_of(prim)
             if strategy is None:

@@ -6,7 +6,6 @@ counter), so one checkpoint of it is enough to resume exactly.
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
-from mindspore.amp import all_finite
 
 
 class TrainStep(nn.Cell):
@@ -80,13 +79,16 @@ class TrainStep(nn.Cell):
         loss, grads = self._gradients(batch, scale)
         if self.grad_reducer is not None:
             grads = self.grad_reducer(grads)
+        # One pass over the gradients for the norm and one to unscale and clip them. A
+        # non-finite gradient makes the norm non-finite, so the norm also tells whether the
+        # step can be applied (cheaper than testing every gradient element).
         divisor = scale * self.accumulation
-        grads = self.hyper_map(ops.partial(_divide, divisor), grads)
-        finite = all_finite(grads)
-        grad_norm = ops.sqrt(ops.addn(self.hyper_map(_squared_sum, grads)))
+        grad_norm = ops.sqrt(ops.addn(self.hyper_map(_squared_sum, grads))) / divisor
+        finite = ops.isfinite(grad_norm)
+        factor = 1.0 / divisor
         if self.grad_clip > 0:
-            clip_factor = self.grad_clip / ops.maximum(grad_norm, self.grad_clip)
-            grads = self.hyper_map(ops.partial(_divide, 1.0 / clip_factor), grads)
+            factor = factor * self.grad_clip / ops.maximum(grad_norm, self.grad_clip)
+        grads = self.hyper_map(ops.partial(_multiply, factor), grads)
         if self.dynamic_loss_scale:
             self._adjust_loss_scale(finite)
         if finite:
@@ -103,8 +105,8 @@ class TrainStep(nn.Cell):
         ops.assign(self.good_steps, ops.select(grow, ops.zeros_like(good), good))
 
 
-def _divide(divisor, grad):
-    return grad / ops.cast(divisor, grad.dtype)
+def _multiply(factor, grad):
+    return grad * ops.cast(factor, grad.dtype)
 
 
 def _squared_sum(grad):

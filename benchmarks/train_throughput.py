@@ -1,0 +1,461 @@
+"""Training throughput side by side with the reference implementation, on this machine.
+
+One run measures, each side in its own process so that neither's threads or memory
+disturb the other:
+- ours: the model folder's training network and the trainer's TrainStep (AdamW, gradient
+  clipping), in the trainer's MindSpore context;
+- the reference at the same shapes, dropout, optimizer and clipping: Hugging Face
+  GPT2LMHeadModel / BertForPreTraining, or `torch.nn.Transformer` with a tied embedding
+  and output projection for the translation model;
+- the machine's GEMM peak: the best of torch's and MindSpore's 2048x2048 float32 matmul;
+- our data pipeline's tokens/s on the real dataset (skip with --skip-data).
+
+Both sides train on the same fixed random batch. Tokens/s is the median over the timed
+steps after warm-up; the first step (MindSpore's graph compilation) is reported apart.
+
+Model FLOPs (MFU = model FLOPs per second / GEMM peak) count the matrix products the
+model needs, 2*m*n*k each, times 3 for forward plus backward:
+- per self-attention layer over s tokens of width d: 8*s*d^2 (Q, K, V, output) plus
+  4*s^2*d (scores and context; the causal mask does not halve it, both sides compute
+  the whole square);
+- per cross-attention layer (s_t queries over s_s keys): 4*s_t*d^2 + 4*s_s*d^2 + 4*s_t*s_s*d;
+- per feed-forward: 4*s*d*f;
+- output projection: 2*s*d*V per predicted position (GPT-2, Transformer: every target
+  position; BERT: the masked positions, plus their d x d transform, the pooler and NSP).
+Embedding lookups, norms, softmax and the optimizer are not counted.
+
+Usage:
+    python benchmarks/train_throughput.py --model gpt2 --size small
+    python benchmarks/train_throughput.py --model bert --config my.yaml --steps 30
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+MODELS = ("gpt2", "bert", "transformer")
+# "small" is the shape of the issue that set the goal: 4 layers, hidden 256, 4 heads,
+# sequence 128, batch 8, vocabulary 8192 (on top of the model's tiny config).
+SMALL = ["model.num_layers=4", "model.hidden_size=256", "model.num_heads=4",
+         "model.seq_length=128", "model.vocab_size=8192", "train.global_batch_size=8"]
+SIZE_OVERRIDES = {
+    "tiny": {model: [] for model in MODELS},
+    "small": {"gpt2": SMALL, "transformer": SMALL + ["model.ffn_hidden_size=1024"],
+              "bert": SMALL + ["data.max_predictions_per_seq=20"]},
+}
+
+
+def load_benchmark_config(args):
+    from model_zoo.config import load_config
+    path = args.config or os.path.join(ROOT, "model_zoo", args.model, "configs", "tiny.yaml")
+    overrides = [] if args.config else list(SIZE_OVERRIDES[args.size][args.model])
+    overrides += [f"data.dataset_dir=datasets/benchmark-{args.model}-{args.size}"] \
+        if not args.config else []
+    config = load_config(path, overrides + list(args.set))
+    if config.model.name != args.model:
+        raise SystemExit(f"--config {path} is a {config.model.name} config, not {args.model}")
+    return config
+
+
+# ----------------------------------------------------------------------------------------
+# Batches and FLOPs: one definition per model, shared by both sides.
+
+def synthetic_batch(config, seed=0):
+    """The model's batch columns (numpy, the dataset's order) with random tokens."""
+    rng = np.random.default_rng(seed)
+    model, batch = config.model, config.train.global_batch_size
+    seq, vocab = model.seq_length, model.vocab_size
+    if model.name == "gpt2":
+        return [rng.integers(0, vocab, (batch, seq + 1), dtype=np.int32)]
+    if model.name == "bert":
+        predictions = config.data.max_predictions_per_seq
+        positions = np.stack([np.sort(rng.choice(np.arange(1, seq), predictions, replace=False))
+                              for _ in range(batch)]).astype(np.int32)
+        return [rng.integers(5, vocab, (batch, seq), dtype=np.int32),
+                (np.arange(seq)[None, :] >= seq // 2).repeat(batch, 0).astype(np.int32),
+                np.ones((batch, seq), np.int32), positions,
+                rng.integers(5, vocab, (batch, predictions), dtype=np.int32),
+                np.ones((batch, predictions), np.float32),
+                rng.integers(0, 2, (batch,), dtype=np.int32)]
+    # transformer: sources and targets of random lengths in [seq/2, seq], padded with 0
+    columns = []
+    for _ in range(2):
+        lengths = rng.integers(seq // 2, seq + 1, batch)
+        mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int32)
+        columns.append((rng.integers(4, vocab, (batch, seq), dtype=np.int32) * mask, mask))
+    (source_ids, source_mask), (target_ids, target_mask) = columns
+    decoder_input = np.concatenate([np.full((batch, 1), 2, np.int32), target_ids[:, :-1]], 1)
+    return [source_ids, source_mask, decoder_input * target_mask, target_mask, target_ids]
+
+
+def batch_tokens(config, batch) -> int:
+    """Tokens one step trains on: real source plus target tokens for translation."""
+    if config.model.name == "transformer":
+        return int(batch[1].sum() + batch[3].sum())
+    return config.train.global_batch_size * config.model.seq_length
+
+
+def train_flops(config, batch) -> float:
+    """Model FLOPs of one training step (see the module docstring)."""
+    model = config.model
+    d, f, layers, vocab = model.hidden_size, model.ffn_size, model.num_layers, model.vocab_size
+    samples, seq = config.train.global_batch_size, model.seq_length
+
+    def self_attention(s):
+        return 8 * s * d * d + 4 * s * s * d
+
+    def feed_forward(s):
+        return 4 * s * d * f
+
+    if model.name == "gpt2":
+        forward = layers * (self_attention(seq) + feed_forward(seq)) + 2 * seq * d * vocab
+    elif model.name == "bert":
+        predictions = config.data.max_predictions_per_seq
+        forward = (layers * (self_attention(seq) + feed_forward(seq))
+                   + predictions * (2 * d * d + 2 * d * vocab) + 2 * d * d + 4 * d)
+    else:  # transformer: both sides are padded to seq_length and computed whole
+        cross = 4 * seq * d * d + 4 * seq * d * d + 4 * seq * seq * d
+        forward = (layers * (self_attention(seq) + feed_forward(seq))
+                   + layers * (self_attention(seq) + cross + feed_forward(seq))
+                   + 2 * seq * d * vocab)
+    return 3.0 * forward * samples
+
+
+# ----------------------------------------------------------------------------------------
+# The sides. Each runs in a child process and prints one JSON line.
+
+def time_steps(run_step, steps, warmup):
+    """(first step seconds, [timed step seconds], first loss, last loss)."""
+    started = time.perf_counter()
+    first_loss = run_step()
+    first = time.perf_counter() - started
+    times, loss = [], first_loss
+    for index in range(warmup + steps):
+        started = time.perf_counter()
+        loss = run_step()
+        if index >= warmup:
+            times.append(time.perf_counter() - started)
+    return first, times, first_loss, loss
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_ours(config, batch, steps, warmup):
+    import mindspore as ms
+    from model_zoo.config import import_model
+    from model_zoo.parallel.context import init_parallel
+    from model_zoo.parallel.layers import dtype_of
+    from model_zoo.train.trainer import build_train_step
+
+    context = init_parallel(config.parallel, "CPU")
+    ms.set_seed(config.train.seed)
+    baseline = rss_mb()
+    module = import_model(config.model.name)
+    network = module.build_train_network(config, dtype_of(config.train.precision))
+    step_cell = build_train_step(config, network, context)
+    step_cell.set_train(True)
+    tensors = [ms.Tensor(column) for column in batch]
+
+    def run_step():
+        return float(step_cell(*tensors)[0].asnumpy())
+
+    return time_steps(run_step, steps, warmup), baseline
+
+
+def run_reference(config, batch, steps, warmup):
+    import torch
+    torch.manual_seed(config.train.seed)
+    baseline = rss_mb()
+    model, loss_of = reference_model(config, [torch.from_numpy(column) for column in batch])
+    model.train()
+    train = config.train
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": train.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=train.lr, betas=(train.adam_beta1, train.adam_beta2), eps=train.adam_eps)
+
+    def run_step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_of()
+        loss.backward()
+        if train.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), train.grad_clip)
+        optimizer.step()
+        return float(loss.detach())
+
+    return time_steps(run_step, steps, warmup), baseline
+
+
+def reference_model(config, batch):
+    """(torch module, closure computing the loss on `batch`) for config's model."""
+    import torch
+    model = config.model
+    if model.name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        net = GPT2LMHeadModel(GPT2Config(
+            vocab_size=model.vocab_size, n_positions=model.seq_length, n_embd=model.hidden_size,
+            n_layer=model.num_layers, n_head=model.num_heads, n_inner=model.ffn_size,
+            resid_pdrop=model.dropout, embd_pdrop=model.dropout,
+            attn_pdrop=model.attention_dropout, layer_norm_epsilon=model.layer_norm_eps))
+        (ids,) = batch
+        inputs, labels = ids[:, :-1].contiguous(), ids[:, 1:].reshape(-1).long()
+
+        def loss_of():
+            logits = net(input_ids=inputs).logits
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, model.vocab_size), labels)
+        return net, loss_of
+    if model.name == "bert":
+        from transformers import BertConfig, BertForPreTraining
+        net = BertForPreTraining(BertConfig(
+            vocab_size=model.vocab_size, hidden_size=model.hidden_size,
+            num_hidden_layers=model.num_layers, num_attention_heads=model.num_heads,
+            intermediate_size=model.ffn_size, hidden_dropout_prob=model.dropout,
+            attention_probs_dropout_prob=model.attention_dropout,
+            max_position_embeddings=model.seq_length, layer_norm_eps=model.layer_norm_eps))
+        ids, types, mask, positions, masked_ids, _weights, nsp = batch
+        labels = torch.full(ids.shape, -100, dtype=torch.long)
+        labels.scatter_(1, positions.long(), masked_ids.long())
+
+        def loss_of():
+            return net(input_ids=ids.long(), token_type_ids=types.long(), attention_mask=mask,
+                       labels=labels, next_sentence_label=nsp.long()).loss
+        return net, loss_of
+    net = ReferenceTranslationModel(model)
+    source, source_mask, decoder_input, decoder_mask, labels = (column.long() for column in batch)
+    targets = torch.where(decoder_mask.bool(), labels, torch.full_like(labels, -100)).reshape(-1)
+
+    def loss_of():
+        logits = net(source, source_mask, decoder_input)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, model.vocab_size), targets,
+                                                 ignore_index=-100,
+                                                 label_smoothing=model.label_smoothing)
+    return net, loss_of
+
+
+def ReferenceTranslationModel(model_config):
+    """torch.nn.Transformer with a shared, sqrt(d)-scaled embedding, sinusoidal positions
+    and the output projection tied to the embedding: the translation model's structure."""
+    import torch
+    from model_zoo.parallel.layers import sinusoid_table
+
+    class Translation(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            d = config.hidden_size
+            self.scale = d ** 0.5
+            self.embedding = torch.nn.Embedding(config.vocab_size, d)
+            torch.nn.init.normal_(self.embedding.weight, std=d ** -0.5)
+            self.register_buffer("positions",
+                                 torch.from_numpy(sinusoid_table(config.seq_length, d)))
+            self.dropout = torch.nn.Dropout(config.dropout)
+            self.transformer = torch.nn.Transformer(
+                d_model=d, nhead=config.num_heads, num_encoder_layers=config.num_layers,
+                num_decoder_layers=config.num_layers, dim_feedforward=config.ffn_size,
+                dropout=config.dropout, activation=config.activation.replace("_exact", ""),
+                layer_norm_eps=config.layer_norm_eps, batch_first=True,
+                norm_first=config.norm_placement == "pre")
+
+        def embed(self, ids):
+            return self.dropout(self.embedding(ids) * self.scale
+                                + self.positions[: ids.shape[1]])
+
+        def forward(self, source, source_mask, decoder_input):
+            causal = torch.nn.Transformer.generate_square_subsequent_mask(
+                decoder_input.shape[1])
+            padding = source_mask == 0
+            hidden = self.transformer(self.embed(source), self.embed(decoder_input),
+                                      tgt_mask=causal, src_key_padding_mask=padding,
+                                      memory_key_padding_mask=padding)
+            return hidden @ self.embedding.weight.T
+
+    return Translation(model_config)
+
+
+def run_gemm(size=2048, repeats=10):
+    """Best GFLOP/s of a size x size float32 matmul, in torch and in MindSpore (graph mode)."""
+    import torch
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch_best = best_rate(lambda: torch.mm(a, b), size, repeats)
+    import mindspore as ms
+    from mindspore import ops
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    x, y = ms.Tensor(a.numpy()), ms.Tensor(b.numpy())
+    @ms.jit
+    def matmul(p, q):
+        return ops.matmul(p, q)
+
+    ms_best = best_rate(lambda: matmul(x, y).asnumpy(), size, repeats)
+    return {"torch_gflops": torch_best, "mindspore_gflops": ms_best,
+            "peak_gflops": max(torch_best, ms_best), "size": size}
+
+
+def best_rate(run, size, repeats):
+    run()
+    best = min(timed(run) for _ in range(repeats))
+    return 2 * size ** 3 / best / 1e9
+
+
+def timed(run):
+    started = time.perf_counter()
+    run()
+    return time.perf_counter() - started
+
+
+def run_data(config, steps):
+    """Tokens/s our data pipeline delivers from the real dataset (built on first use)."""
+    from model_zoo.config import import_model
+    from model_zoo.parallel.context import DataShard
+    module = import_model(config.model.name)
+    module.prepare_data(config)
+    shard = DataShard(num_shards=1, shard_id=0, batch_size=config.train.global_batch_size)
+    dataset = module.create_train_dataset(config, shard)
+    count = getattr(module, "batch_tokens", None)
+    per_batch = config.train.global_batch_size * config.model.seq_length
+    batches = dataset.create_tuple_iterator(num_epochs=1)
+    next(batches)  # the pipeline's start-up
+    started, tokens = time.perf_counter(), 0
+    for _ in range(steps):
+        batch = next(batches)
+        tokens += count(batch) if count else per_batch
+    elapsed = time.perf_counter() - started
+    return {"batches": steps, "tokens_per_s": tokens / elapsed}
+
+
+def worker(args):
+    config = load_benchmark_config(args)
+    if args.worker == "gemm":
+        result = run_gemm()
+    elif args.worker == "data":
+        result = run_data(config, args.data_batches)
+    else:
+        batch = synthetic_batch(config)
+        runner = run_ours if args.worker == "ours" else run_reference
+        (first, times, first_loss, last_loss), baseline = runner(config, batch, args.steps,
+                                                                 args.warmup)
+        median = statistics.median(times)
+        result = {"first_step_s": first, "median_step_s": median,
+                  "tokens_per_s": batch_tokens(config, batch) / median,
+                  "tflops_per_step": train_flops(config, batch) / 1e12,
+                  "first_loss": first_loss, "last_loss": last_loss,
+                  "baseline_rss_mb": baseline, "peak_rss_mb": peak_rss_mb()}
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# ----------------------------------------------------------------------------------------
+# The parent: run the sides, combine, print, save.
+
+def run_side(args, side):
+    command = [sys.executable, os.path.abspath(__file__), "--worker", side, "--model", args.model,
+               "--size", args.size, "--steps", str(args.steps), "--warmup", str(args.warmup),
+               "--data-batches", str(args.data_batches)]
+    command += ["--config", args.config] if args.config else []
+    for override in args.set:
+        command += ["--set", override]
+    env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"))
+    print(f"[{side}] running ...", flush=True)
+    process = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    lines = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]
+    if process.returncode != 0 or not lines:
+        sys.stderr.write(process.stdout[-4000:] + process.stderr[-4000:])
+        raise SystemExit(f"the {side} side failed (exit code {process.returncode})")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def summarize(args, config, results):
+    peak = results["gemm"]["peak_gflops"]
+    report = {"model": args.model, "size": args.config or args.size,
+              "shape": {"layers": config.model.num_layers, "hidden": config.model.hidden_size,
+                        "heads": config.model.num_heads, "seq_length": config.model.seq_length,
+                        "vocab": config.model.vocab_size,
+                        "batch": config.train.global_batch_size,
+                        "precision": config.train.precision},
+              "gemm": results["gemm"], "timed_steps": args.steps, "warmup_steps": args.warmup}
+    for side in ("ours", "reference"):
+        side_result = dict(results[side])
+        side_result["mfu"] = (side_result["tflops_per_step"] * 1e3 / side_result["median_step_s"]
+                              / peak)
+        report[side] = side_result
+    report["speedup"] = report["ours"]["tokens_per_s"] / report["reference"]["tokens_per_s"]
+    if "data" in results:
+        report["data"] = dict(results["data"], times_training=(
+            results["data"]["tokens_per_s"] / report["ours"]["tokens_per_s"]))
+    return report
+
+
+def print_report(report):
+    shape = report["shape"]
+    print(f"\n{report['model']} {report['size']}: {shape['layers']} layers, hidden "
+          f"{shape['hidden']}, {shape['heads']} heads, seq {shape['seq_length']}, vocab "
+          f"{shape['vocab']}, batch {shape['batch']}, {shape['precision']}")
+    print(f"GEMM peak {report['gemm']['peak_gflops']:.1f} GFLOP/s (torch "
+          f"{report['gemm']['torch_gflops']:.1f}, MindSpore {report['gemm']['mindspore_gflops']:.1f})")
+    print(f"{'side':<10}{'tokens/s':>10}{'step ms':>9}{'MFU':>7}{'first step s':>14}"
+          f"{'peak MB':>9}{'loss first->last':>20}")
+    for side in ("ours", "reference"):
+        r = report[side]
+        print(f"{side:<10}{r['tokens_per_s']:>10.0f}{r['median_step_s'] * 1e3:>9.1f}"
+              f"{r['mfu']:>7.1%}{r['first_step_s']:>14.1f}{r['peak_rss_mb']:>9.0f}"
+              f"{r['first_loss']:>11.3f} -> {r['last_loss']:.3f}")
+    print(f"ours / reference: {report['speedup']:.2f}x")
+    if "data" in report:
+        print(f"data pipeline: {report['data']['tokens_per_s']:.0f} tokens/s, "
+              f"{report['data']['times_training']:.1f}x what our training consumes")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=MODELS, required=True)
+    parser.add_argument("--size", choices=sorted(SIZE_OVERRIDES), default="tiny",
+                        help="tiny: the model's configs/tiny.yaml; small: 4 layers, hidden 256, "
+                             "seq 128, batch 8, vocab 8192")
+    parser.add_argument("--config", help="a YAML config instead of --size")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. train.precision=fp16")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per side")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps after the first")
+    parser.add_argument("--data-batches", type=int, default=200,
+                        help="batches read to time the data pipeline")
+    parser.add_argument("--skip-data", action="store_true", help="do not time the data pipeline")
+    parser.add_argument("--output", help="JSON file for the results "
+                                         "(default benchmarks/results/MODEL-SIZE.json)")
+    parser.add_argument("--worker", choices=("ours", "reference", "gemm", "data"),
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0 or args.data_batches < 1:
+        parser.error("--steps and --data-batches must be >= 1, --warmup >= 0")
+    if args.worker:
+        return worker(args)
+    config = load_benchmark_config(args)  # a bad config or override fails here, before any run
+    sides = ["gemm", "ours", "reference"] + ([] if args.skip_data else ["data"])
+    results = {side: run_side(args, side) for side in sides}
+    report = summarize(args, config, results)
+    print_report(report)
+    name = os.path.splitext(os.path.basename(args.config))[0] if args.config else args.size
+    output = args.output or os.path.join(ROOT, "benchmarks", "results", f"{args.model}-{name}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with open(output, "w", encoding="utf-8") as handle:
+        json.dump(report, handle, indent=2)
+    print(f"results: {output}")
+
+
+if __name__ == "__main__":
+    main()
