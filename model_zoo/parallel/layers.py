@@ -11,18 +11,16 @@ Ascend; `construct` only does the math. Strategies follow `MINDSPORE_PARALLEL_RU
 - layer norm: ((dp,1,1),(1,),(1,)), the normalised axis is never split;
 - activations (GELU, exact GELU, ReLU, tanh): element-wise, the input's strategy;
 - vocabulary embedding: Gather ((1,1),(dp,1)) when vocab_emb_dp, else ((mp,1),(1,1));
-- cross-entropy: OneHot and SoftmaxCrossEntropyWithLogits (or LogSoftmax, Mul, ReduceSum)
-  with the class dimension whole.
+- cross-entropy: OneHot and SoftmaxCrossEntropyWithLogits with the class dimension whole.
 
 Stand-alone and data-parallel runs ignore the strategies; the plan check verifies them.
 Activations are (batch, seq, hidden); a linear layer flattens them to 2-D for MatMul.
 
-Fused or composed kernels: on Ascend, GeLU and SoftmaxCrossEntropyWithLogits are fused
-kernels, fast and lean in memory. MindSpore's CPU kernels for them are several times slower
-than the same math composed of element-wise operators (GeLU forward and backward: 29 ms
-against 5 ms for a 1024x1024 tensor; see benchmarks/README.md), so on CPU the layers build
-the composed form. The choice follows the device target; the plan check, which models
-Ascend, builds under `kernels_for("Ascend")`.
+CPU kernels: MindSpore's CPU kernels for layer norm, GELU and softmax cross-entropy are
+several times slower than one pass over memory, so CPU builds use the fused kernels of
+`cpu_kernels` for them (same math, no strategies: CPU runs ignore strategies anyway). The
+choice follows the device target; the plan check, which models Ascend, builds under
+`kernels_for("Ascend")` and so sees MindSpore's operators.
 """
 
 import math
@@ -33,6 +31,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, One, Zero, initializer
 
+from model_zoo.parallel import cpu_kernels
 from model_zoo.parallel.config import ParallelConfig
 
 MASK_VALUE = -1e9
@@ -56,10 +55,11 @@ def kernels_for(device_target: str):
         _KERNEL_TARGETS.pop()
 
 
-def use_fused_kernels() -> bool:
-    """Whether layers built now use the fused GeLU and cross-entropy kernels (not on CPU)."""
+def use_cpu_kernels() -> bool:
+    """Whether layers built now use the fused kernels of `cpu_kernels` (CPU target, and the
+    kernels could be compiled) instead of MindSpore's operators."""
     target = _KERNEL_TARGETS[-1] if _KERNEL_TARGETS else ms.get_context("device_target")
-    return target != "CPU"
+    return target == "CPU" and cpu_kernels.available()
 
 
 class Dropout(nn.Cell):
@@ -114,45 +114,6 @@ class ExactGELU(nn.Cell):
         return self.mul(x, cdf)
 
 
-class TanhGELU(nn.Cell):
-    """GELU with the tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
-    composed of element-wise operators: the math of `ops.GeLU` (GPT-2's "gelu_new"), for
-    devices where the fused kernel is slow (see `use_fused_kernels`). Each operator takes
-    the input's strategy (scalars get `()`, rule G1), so no communication is inserted.
-
-    Args:
-        strategy: the input's strategy, e.g. (dp, mp) for a column-split linear's output.
-    """
-
-    def __init__(self, strategy: tuple):
-        super().__init__()
-        strategy = tuple(strategy)
-        self.square = ops.Mul().shard((strategy, strategy))
-        self.scale_cube = ops.Mul().shard((strategy, ()))
-        self.add_linear = ops.Add().shard((strategy, ()))
-        self.times_x = ops.Mul().shard((strategy, strategy))
-        self.tanh = ops.Tanh().shard((strategy,))
-        self.add_one = ops.Add().shard((strategy, ()))
-        self.half_x = ops.Mul().shard((strategy, ()))
-        self.mul = ops.Mul().shard((strategy, strategy))
-        self.linear = math.sqrt(2.0 / math.pi)
-        self.cubic = self.linear * 0.044715
-
-    def construct(self, x):
-        # sqrt(2/pi) (x + 0.044715 x^3) = x (linear + cubic x^2)
-        slope = self.add_linear(self.scale_cube(self.square(x, x), ops.cast(self.cubic, x.dtype)),
-                                ops.cast(self.linear, x.dtype))
-        cdf = self.add_one(self.tanh(self.times_x(x, slope)), ops.cast(1.0, x.dtype))
-        return self.mul(self.half_x(x, ops.cast(0.5, x.dtype)), cdf)
-
-
-def gelu(strategy: tuple):
-    """The tanh-approximated GELU for an input of `strategy`: fused or composed."""
-    if use_fused_kernels():
-        return ops.GeLU().shard((tuple(strategy),))
-    return TanhGELU(strategy)
-
-
 class Linear(nn.Cell):
     """y = x W^T + b over the last axis, with the weight split by columns or rows.
 
@@ -163,7 +124,7 @@ class Linear(nn.Cell):
             keeps the weight whole.
         parallel_config: the layout; dp splits the rows (tokens).
         activation: optional activation applied on the output, sharded like it: "gelu"
-            (tanh approximation, see `gelu`), "gelu_exact" (erf form, `ExactGELU`), "relu"
+            (tanh approximation, `ops.GeLU`), "gelu_exact" (erf form, `ExactGELU`), "relu"
             or "tanh".
         has_bias: add a bias.
         compute_dtype: dtype of the matmul (weights are stored in float32).
@@ -202,8 +163,10 @@ class Linear(nn.Cell):
             self.bias = Parameter(initializer(Zero(), (out_features,), ms.float32), name="bias")
             self.bias_add = ops.Add().shard((out_strategy, (out_strategy[1],)))
         self.activation = None
-        if activation == "gelu":
-            self.activation = gelu(out_strategy)
+        if activation in ("gelu", "gelu_exact") and use_cpu_kernels():
+            self.activation = cpu_kernels.GELU(exact=activation == "gelu_exact")
+        elif activation == "gelu":
+            self.activation = ops.GeLU().shard((out_strategy,))
         elif activation == "gelu_exact":
             self.activation = ExactGELU(out_strategy)
         elif activation == "relu":
@@ -241,9 +204,14 @@ class LayerNorm(nn.Cell):
         self.beta = Parameter(initializer(Zero(), (hidden_size,), ms.float32), name="beta")
         self.norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1,
                                   epsilon=eps).shard(((dp, 1, 1), (1,), (1,)))
+        self.kernel = cpu_kernels.layer_norm() if use_cpu_kernels() else None
+        self.eps = cpu_kernels.scalar(eps)
 
     def construct(self, x):
-        return self.norm(ops.cast(x, ms.float32), self.gamma, self.beta)[0]
+        x = ops.cast(x, ms.float32)
+        if self.kernel is not None:
+            return self.kernel(x, self.gamma, self.beta, self.eps)[0]
+        return self.norm(x, self.gamma, self.beta)[0]
 
 
 class VocabEmbedding(nn.Cell):
@@ -531,9 +499,8 @@ class CrossEntropy(nn.Cell):
     """Mean cross-entropy over the positions whose mask is 1.
 
     OneHot and SoftmaxCrossEntropyWithLogits split the tokens by dp and keep the class
-    dimension whole, as MindSpore requires; the masked mean reduces over dp. Where the fused
-    kernel is slow (see `use_fused_kernels`) the loss is -sum(one_hot * LogSoftmax(logits)),
-    with the same strategies.
+    dimension whole, as MindSpore requires; the masked mean reduces over dp. CPU builds use
+    the fused kernel of `cpu_kernels` instead of OneHot and SoftmaxCrossEntropyWithLogits.
 
     Inputs:
         logits: float32 (tokens, classes); labels: int32 (tokens,); mask: float32 (tokens,).
@@ -548,14 +515,9 @@ class CrossEntropy(nn.Cell):
         if label_smoothing and not num_classes:
             raise ValueError("label smoothing needs num_classes")
         self.one_hot = ops.OneHot().shard(((dp, 1), (), ()))
-        self.fused = use_fused_kernels()
-        if self.fused:
-            self.softmax_cross_entropy = ops.SoftmaxCrossEntropyWithLogits().shard(
-                ((dp, 1), (dp, 1)))
-        else:
-            self.log_softmax = ops.LogSoftmax(axis=-1).shard(((dp, 1),))
-            self.weigh_classes = ops.Mul().shard(((dp, 1), (dp, 1)))
-            self.sum_classes = ops.ReduceSum().shard(((dp, 1),))
+        self.softmax_cross_entropy = ops.SoftmaxCrossEntropyWithLogits().shard(
+            ((dp, 1), (dp, 1)))
+        self.kernel = cpu_kernels.cross_entropy() if use_cpu_kernels() else None
         self.mul = ops.Mul().shard(((dp,), (dp,)))
         self.sum = ops.ReduceSum().shard(((dp,),))
         # Label smoothing spreads `label_smoothing` of the target mass evenly over all
@@ -564,16 +526,17 @@ class CrossEntropy(nn.Cell):
         off = label_smoothing / num_classes if label_smoothing else 0.0
         self.on_value = Tensor(1.0 - label_smoothing + off, ms.float32)
         self.off_value = Tensor(off, ms.float32)
+        self.kernel_on, self.kernel_off = cpu_kernels.scalar(1.0 - label_smoothing + off), \
+            cpu_kernels.scalar(off)
 
     def construct(self, logits, labels, mask):
-        one_hot = self.one_hot(labels, logits.shape[-1], self.on_value, self.off_value)
-        if self.fused:
-            loss = self.softmax_cross_entropy(logits, one_hot)[0]
-            total = self.sum(self.mul(loss, mask), ())
+        if self.kernel is not None:
+            loss = self.kernel(logits, ops.cast(labels, ms.int32), self.kernel_on,
+                               self.kernel_off)[0]
         else:
-            log_likelihood = self.sum_classes(
-                self.weigh_classes(self.log_softmax(logits), one_hot), -1)
-            total = -self.sum(self.mul(log_likelihood, mask), ())
+            one_hot = self.one_hot(labels, logits.shape[-1], self.on_value, self.off_value)
+            loss = self.softmax_cross_entropy(logits, one_hot)[0]
+        total = self.sum(self.mul(loss, mask), ())
         return total / ops.maximum(self.sum(mask, ()), 1.0)
 
 

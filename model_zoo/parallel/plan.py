@@ -1484,9 +1484,8 @@ SYMBOL_DP, SYMBOL_MP = 3, 5     # distinct primes: every strategy value decodes 
 def _layer_examples():
     """(layer, variant, factory(parallel_config)) for every sharded layer in layers.py.
 
-    Sizes are multiples of SYMBOL_MP so that every layer builds with mp = 5. The table is
-    built with Ascend's fused kernels; the rows marked "CPU" show the composed forms that
-    CPU runs build instead (`layers.use_fused_kernels`).
+    Sizes are multiples of SYMBOL_MP so that every layer builds with mp = 5; the table shows
+    the layers as Ascend builds them (`layers.kernels_for`).
     """
     from model_zoo.parallel import layers as L
     h, heads, ffn, vocab, seq = 60, 5, 120, 60, 8
@@ -1498,7 +1497,6 @@ def _layer_examples():
         ("Linear", 'split="row"', lambda pc: L.Linear(ffn, h, split="row", parallel_config=pc)),
         ("Linear", 'split="none"', lambda pc: L.Linear(h, h, parallel_config=pc)),
         ("ExactGELU", "strategy (dp, mp)", lambda pc: L.ExactGELU((pc.dp, pc.mp))),
-        ("TanhGELU", "strategy (dp, mp); CPU", lambda pc: L.TanhGELU((pc.dp, pc.mp))),
         ("Dropout", "strategy (dp, 1, 1)", lambda pc: L.Dropout(0.1, (pc.dp, 1, 1))),
         ("LayerNorm", "", lambda pc: L.LayerNorm(h, parallel_config=pc)),
         ("VocabEmbedding", "vocab_emb_dp: true", lambda pc: L.VocabEmbedding(
@@ -1519,14 +1517,7 @@ def _layer_examples():
         ("VocabProjection", "vocab_emb_dp: false", lambda pc: L.VocabProjection(
             h, parallel_config=_with(pc, vocab_emb_dp=False))),
         ("CrossEntropy", "", lambda pc: L.CrossEntropy(parallel_config=pc)),
-        ("CrossEntropy", "CPU", lambda pc: _built_for("CPU", L.CrossEntropy, parallel_config=pc)),
     ]
-
-
-def _built_for(device_target: str, layer, **kwargs):
-    from model_zoo.parallel.layers import kernels_for
-    with kernels_for(device_target):
-        return layer(**kwargs)
 
 
 def _with(parallel: ParallelConfig, **changes) -> ParallelConfig:
@@ -1585,12 +1576,14 @@ def _communication_note(prim, strategy) -> str:
 
 def strategy_table() -> str:
     """Markdown: every sharded layer's operators and strategies in terms of dp and mp."""
+    from model_zoo.parallel.layers import kernels_for
     parallel = ParallelConfig(data_parallel=SYMBOL_DP, model_parallel=SYMBOL_MP,
                               vocab_emb_dp=False)
     lines = ["| layer | variant | operator (attribute) | strategy | communication |",
              "|---|---|---|---|---|"]
     for layer, variant, factory in _layer_examples():
-        cell = _built_for("Ascend", factory, pc=parallel)
+        with kernels_for("Ascend"):
+            cell = factory(parallel)
         for name, _, attr, prim in primitives(cell):
             strategy = strategy_of(prim)
             if strategy is None:

@@ -1,0 +1,129 @@
+"""The fused CPU kernels against torch's layer norm, GELU and cross-entropy, both directions,
+through the layers that use them; and the fallback to MindSpore's operators."""
+
+import numpy as np
+import pytest
+import torch
+import mindspore as ms
+from mindspore import Tensor, nn
+
+from model_zoo.parallel import cpu_kernels
+from model_zoo.parallel.config import ParallelConfig
+from model_zoo.parallel.layers import CrossEntropy, LayerNorm, Linear, kernels_for
+
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler")
+RNG = np.random.default_rng(0)
+
+
+class Weighted(nn.Cell):
+    """sum(layer(*inputs) * weights): a scalar whose gradient is `weights` at the output."""
+
+    def __init__(self, layer, weights):
+        super().__init__()
+        self.layer, self.weights = layer, Tensor(weights)
+
+    def construct(self, *inputs):
+        return (self.layer(*inputs) * self.weights).sum()
+
+
+def value_and_grads(layer, weights, *inputs):
+    """Graph-mode output and gradients with respect to the first input and the parameters."""
+    loss = Weighted(layer, weights)
+    grad = ms.jit(ms.grad(loss, grad_position=0, weights=layer.trainable_params()))
+    dx, dparams = grad(*inputs)
+    return ms.jit(layer)(*inputs).asnumpy(), dx.asnumpy(), [g.asnumpy() for g in dparams]
+
+
+def test_layer_norm_matches_torch():
+    x = RNG.normal(size=(3, 5, 48)).astype(np.float32) * 3 + 1
+    weights = RNG.normal(size=x.shape).astype(np.float32)
+    layer = LayerNorm(48, parallel_config=ParallelConfig(), eps=1e-5)
+    assert layer.kernel is not None
+    gamma, beta = RNG.normal(size=48).astype(np.float32), RNG.normal(size=48).astype(np.float32)
+    layer.gamma.set_data(Tensor(gamma))
+    layer.beta.set_data(Tensor(beta))
+    y, dx, (dgamma, dbeta) = value_and_grads(layer, weights, Tensor(x))
+
+    tx, tgamma, tbeta = (torch.tensor(a, requires_grad=True) for a in (x, gamma, beta))
+    ty = torch.nn.functional.layer_norm(tx, (48,), tgamma, tbeta, 1e-5)
+    (ty * torch.tensor(weights)).sum().backward()
+    np.testing.assert_allclose(y, ty.detach().numpy(), atol=2e-5)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), atol=2e-5)
+    np.testing.assert_allclose(dgamma, tgamma.grad.numpy(), atol=1e-4)
+    np.testing.assert_allclose(dbeta, tbeta.grad.numpy(), atol=1e-4)
+
+
+@pytest.mark.parametrize("activation, approximate", [("gelu", "tanh"), ("gelu_exact", "none")])
+def test_gelu_matches_torch(activation, approximate):
+    # an identity linear layer, so the activation sees x itself, over a wide range
+    layer = Linear(64, 64, activation=activation, has_bias=False, parallel_config=ParallelConfig())
+    assert isinstance(layer.activation, cpu_kernels.GELU)
+    layer.weight.set_data(Tensor(np.eye(64, dtype=np.float32)))
+    x = np.concatenate([np.linspace(-12, 12, 64 * 6), RNG.normal(size=64 * 10)]).astype(np.float32)
+    x = x.reshape(16, 64)
+    weights = RNG.normal(size=x.shape).astype(np.float32)
+    y, dx, _ = value_and_grads(layer, weights, Tensor(x))
+
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    ty = torch.nn.functional.gelu(tx, approximate=approximate)
+    (ty * torch.tensor(weights, dtype=torch.float64)).sum().backward()
+    np.testing.assert_allclose(y, ty.detach().numpy(), atol=2e-6, rtol=1e-5)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), atol=2e-6 * np.abs(weights).max(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_matches_torch(smoothing):
+    tokens, classes = 12, 37
+    logits = (RNG.normal(size=(tokens, classes)) * 4).astype(np.float32)
+    logits[0, 3] = 80.0  # a confident row: the log-sum-exp must not overflow
+    labels = RNG.integers(0, classes, tokens).astype(np.int32)
+    mask = (RNG.random(tokens) > 0.3).astype(np.float32)
+    layer = CrossEntropy(parallel_config=ParallelConfig(), label_smoothing=smoothing,
+                         num_classes=classes)
+    assert layer.kernel is not None
+    grad = ms.jit(ms.value_and_grad(layer, grad_position=0))
+    loss, dlogits = grad(Tensor(logits), Tensor(labels), Tensor(mask))
+
+    tlogits = torch.tensor(logits, dtype=torch.float64, requires_grad=True)
+    per_token = torch.nn.functional.cross_entropy(tlogits, torch.tensor(labels).long(),
+                                                  reduction="none", label_smoothing=smoothing)
+    tmask = torch.tensor(mask, dtype=torch.float64)
+    expected = (per_token * tmask).sum() / tmask.sum()
+    expected.backward()
+    assert float(loss.asnumpy()) == pytest.approx(expected.item(), abs=1e-5)
+    np.testing.assert_allclose(dlogits.asnumpy(), tlogits.grad.numpy(), atol=1e-6)
+
+
+def test_cross_entropy_refuses_a_label_outside_the_vocabulary():
+    layer = CrossEntropy(parallel_config=ParallelConfig())
+    with pytest.raises(RuntimeError):
+        ms.jit(layer)(Tensor(np.zeros((2, 5), np.float32)), Tensor(np.array([1, 5], np.int32)),
+                      Tensor(np.ones(2, np.float32))).asnumpy()
+
+
+def test_layers_use_mindspore_operators_without_a_compiler(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("MODEL_ZOO_KERNEL_CACHE", str(tmp_path / "cache"))
+    cpu_kernels.library.cache_clear()
+    try:
+        assert not cpu_kernels.available()
+        assert "fused CPU kernels unavailable" in capsys.readouterr().err
+        norm = LayerNorm(8, parallel_config=ParallelConfig())
+        assert norm.kernel is None
+        x = RNG.normal(size=(2, 3, 8)).astype(np.float32)
+        expected = torch.nn.functional.layer_norm(torch.tensor(x), (8,), eps=1e-5).numpy()
+        np.testing.assert_allclose(ms.jit(norm)(Tensor(x)).asnumpy(), expected, atol=1e-5)
+    finally:
+        monkeypatch.undo()
+        cpu_kernels.library.cache_clear()
+    assert cpu_kernels.available()
+
+
+def test_ascend_builds_keep_the_sharded_operators():
+    with kernels_for("Ascend"):
+        norm = LayerNorm(8, parallel_config=ParallelConfig())
+        linear = Linear(8, 8, activation="gelu", parallel_config=ParallelConfig())
+        loss = CrossEntropy(parallel_config=ParallelConfig())
+    assert norm.kernel is None and loss.kernel is None
+    assert type(linear.activation).__name__ == "GeLU"
