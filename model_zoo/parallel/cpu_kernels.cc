@@ -249,3 +249,25 @@ extern "C" int CrossEntropyBackward(int nparam, void **params, int *ndims, int64
   }
   return 0;
 }
+
+// The sum of the squares of every element of all inputs (the gradients, for their global
+// norm), accumulated in double over blocks. inputs: float32 tensors; outputs: total (1)
+extern "C" int SquaredNorm(int nparam, void **params, int *ndims, int64_t **shapes,
+                           const char **dtypes, void *stream, void *extra) {
+  if (nparam < 2 || !all_float32(nparam, dtypes)) return 1;
+  constexpr int64_t kBlock = 4096;
+  double total = 0.0;
+  for (int t = 0; t < nparam - 1; ++t) {
+    const float *values = as_float(params[t]);
+    const int64_t count = elements(ndims[t], shapes[t]);
+    for (int64_t start = 0; start < count; start += kBlock) {
+      const int64_t end = std::min(start + kBlock, count);
+      float block = 0.f;
+#pragma omp simd reduction(+ : block)
+      for (int64_t i = start; i < end; ++i) block += values[i] * values[i];
+      total += block;
+    }
+  }
+  *as_float(params[nparam - 1]) = static_cast<float>(total);
+  return 0;
+}

@@ -7,6 +7,9 @@ counter), so one checkpoint of it is enough to resume exactly.
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
+from model_zoo.parallel import cpu_kernels
+from model_zoo.parallel.layers import use_cpu_kernels
+
 
 class TrainStep(nn.Cell):
     """One optimizer step over a batch, with optional gradient accumulation.
@@ -50,6 +53,7 @@ class TrainStep(nn.Cell):
         self.accumulation = accumulation
         self.step = Parameter(Tensor(0, ms.int32), name="train_step", requires_grad=False)
         self.hyper_map = ops.HyperMap()
+        self.squared_norm = cpu_kernels.squared_norm() if use_cpu_kernels() else None
 
     def _gradients(self, batch, scale):
         """Loss and summed (still scaled) gradients over the accumulation micro batches."""
@@ -83,7 +87,7 @@ class TrainStep(nn.Cell):
         # non-finite gradient makes the norm non-finite, so the norm also tells whether the
         # step can be applied (cheaper than testing every gradient element).
         divisor = scale * self.accumulation
-        grad_norm = ops.sqrt(ops.addn(self.hyper_map(_squared_sum, grads))) / divisor
+        grad_norm = ops.sqrt(self._gradient_squares(grads)) / divisor
         finite = ops.isfinite(grad_norm)
         factor = 1.0 / divisor
         if self.grad_clip > 0:
@@ -95,6 +99,12 @@ class TrainStep(nn.Cell):
             loss = ops.depend(loss, self.optimizer(grads))
         loss = ops.depend(loss, ops.assign_add(self.step, Tensor(1, ms.int32)))
         return loss, finite, scale, grad_norm, lr
+
+    def _gradient_squares(self, grads):
+        """Sum of the squares of every gradient element."""
+        if self.squared_norm is not None:
+            return ops.reshape(self.squared_norm(*grads), ())
+        return ops.addn(self.hyper_map(_squared_sum, grads))
 
     def _adjust_loss_scale(self, finite):
         good = ops.select(finite, self.good_steps + 1, ops.zeros_like(self.good_steps))
