@@ -159,7 +159,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_ours(config, batch, steps, warmup):
+def run_ours(config, batch, steps, warmup, profile_dir=None):
     import mindspore as ms
     from model_zoo.config import import_model
     from model_zoo.parallel.context import init_parallel
@@ -178,10 +178,35 @@ def run_ours(config, batch, steps, warmup):
     def run_step():
         return float(step_cell(*tensors)[0].asnumpy())
 
-    return time_steps(run_step, steps, warmup), baseline
+    timing = time_steps(run_step, steps, warmup)
+    operators = profile_operators(run_step, profile_dir) if profile_dir else None
+    return timing, baseline, operators
 
 
-def run_reference(config, batch, steps, warmup):
+PROFILED_STEPS = 5
+
+
+def profile_operators(run_step, output_dir, top=15):
+    """Run a few more steps under MindSpore's profiler; [(operator type, ms per step, calls
+    per step)] for the costliest operator types (the profiler's full output stays in
+    output_dir)."""
+    import csv
+    import glob
+    from mindspore.profiler import Profiler
+    profiler = Profiler(output_path=output_dir)
+    for _ in range(PROFILED_STEPS):
+        run_step()
+    profiler.stop()
+    profiler.analyse()
+    table = sorted(glob.glob(os.path.join(output_dir, "*", "FRAMEWORK", "cpu_op_type_info_*.csv")),
+                   key=os.path.getmtime)[-1]
+    with open(table, newline="", encoding="utf-8") as handle:
+        rows = [(row["op_type"], float(row["total_compute_time"]) / PROFILED_STEPS,
+                 int(row["execution_frequency(per-step)"])) for row in csv.DictReader(handle)]
+    return sorted(rows, key=lambda row: -row[1])[:top]
+
+
+def run_reference(config, batch, steps, warmup, profile_dir=None):
     import torch
     torch.manual_seed(config.train.seed)
     baseline = rss_mb()
@@ -204,7 +229,7 @@ def run_reference(config, batch, steps, warmup):
         optimizer.step()
         return float(loss.detach())
 
-    return time_steps(run_step, steps, warmup), baseline
+    return time_steps(run_step, steps, warmup), baseline, None
 
 
 def reference_model(config, batch):
@@ -351,14 +376,16 @@ def worker(args):
     else:
         batch = synthetic_batch(config)
         runner = run_ours if args.worker == "ours" else run_reference
-        (first, times, first_loss, last_loss), baseline = runner(config, batch, args.steps,
-                                                                 args.warmup)
+        (first, times, first_loss, last_loss), baseline, operators = runner(
+            config, batch, args.steps, args.warmup, args.profile)
         median = statistics.median(times)
         result = {"first_step_s": first, "median_step_s": median,
                   "tokens_per_s": batch_tokens(config, batch) / median,
                   "tflops_per_step": train_flops(config, batch) / 1e12,
                   "first_loss": first_loss, "last_loss": last_loss,
                   "baseline_rss_mb": baseline, "peak_rss_mb": peak_rss_mb()}
+        if operators:
+            result["operators"] = operators
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -370,6 +397,7 @@ def run_side(args, side):
                "--size", args.size, "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--data-batches", str(args.data_batches)]
     command += ["--config", args.config] if args.config else []
+    command += ["--profile", os.path.abspath(args.profile)] if args.profile and side == "ours" else []
     for override in args.set:
         command += ["--set", override]
     env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"))
@@ -418,6 +446,10 @@ def print_report(report):
               f"{r['mfu']:>7.1%}{r['first_step_s']:>14.1f}{r['peak_rss_mb']:>9.0f}"
               f"{r['first_loss']:>11.3f} -> {r['last_loss']:.3f}")
     print(f"ours / reference: {report['speedup']:.2f}x")
+    if "operators" in report["ours"]:
+        print(f"our costliest operators (MindSpore profiler, {PROFILED_STEPS} steps):")
+        for name, ms_per_step, calls in report["ours"]["operators"]:
+            print(f"  {name:<34}{ms_per_step:8.2f} ms/step  {calls:4d} calls/step")
     if "data" in report:
         print(f"data pipeline: {report['data']['tokens_per_s']:.0f} tokens/s, "
               f"{report['data']['times_training']:.1f}x what our training consumes")
@@ -437,6 +469,9 @@ def main(argv=None):
     parser.add_argument("--data-batches", type=int, default=200,
                         help="batches read to time the data pipeline")
     parser.add_argument("--skip-data", action="store_true", help="do not time the data pipeline")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="also profile our step with MindSpore's profiler (output in DIR) "
+                             "and list the costliest operators")
     parser.add_argument("--output", help="JSON file for the results "
                                          "(default benchmarks/results/MODEL-SIZE.json)")
     parser.add_argument("--worker", choices=("ours", "reference", "gemm", "data"),

@@ -72,6 +72,26 @@ def test_gelu_matches_torch(activation, approximate):
     np.testing.assert_allclose(dx, tx.grad.numpy(), atol=2e-6 * np.abs(weights).max(), rtol=1e-5)
 
 
+def test_linear_bias_matches_torch():
+    layer = Linear(24, 40, parallel_config=ParallelConfig())
+    assert not isinstance(layer.bias_add, ms.ops.Add)  # the fused CPU bias kernel
+    weight = RNG.normal(size=(40, 24)).astype(np.float32)
+    bias = RNG.normal(size=40).astype(np.float32)
+    layer.weight.set_data(Tensor(weight))
+    layer.bias.set_data(Tensor(bias))
+    x = RNG.normal(size=(2, 7, 24)).astype(np.float32)
+    weights = RNG.normal(size=(2, 7, 40)).astype(np.float32)
+    y, dx, (dweight, dbias) = value_and_grads(layer, weights, Tensor(x))
+
+    tx, tweight, tbias = (torch.tensor(a, requires_grad=True) for a in (x, weight, bias))
+    ty = torch.nn.functional.linear(tx, tweight, tbias)
+    (ty * torch.tensor(weights)).sum().backward()
+    np.testing.assert_allclose(y, ty.detach().numpy(), atol=1e-5)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), atol=1e-5)
+    np.testing.assert_allclose(dweight, tweight.grad.numpy(), atol=1e-4)
+    np.testing.assert_allclose(dbias, tbias.grad.numpy(), atol=1e-5)
+
+
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_cross_entropy_matches_torch(smoothing):
     tokens, classes = 12, 37
@@ -127,3 +147,13 @@ def test_ascend_builds_keep_the_sharded_operators():
         loss = CrossEntropy(parallel_config=ParallelConfig())
     assert norm.kernel is None and loss.kernel is None
     assert type(linear.activation).__name__ == "GeLU"
+
+
+def test_squared_norm_sums_every_element_of_every_tensor():
+    tensors = [RNG.normal(size=shape).astype(np.float32) * scale
+               for shape, scale in (((300, 70), 1.0), ((9,), 100.0), ((4, 5, 6), 1e-3))]
+    squared_norm = ms.jit(cpu_kernels.squared_norm())
+    total = squared_norm(*[Tensor(t) for t in tensors]).asnumpy()
+    expected = sum(float(np.sum(t.astype(np.float64) ** 2)) for t in tensors)
+    assert total.shape == (1,)
+    assert total[0] == pytest.approx(expected, rel=1e-6)

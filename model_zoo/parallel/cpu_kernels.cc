@@ -271,3 +271,33 @@ extern "C" int SquaredNorm(int nparam, void **params, int *ndims, int64_t **shap
   *as_float(params[nparam - 1]) = static_cast<float>(total);
   return 0;
 }
+
+// y = x + bias over the last axis. inputs: x (..., C), bias (C); outputs: y
+extern "C" int BiasAddForward(int nparam, void **params, int *ndims, int64_t **shapes,
+                              const char **dtypes, void *stream, void *extra) {
+  if (nparam != 3 || !all_float32(nparam, dtypes)) return 1;
+  const float *x = as_float(params[0]), *bias = as_float(params[1]);
+  float *y = as_float(params[2]);
+  const int64_t columns = shapes[0][ndims[0] - 1], rows = rows_of(ndims[0], shapes[0]);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *xr = x + r * columns;
+    float *yr = y + r * columns;
+    for (int64_t c = 0; c < columns; ++c) yr[c] = xr[c] + bias[c];
+  }
+  return 0;
+}
+
+// The bias gradient: dy summed over every axis but the last. inputs: dy (..., C); outputs: (C)
+extern "C" int ColumnSum(int nparam, void **params, int *ndims, int64_t **shapes,
+                         const char **dtypes, void *stream, void *extra) {
+  if (nparam != 2 || !all_float32(nparam, dtypes)) return 1;
+  const float *dy = as_float(params[0]);
+  float *sums = as_float(params[1]);
+  const int64_t columns = shapes[0][ndims[0] - 1], rows = rows_of(ndims[0], shapes[0]);
+  std::fill(sums, sums + columns, 0.f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *row = dy + r * columns;
+    for (int64_t c = 0; c < columns; ++c) sums[c] += row[c];
+  }
+  return 0;
+}
