@@ -17,6 +17,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.nn.utils import no_init_parameters
 
+from model_zoo.parallel.layers import kernels_for
 from model_zoo.bert.model import (BertConfig, BertForPreTraining, BertForSequenceClassification,
                                   BertLayer, LogitsCell, build_bert_network)
 from model_zoo.config import TrainConfig
@@ -207,7 +208,7 @@ def large_net(dp, mp, vocab_emb_dp):
     key = (dp, mp, vocab_emb_dp)
     if key not in _BUILT:
         parallel = ParallelConfig(data_parallel=dp, model_parallel=mp, vocab_emb_dp=vocab_emb_dp)
-        with no_init_parameters():
+        with no_init_parameters(), kernels_for("Ascend"):  # the sharded operators
             _BUILT[key] = BertForPreTraining(BertConfig(**LARGE), parallel, ms.float16)
     return _BUILT[key]
 
@@ -371,8 +372,9 @@ def test_strategies_fit_real_shapes(monkeypatch, dp, mp):
     split dividing its dimension (G2). OneHot's first strategy describes its output."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     parallel = ParallelConfig(data_parallel=dp, model_parallel=mp, vocab_emb_dp=False)
-    net = BertForPreTraining(tiny_config(num_layers=1, dropout=0.1, attention_dropout=0.1),
-                             parallel)
+    with kernels_for("Ascend"):  # the sharded operators, not CPU's fused kernels
+        net = BertForPreTraining(tiny_config(num_layers=1, dropout=0.1, attention_dropout=0.1),
+                                 parallel)
     found = primitives(net)
     owners = {id(prim): f"{name}.{attr}" for name, _, attr, prim in found}
     attention_prims = {f"{name}.{attr}" for name, cell, attr, _ in found

@@ -35,7 +35,7 @@ def small_config(**overrides) -> GPT2Config:
 
 
 def build(config: GPT2Config, parallel: ParallelConfig, compute_dtype=ms.float32):
-    with no_init_parameters():
+    with no_init_parameters(), kernels_for("Ascend"):  # the sharded operators
         return GPT2ForTraining(config, parallel, compute_dtype)
 
 
@@ -288,9 +288,8 @@ _BUILT = {}
 
 
 def benchmark_net(dp: int, mp: int, vocab_emb_dp: bool):
-    """The gpt2-1024.yaml model for one layout, built once without weights, as Ascend builds
-    it (CPU builds replace some operators with unsharded fused kernels, see
-    layers.use_cpu_kernels)."""
+    """The gpt2-1024.yaml model for one layout, built once without weights (as Ascend builds
+    it, see `build`)."""
     key = (dp, mp, vocab_emb_dp)
     if key not in _BUILT:
         config = load_config(BENCHMARK, [f"parallel.data_parallel={dp}",
@@ -298,8 +297,7 @@ def benchmark_net(dp: int, mp: int, vocab_emb_dp: bool):
                                          f"parallel.vocab_emb_dp={str(vocab_emb_dp).lower()}"])
         assert (config.model.num_layers, config.model.hidden_size, config.model.num_heads,
                 config.model.seq_length, config.model.vocab_size) == (24, 1024, 16, 1024, 50304)
-        with kernels_for("Ascend"):
-            _BUILT[key] = (build(config.model, config.parallel, ms.float16), config.parallel)
+        _BUILT[key] = (build(config.model, config.parallel, ms.float16), config.parallel)
     return _BUILT[key]
 
 

@@ -23,6 +23,7 @@ from mindspore import Tensor, nn
 from mindspore.nn.utils import no_init_parameters
 
 from conftest import run_cli
+from model_zoo.parallel.layers import kernels_for
 from model_zoo.config import TrainConfig, load_config
 from model_zoo.parallel.layers import CrossEntropy, MultiHeadAttention, sinusoid_table
 from model_zoo.parallel.plan import check_recording, record
@@ -492,7 +493,7 @@ def test_layout_config_builds_with_its_strategies(name):
         assert config.data.dataset_dir == "datasets/transformer-base"
         assert parallel.vocab_emb_dp == (mp == 1)
     parallel.check_batch(config.train.global_batch_size, config.train.grad_accumulation)
-    with no_init_parameters():
+    with no_init_parameters(), kernels_for("Ascend"):  # the sharded operators
         network = TransformerForTraining(config.model, parallel, ms.float16)
     transformer = network.transformer
 
