@@ -1,0 +1,86 @@
+"""benchmarks/train_throughput.py: its batches and FLOPs count against the models, and one
+short end-to-end run of both sides."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore.nn.utils import no_init_parameters
+
+from model_zoo.config import import_model
+from model_zoo.parallel.layers import Linear, dtype_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "train_throughput.py")
+_spec = importlib.util.spec_from_file_location("train_throughput", SCRIPT)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def benchmark_config(model, size="small", overrides=()):
+    args = type("Args", (), {"model": model, "size": size, "config": None,
+                             "set": list(overrides)})
+    return bench.load_benchmark_config(args)
+
+
+@pytest.mark.parametrize("model", bench.MODELS)
+def test_synthetic_batch_has_the_networks_inputs(model):
+    config = benchmark_config(model)
+    batch = bench.synthetic_batch(config)
+    expected = import_model(model).plan_inputs(config, config.train.global_batch_size)
+    assert [(column.shape, column.dtype) for column in batch] == [
+        (shape, ms.dtype_to_nptype(dtype)) for shape, dtype in expected]
+
+
+@pytest.mark.parametrize("model", ["gpt2", "transformer"])
+def test_flops_count_every_linear_layer(model):
+    """The formula against the built network: 2 x tokens x (in x out) for each linear layer
+    and the tied output projection, plus the attention products, times 3."""
+    config = benchmark_config(model)
+    m, samples = config.model, config.train.global_batch_size
+    with no_init_parameters():
+        network = import_model(model).build_train_network(config, dtype_of("fp32"))
+    linear_params = sum(cell.in_features * cell.out_features for _, cell in network.cells_and_names()
+                        if isinstance(cell, Linear))
+    seq = m.seq_length
+    attention_layers = m.num_layers * (1 if model == "gpt2" else 3)
+    forward = (2 * seq * linear_params + 2 * seq * m.hidden_size * m.vocab_size
+               + attention_layers * 4 * seq * seq * m.hidden_size)
+    batch = bench.synthetic_batch(config)
+    assert bench.train_flops(config, batch) == pytest.approx(3 * forward * samples)
+
+
+def test_both_sides_train_and_report(tmp_path):
+    output = tmp_path / "result.json"
+    command = [sys.executable, SCRIPT, "--model", "gpt2", "--size", "tiny", "--steps", "3",
+               "--warmup", "0", "--rounds", "1", "--skip-data", "--output", str(output),
+               "--set", "model.num_layers=1", "--set", "train.global_batch_size=4",
+               "--set", "train.lr=5e-4"]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ours / reference:" in result.stdout
+    report = json.loads(output.read_text())
+    assert report["shape"]["layers"] == 1 and report["shape"]["batch"] == 4
+    for side in ("ours", "reference"):
+        numbers = report[side]
+        assert numbers["tokens_per_s"] > 0 and 0 < numbers["mfu"] < 1.5
+        assert numbers["last_loss"] < numbers["first_loss"]  # four steps on one batch
+    assert report["speedup"] == pytest.approx(
+        report["ours"]["tokens_per_s"] / report["reference"]["tokens_per_s"])
+    assert report["gemm"]["peak_gflops"] >= max(report["gemm"]["torch_gflops"],
+                                                 report["gemm"]["mindspore_gflops"]) > 0
+    assert np.isfinite(report["ours"]["peak_rss_mb"])
+
+
+def test_a_bad_override_fails_before_any_run(tmp_path):
+    result = subprocess.run([sys.executable, SCRIPT, "--model", "gpt2", "--set", "model.nope=1",
+                             "--output", str(tmp_path / "r.json")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "nope" in result.stderr and "[ours] running" not in result.stdout
+    assert not (tmp_path / "r.json").exists()
