@@ -140,6 +140,20 @@ def test_layers_use_mindspore_operators_without_a_compiler(monkeypatch, tmp_path
     assert cpu_kernels.available()
 
 
+def test_an_unwritable_cache_falls_back_too(monkeypatch, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("MODEL_ZOO_KERNEL_CACHE", str(blocker / "cache"))
+    cpu_kernels.library.cache_clear()
+    try:
+        assert not cpu_kernels.available()
+        assert "cannot build in" in capsys.readouterr().err
+    finally:
+        monkeypatch.undo()
+        cpu_kernels.library.cache_clear()
+    assert cpu_kernels.available()
+
+
 def test_ascend_builds_keep_the_sharded_operators():
     with kernels_for("Ascend"):
         norm = LayerNorm(8, parallel_config=ParallelConfig())

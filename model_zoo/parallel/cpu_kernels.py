@@ -16,6 +16,7 @@ carry the sharding strategies (`layers.kernels_for`).
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -40,26 +41,37 @@ def library() -> str:
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not compiler:
         return _unavailable("no C++ compiler (g++) found")
-    digest = hashlib.sha1(SOURCE.read_bytes() + " ".join([compiler] + FLAGS).encode())
-    target = cache_dir() / digest.hexdigest()[:16] / "cpu_kernels.so"
+    # -march=native: the key includes this CPU's features, so a cache folder shared by
+    # machines of different kinds never hands one of them code it cannot run
+    key = SOURCE.read_bytes() + " ".join([compiler] + FLAGS).encode() + _cpu_features()
+    target = cache_dir() / hashlib.sha1(key).hexdigest()[:16] / "cpu_kernels.so"
     whitelist = os.environ.get("MS_CUSTOM_AOT_WHITE_LIST")
     if whitelist and not str(target.resolve()).startswith(os.path.realpath(whitelist)):
         return _unavailable(f"MS_CUSTOM_AOT_WHITE_LIST={whitelist} excludes {target.parent}; "
                             f"set MODEL_ZOO_KERNEL_CACHE to a folder inside it")
-    if not target.exists():
+    if target.exists():
+        return str(target)
+    try:
         target.parent.mkdir(parents=True, exist_ok=True)
         # build beside the target and rename: ranks starting together never load half a file
         with tempfile.TemporaryDirectory(dir=target.parent) as staging:
             staged = Path(staging, target.name)
-            try:
-                result = subprocess.run([compiler, *FLAGS, "-o", str(staged), str(SOURCE)],
-                                        capture_output=True, text=True)
-            except OSError as error:
-                return _unavailable(f"cannot run {compiler}: {error.strerror}")
+            result = subprocess.run([compiler, *FLAGS, "-o", str(staged), str(SOURCE)],
+                                    capture_output=True, text=True)
             if result.returncode != 0:
                 return _unavailable(f"{compiler} failed: {result.stderr.strip()[-500:]}")
             os.replace(staged, target)
+    except OSError as error:
+        return _unavailable(f"cannot build in {target.parent}: {error}")
     return str(target)
+
+
+def _cpu_features() -> bytes:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            return next((line for line in handle if line.startswith("flags")), "").encode()
+    except OSError:
+        return platform.machine().encode()
 
 
 def _unavailable(reason: str) -> str:
