@@ -135,61 +135,60 @@ extern "C" int LayerNormBackward(int nparam, void **params, int *ndims, int64_t 
   return 0;
 }
 
-// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-// inputs: x; outputs: y
-extern "C" int GeluTanhForward(int nparam, void **params, int *ndims, int64_t **shapes,
-                               const char **dtypes, void *stream, void *extra) {
+// An element-wise function f: y = f(x). inputs: x; outputs: y
+template <typename Function>
+int elementwise(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                Function f) {
   if (nparam != 2 || !all_float32(nparam, dtypes)) return 1;
   const float *x = as_float(params[0]);
   float *y = as_float(params[1]);
   const int64_t count = elements(ndims[0], shapes[0]);
-  for (int64_t i = 0; i < count; ++i) {
-    const float v = x[i];
-    y[i] = 0.5f * v * (1.f + tanh_approx(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
-  }
+  for (int64_t i = 0; i < count; ++i) y[i] = f(x[i]);
   return 0;
 }
 
-// inputs: dy, x; outputs: dx
-extern "C" int GeluTanhBackward(int nparam, void **params, int *ndims, int64_t **shapes,
-                                const char **dtypes, void *stream, void *extra) {
+// Its gradient given the derivative f': dx = dy f'(x). inputs: dy, x; outputs: dx
+template <typename Derivative>
+int elementwise_backward(int nparam, void **params, int *ndims, int64_t **shapes,
+                         const char **dtypes, Derivative derivative) {
   if (nparam != 3 || !all_float32(nparam, dtypes)) return 1;
   const float *dy = as_float(params[0]), *x = as_float(params[1]);
   float *dx = as_float(params[2]);
   const int64_t count = elements(ndims[1], shapes[1]);
-  for (int64_t i = 0; i < count; ++i) {
-    const float v = x[i];
-    const float t = tanh_approx(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
-    const float slope = kSqrt2OverPi * (1.f + 3.f * kGeluCubic * v * v);
-    dx[i] = dy[i] * (0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * slope);
-  }
+  for (int64_t i = 0; i < count; ++i) dx[i] = dy[i] * derivative(x[i]);
   return 0;
 }
 
-// GELU with the error function: x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2))).
-extern "C" int GeluErfForward(int nparam, void **params, int *ndims, int64_t **shapes,
-                              const char **dtypes, void *stream, void *extra) {
-  if (nparam != 2 || !all_float32(nparam, dtypes)) return 1;
-  const float *x = as_float(params[0]);
-  float *y = as_float(params[1]);
-  const int64_t count = elements(ndims[0], shapes[0]);
-  for (int64_t i = 0; i < count; ++i) y[i] = 0.5f * x[i] * (1.f + erf_approx(x[i] * kInvSqrt2));
-  return 0;
+// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
+inline float gelu_tanh(float v) {
+  return 0.5f * v * (1.f + tanh_approx(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
 }
+
+inline float gelu_tanh_derivative(float v) {
+  const float t = tanh_approx(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
+  const float du_dx = kSqrt2OverPi * (1.f + 3.f * kGeluCubic * v * v);
+  return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du_dx;
+}
+
+// GELU with the error function: x Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))
+inline float gelu_erf(float v) { return 0.5f * v * (1.f + erf_approx(v * kInvSqrt2)); }
 
 // d/dx x Phi(x) = Phi(x) + x phi(x)
-extern "C" int GeluErfBackward(int nparam, void **params, int *ndims, int64_t **shapes,
-                               const char **dtypes, void *stream, void *extra) {
-  if (nparam != 3 || !all_float32(nparam, dtypes)) return 1;
-  const float *dy = as_float(params[0]), *x = as_float(params[1]);
-  float *dx = as_float(params[2]);
-  const int64_t count = elements(ndims[1], shapes[1]);
-  for (int64_t i = 0; i < count; ++i) {
-    const float v = x[i];
-    const float cdf = 0.5f * (1.f + erf_approx(v * kInvSqrt2));
-    dx[i] = dy[i] * (cdf + v * kInvSqrt2Pi * exp_approx(-0.5f * v * v));
-  }
-  return 0;
+inline float gelu_erf_derivative(float v) {
+  return 0.5f * (1.f + erf_approx(v * kInvSqrt2)) + v * kInvSqrt2Pi * exp_approx(-0.5f * v * v);
+}
+
+#define AOT_ARGS int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, \
+                 void *stream, void *extra
+#define AOT_PASS nparam, params, ndims, shapes, dtypes
+
+extern "C" int GeluTanhForward(AOT_ARGS) { return elementwise(AOT_PASS, gelu_tanh); }
+extern "C" int GeluTanhBackward(AOT_ARGS) {
+  return elementwise_backward(AOT_PASS, gelu_tanh_derivative);
+}
+extern "C" int GeluErfForward(AOT_ARGS) { return elementwise(AOT_PASS, gelu_erf); }
+extern "C" int GeluErfBackward(AOT_ARGS) {
+  return elementwise_backward(AOT_PASS, gelu_erf_derivative);
 }
 
 // Softmax cross-entropy against a smoothed one-hot target: `on` at the label, `off`
