@@ -11,7 +11,8 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.9",
     packages=find_packages(include=["model_zoo", "model_zoo.*"]),
-    package_data={"model_zoo": ["*/configs/*.yaml", "*/configs/*/*.yaml", "*/README.md"]},
+    package_data={"model_zoo": ["*/configs/*.yaml", "*/configs/*/*.yaml", "*/README.md",
+                                "parallel/cpu_kernels.cc"]},
     install_requires=[
         "mindspore==2.10.0",
         "numpy<2",
