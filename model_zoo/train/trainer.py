@@ -88,6 +88,9 @@ def train(config: Config, output_dir: str, resume: bool = False, on_save=None) -
              output_dir, start_step, on_save, tokens_counter(module, config, shard))
 
     network.set_train(False)
+    # evaluate as `model-zoo eval` does, op by op: in graph mode the decoders (beam search,
+    # sampling) compiled a graph per decoding step and ran out of memory
+    ms.set_context(mode=ms.PYNATIVE_MODE)
     result = module.evaluate(config, network)
     png = plot_loss_curve(metrics_path, os.path.join(output_dir, "loss_curve.png"),
                           f"{config.model.name}: training loss")
