@@ -398,7 +398,8 @@ def run_side(args, side):
                "--size", args.size, "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--data-batches", str(args.data_batches)]
     command += ["--config", args.config] if args.config else []
-    command += ["--profile", os.path.abspath(args.profile)] if args.profile and side == "ours" else []
+    if args.profile and side == "ours":
+        command += ["--profile", os.path.abspath(args.profile)]
     for override in args.set:
         command += ["--set", override]
     env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"))
@@ -437,8 +438,9 @@ def print_report(report):
     print(f"\n{report['model']} {report['size']}: {shape['layers']} layers, hidden "
           f"{shape['hidden']}, {shape['heads']} heads, seq {shape['seq_length']}, vocab "
           f"{shape['vocab']}, batch {shape['batch']}, {shape['precision']}")
-    print(f"GEMM peak {report['gemm']['peak_gflops']:.1f} GFLOP/s (torch "
-          f"{report['gemm']['torch_gflops']:.1f}, MindSpore {report['gemm']['mindspore_gflops']:.1f})")
+    gemm = report["gemm"]
+    print(f"GEMM peak {gemm['peak_gflops']:.1f} GFLOP/s (torch {gemm['torch_gflops']:.1f}, "
+          f"MindSpore {gemm['mindspore_gflops']:.1f})")
     print(f"{'side':<10}{'tokens/s':>10}{'step ms':>9}{'MFU':>7}{'first step s':>14}"
           f"{'peak MB':>9}{'loss first->last':>20}")
     for side in ("ours", "reference"):
@@ -506,7 +508,8 @@ def main(argv=None):
     report = summarize(args, config, results)
     print_report(report)
     name = os.path.splitext(os.path.basename(args.config))[0] if args.config else args.size
-    output = args.output or os.path.join(ROOT, "benchmarks", "results", f"{args.model}-{name}.json")
+    output = args.output or os.path.join(ROOT, "benchmarks", "results",
+                                         f"{args.model}-{name}.json")
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     with open(output, "w", encoding="utf-8") as handle:
         json.dump(report, handle, indent=2)

@@ -4,14 +4,19 @@
 // passes over memory; these make one per direction, in loops the compiler vectorizes (exp,
 // tanh and erf are written out below because the C library's versions are scalar calls).
 // `omp simd` marks the reductions that may be vectorized (compiled with -fopenmp-simd,
-// which starts no threads). They run on the calling thread: a thread pool of their own would compete for the cores
-// with MindSpore's. Every function has MindSpore's AOT signature: params holds the inputs,
-// then the outputs; a non-zero return value makes MindSpore raise.
+// which starts no threads). They run on the calling thread: a thread pool of their own
+// would compete for the cores with MindSpore's. Every function has MindSpore's AOT
+// signature (AOT_ARGS): params holds the inputs, then the outputs; a non-zero return value
+// makes MindSpore raise.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <algorithm>
 #include <cstring>
+
+#define AOT_ARGS int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, \
+                 void *stream, void *extra
+#define AOT_PASS nparam, params, ndims, shapes, dtypes
 
 namespace {
 
@@ -75,9 +80,9 @@ inline float erf_approx(float x) {
 }  // namespace
 
 // LayerNorm over the last axis.
-// inputs: x (..., H), gamma (H), beta (H), eps (1); outputs: y (..., H), mean (rows), rstd (rows)
-extern "C" int LayerNormForward(int nparam, void **params, int *ndims, int64_t **shapes,
-                                const char **dtypes, void *stream, void *extra) {
+// inputs: x (..., H), gamma (H), beta (H), eps (scalar)
+// outputs: y (..., H), mean (rows), rstd (rows)
+extern "C" int LayerNormForward(AOT_ARGS) {
   if (nparam != 7 || !all_float32(nparam, dtypes)) return 1;
   const float *x = as_float(params[0]), *gamma = as_float(params[1]);
   const float *beta = as_float(params[2]);
@@ -103,8 +108,7 @@ extern "C" int LayerNormForward(int nparam, void **params, int *ndims, int64_t *
 }
 
 // inputs: dy, x, gamma, mean, rstd; outputs: dx, dgamma, dbeta
-extern "C" int LayerNormBackward(int nparam, void **params, int *ndims, int64_t **shapes,
-                                 const char **dtypes, void *stream, void *extra) {
+extern "C" int LayerNormBackward(AOT_ARGS) {
   if (nparam != 8 || !all_float32(nparam, dtypes)) return 1;
   const float *dy = as_float(params[0]), *x = as_float(params[1]);
   const float *gamma = as_float(params[2]), *mean = as_float(params[3]);
@@ -178,10 +182,6 @@ inline float gelu_erf_derivative(float v) {
   return 0.5f * (1.f + erf_approx(v * kInvSqrt2)) + v * kInvSqrt2Pi * exp_approx(-0.5f * v * v);
 }
 
-#define AOT_ARGS int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, \
-                 void *stream, void *extra
-#define AOT_PASS nparam, params, ndims, shapes, dtypes
-
 extern "C" int GeluTanhForward(AOT_ARGS) { return elementwise(AOT_PASS, gelu_tanh); }
 extern "C" int GeluTanhBackward(AOT_ARGS) {
   return elementwise_backward(AOT_PASS, gelu_tanh_derivative);
@@ -193,9 +193,8 @@ extern "C" int GeluErfBackward(AOT_ARGS) {
 
 // Softmax cross-entropy against a smoothed one-hot target: `on` at the label, `off`
 // elsewhere (on = 1, off = 0 without smoothing). loss = -sum_c t_c log softmax(z)_c.
-// inputs: logits (N, V), labels int32 (N), on (1), off (1); outputs: loss (N), lse (N)
-extern "C" int CrossEntropyForward(int nparam, void **params, int *ndims, int64_t **shapes,
-                                   const char **dtypes, void *stream, void *extra) {
+// inputs: logits (N, V), labels int32 (N), on, off (scalars); outputs: loss (N), lse (N)
+extern "C" int CrossEntropyForward(AOT_ARGS) {
   if (nparam != 6 || std::strcmp(dtypes[1], "int32") != 0) return 1;
   const float *logits = as_float(params[0]);
   const int32_t *labels = static_cast<const int32_t *>(params[1]);
@@ -225,9 +224,8 @@ extern "C" int CrossEntropyForward(int nparam, void **params, int *ndims, int64_
 }
 
 // d loss / d z_c = dloss * (softmax_c * sum_c t_c - t_c)
-// inputs: dloss (N), logits (N, V), labels (N), lse (N), on (1), off (1); outputs: dlogits
-extern "C" int CrossEntropyBackward(int nparam, void **params, int *ndims, int64_t **shapes,
-                                    const char **dtypes, void *stream, void *extra) {
+// inputs: dloss (N), logits (N, V), labels (N), lse (N), on, off (scalars); outputs: dlogits
+extern "C" int CrossEntropyBackward(AOT_ARGS) {
   if (nparam != 7 || std::strcmp(dtypes[2], "int32") != 0) return 1;
   const float *dloss = as_float(params[0]), *logits = as_float(params[1]);
   const int32_t *labels = static_cast<const int32_t *>(params[2]);
@@ -251,8 +249,7 @@ extern "C" int CrossEntropyBackward(int nparam, void **params, int *ndims, int64
 
 // The sum of the squares of every element of all inputs (the gradients, for their global
 // norm), accumulated in double over blocks. inputs: float32 tensors; outputs: total (1)
-extern "C" int SquaredNorm(int nparam, void **params, int *ndims, int64_t **shapes,
-                           const char **dtypes, void *stream, void *extra) {
+extern "C" int SquaredNorm(AOT_ARGS) {
   if (nparam < 2 || !all_float32(nparam, dtypes)) return 1;
   constexpr int64_t kBlock = 4096;
   double total = 0.0;
@@ -272,8 +269,7 @@ extern "C" int SquaredNorm(int nparam, void **params, int *ndims, int64_t **shap
 }
 
 // y = x + bias over the last axis. inputs: x (..., C), bias (C); outputs: y
-extern "C" int BiasAddForward(int nparam, void **params, int *ndims, int64_t **shapes,
-                              const char **dtypes, void *stream, void *extra) {
+extern "C" int BiasAddForward(AOT_ARGS) {
   if (nparam != 3 || !all_float32(nparam, dtypes)) return 1;
   const float *x = as_float(params[0]), *bias = as_float(params[1]);
   float *y = as_float(params[2]);
@@ -287,8 +283,7 @@ extern "C" int BiasAddForward(int nparam, void **params, int *ndims, int64_t **s
 }
 
 // The bias gradient: dy summed over every axis but the last. inputs: dy (..., C); outputs: (C)
-extern "C" int ColumnSum(int nparam, void **params, int *ndims, int64_t **shapes,
-                         const char **dtypes, void *stream, void *extra) {
+extern "C" int ColumnSum(AOT_ARGS) {
   if (nparam != 2 || !all_float32(nparam, dtypes)) return 1;
   const float *dy = as_float(params[0]);
   float *sums = as_float(params[1]);

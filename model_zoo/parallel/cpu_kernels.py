@@ -25,10 +25,11 @@ import tempfile
 from pathlib import Path
 
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import nn, ops
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cc")
-FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp-simd", "-shared", "-fPIC", "-std=c++17"]
+FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp-simd", "-shared", "-fPIC",
+         "-std=c++17"]
 
 
 def cache_dir() -> Path:
@@ -99,7 +100,7 @@ def _rows(shape):
 
 def layer_norm():
     """Custom op (x, gamma, beta, eps) -> (y, mean, rstd) over x's last axis, float32, with
-    its backward pass; eps is a float32 tensor of shape (1,)."""
+    its backward pass; eps is a float32 scalar tensor."""
     backward = _custom("LayerNormBackward", lambda dy, x, gamma, mean, rstd: (x, gamma, gamma),
                        lambda dy, x, gamma, mean, rstd: (x, gamma, gamma))
 
@@ -142,7 +143,7 @@ class GELU(nn.Cell):
 
 
 def cross_entropy():
-    """Custom op (logits (N, V), labels int32 (N,), on (1,), off (1,)) -> (loss (N,),
+    """Custom op (logits (N, V), labels int32 (N,), on, off (float32 scalars)) -> (loss (N,),
     log-sum-exp (N,)): softmax cross-entropy against `on` at the label and `off` elsewhere,
     float32, with its backward pass. A label outside [0, V) makes the op raise."""
     backward = _custom("CrossEntropyBackward",
@@ -174,7 +175,3 @@ def squared_norm():
     (the global gradient norm's square, in one pass instead of two operators per tensor)."""
     return _custom("SquaredNorm", lambda *shapes: [1], lambda *dtypes: dtypes[0])
 
-
-def scalar(value: float) -> Tensor:
-    """A float32 (1,) tensor: how the kernels take constants such as eps."""
-    return Tensor([value], ms.float32)

@@ -207,7 +207,7 @@ class LayerNorm(nn.Cell):
         self.norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1,
                                   epsilon=eps).shard(((dp, 1, 1), (1,), (1,)))
         self.kernel = cpu_kernels.layer_norm() if use_cpu_kernels() else None
-        self.eps = cpu_kernels.scalar(eps)
+        self.eps = Tensor(eps, ms.float32)
 
     def construct(self, x):
         x = ops.cast(x, ms.float32)
@@ -528,13 +528,11 @@ class CrossEntropy(nn.Cell):
         off = label_smoothing / num_classes if label_smoothing else 0.0
         self.on_value = Tensor(1.0 - label_smoothing + off, ms.float32)
         self.off_value = Tensor(off, ms.float32)
-        self.kernel_on, self.kernel_off = cpu_kernels.scalar(1.0 - label_smoothing + off), \
-            cpu_kernels.scalar(off)
 
     def construct(self, logits, labels, mask):
         if self.kernel is not None:
-            loss = self.kernel(logits, ops.cast(labels, ms.int32), self.kernel_on,
-                               self.kernel_off)[0]
+            loss = self.kernel(logits, ops.cast(labels, ms.int32), self.on_value,
+                               self.off_value)[0]
         else:
             one_hot = self.one_hot(labels, logits.shape[-1], self.on_value, self.off_value)
             loss = self.softmax_cross_entropy(logits, one_hot)[0]
