@@ -6,6 +6,7 @@ against the devices; `data_shard` says which slice of the data a rank reads;
 `wrap_train_step` applies MindSpore's semi-auto parallel settings on Ascend.
 """
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -28,6 +29,26 @@ class RunContext:
     @property
     def distributed(self) -> bool:
         return self.device_num > 1
+
+    @property
+    def semi_auto(self) -> bool:
+        """Whether the train step runs under MindSpore's semi-auto parallel (Ascend, several
+        ranks): each device then holds slices, and MindSpore inserts the communication."""
+        return self.device_target == "Ascend" and self.distributed
+
+
+@dataclass(frozen=True)
+class MicroBatching:
+    """How a step's batch is cut into micro batches, and by whom.
+
+    `wrapper` is MindSpore's cell that cuts it inside the graph ("pipeline": Pipeline,
+    "accumulation": GradAccumulation, "" none), summing `micro_batches` losses; the train
+    step itself cuts `in_step` slices (stand-alone and CPU data parallel).
+    """
+
+    wrapper: str = ""
+    micro_batches: int = 1
+    in_step: int = 1
 
 
 @dataclass(frozen=True)
@@ -124,12 +145,49 @@ def data_shard(parallel: ParallelConfig, rank: int, global_batch_size: int) -> D
                      batch_size=global_batch_size // per_stage)
 
 
-def pipeline_loss_network(loss_network, parallel: ParallelConfig):
-    """On pipeline layouts, MindSpore's Pipeline wrapper cuts each batch into micro batches."""
-    if parallel.pipeline_stage == 1:
-        return loss_network
-    from mindspore.parallel.nn import Pipeline
-    return Pipeline(loss_network, parallel.micro_batch_num)
+def micro_batching(parallel: ParallelConfig, context: RunContext,
+                   accumulation: int) -> MicroBatching:
+    """Where the micro batches of a step are made.
+
+    Semi-auto parallel: on a pipeline, accumulation is more micro batches (Pipeline with
+    micro_batch_num x accumulation, as MindSpore's pipeline tutorial advises); without one,
+    MindSpore's GradAccumulation cell. Either way the compiler sums the gradients and
+    reduces them across devices once per step (slicing the batch in Python would unroll the
+    graph and all-reduce every micro step's gradients). Elsewhere the train step slices the
+    batch itself and reduces once after the loop.
+    """
+    if context.semi_auto and parallel.pipeline_stage > 1:
+        return MicroBatching("pipeline", parallel.micro_batch_num * accumulation)
+    if context.semi_auto and accumulation > 1:
+        return MicroBatching("accumulation", accumulation)
+    return MicroBatching(in_step=accumulation)
+
+
+def micro_batch_network(loss_network, batching: MicroBatching):
+    """The loss network wrapped in the MindSpore cell that makes the micro batches, if any."""
+    if batching.wrapper == "pipeline":
+        from mindspore.parallel.nn import Pipeline
+        return Pipeline(loss_network, batching.micro_batches)
+    if batching.wrapper == "accumulation":
+        from mindspore.parallel.nn import GradAccumulation
+        return GradAccumulation(loss_network, batching.micro_batches)
+    return loss_network
+
+
+def parameter_init(context: RunContext):
+    """Context manager to build the network and optimizer under.
+
+    Semi-auto parallel: `mindspore.nn.utils.no_init_parameters()`, so that no rank allocates
+    the whole model; each rank initialises only its slices when the graph is compiled. This
+    is what MindSpore 2.10's parallel tutorials and AutoParallel's own example use (the
+    function's docstring marks it deprecated after 2.9, but 2.10 documents no replacement:
+    `AutoParallel.no_init_parameters_in_compile` is experimental and only skips the
+    initialisation during compilation). Elsewhere parameters are allocated as they are made.
+    """
+    if context.semi_auto:
+        from mindspore.nn.utils import no_init_parameters
+        return no_init_parameters()
+    return contextlib.nullcontext()
 
 
 def wrap_train_step(train_step, parallel: ParallelConfig, context: RunContext,
@@ -140,12 +198,18 @@ def wrap_train_step(train_step, parallel: ParallelConfig, context: RunContext,
     optimizer_shard is on, and saves the parameter strategy file that distributed
     checkpoints need.
     """
-    if context.device_target != "Ascend" or not context.distributed:
+    if not context.semi_auto:
         return train_step
     from mindspore.parallel.auto_parallel import AutoParallel
     parallel_step = AutoParallel(train_step, parallel_mode="semi_auto")
     parallel_step.dataset_strategy("full_batch" if parallel.full_batch else "data_parallel")
-    parallel_step.enable_gradients_mean()
+    # gradients_mean stays off and loss_repeated_mean on (AutoParallel's defaults, and
+    # PanGu-alpha's settings): every loss is a mean over the global batch (its reductions
+    # carry dp strategies, so MindSpore all-reduces them), so each device's gradient is
+    # already its share of the global gradient and the mirror all-reduce must sum, not
+    # average. Averaging would divide each parameter by its own mirror group: dp for
+    # model-parallel weights, dp x mp for replicated ones (layer norms, biases), shrinking
+    # all gradients by dp and the replicated ones by mp more.
     if parallel.pipeline_stage > 1:
         parallel_step.pipeline(stages=parallel.pipeline_stage)
     if parallel.optimizer_shard:
@@ -155,19 +219,17 @@ def wrap_train_step(train_step, parallel: ParallelConfig, context: RunContext,
     return parallel_step
 
 
-def gradient_reducer(parameters, parallel: ParallelConfig, context: RunContext):
+def gradient_reducer(parameters, context: RunContext):
     """The cell that combines gradients across ranks inside a hand-written train step.
 
-    CPU data parallel: all-reduce (mean) over all ranks, without which the ranks drift apart.
-    Ascend pipeline: MindSpore's pipeline reducer accumulates the micro batches' gradients.
-    Ascend otherwise and stand-alone runs: None (semi-auto parallel inserts the all-reduce).
+    CPU data parallel: all-reduce (mean) over all ranks, without which the ranks drift apart
+    (each rank's loss is the mean of its own slice). Semi-auto parallel and stand-alone
+    runs: None (MindSpore inserts the mirror all-reduce; pipelines and accumulation go
+    through the train step's `accumulated_by_compiler` buffers, not MindSpore's
+    PipelineGradReducer, whose non-optimizer-shard branch does not compile in 2.10: its
+    `construct` names an undefined `grads`).
     """
-    if not context.distributed:
+    if not context.distributed or context.semi_auto:
         return None
-    if context.device_target == "CPU":
-        from mindspore import nn
-        return nn.DistributedGradReducer(parameters, mean=True, degree=context.device_num)
-    if parallel.pipeline_stage > 1:
-        from mindspore.parallel.nn import PipelineGradReducer
-        return PipelineGradReducer(parameters, opt_shard=parallel.optimizer_shard)
-    return None
+    from mindspore import nn
+    return nn.DistributedGradReducer(parameters, mean=True, degree=context.device_num)

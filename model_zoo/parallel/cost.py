@@ -18,10 +18,10 @@ For every parameter p owned by stage k, with slice P = numel(p) / prod(split(p))
                                   the current micro step's gradients coexist
     optimizer    8 P / z          AdamWeightDecay's m and v in fp32
 
-z is the optimizer-shard group (rules, optimizer parallel): with `parallel.optimizer_shard`
-a parameter is sliced on dimension 0 over its replica group r = S / prod(split(p)) when
-that divides its dim-0 slice and the slice is at least 64 KB (MindSpore's threshold);
-otherwise z = 1. Gradients are not sharded (optimizer_level level1). A parameter used on a
+z is the optimizer-shard group (rules, optimizer parallel; `replication.optimizer_shard_size`):
+with `parallel.optimizer_shard` a parameter is sliced on dimension 0 over its replica group
+r = S / prod(split(p)) when that divides its dim-0 slice and the slice is at least 64 KB
+(MindSpore's threshold); otherwise z = 1. Gradients are not sharded (optimizer_level level1). A parameter used on a
 later stage (GPT-2's tied embedding on the last stage) costs that stage a received copy
 and its gradient (8 P).
 
@@ -71,11 +71,16 @@ reduce-scatter (n - 1) / n B of the full result.
   vocabulary-split head), MindSpore all-gathers it; the backward pass is counted as a
   reduce-scatter of the same size (conservative: MindSpore's AllGather gradient).
 - all-reduce, data parallel (G9): each parameter's gradient over its replica group r, once
-  per accumulation slice (pipelines accumulate micro batches first); with the optimizer
-  shard a reduce-scatter instead, plus an all-gather of the weights for each micro step.
+  per step whatever micro_batch_num and grad_accumulation are (the train step accumulates
+  micro batches first: MindSpore's Pipeline / GradAccumulation cells on Ascend); with the
+  optimizer shard a reduce-scatter instead, plus an all-gather of the weights for each
+  micro step.
+- all-reduce, the train step's own: one over all devices of two numbers (the weighted
+  squared gradient norm and the overflow flag, `replication.norm_weights`), per step.
 - send/receive, pipeline: every tensor crossing a stage boundary, forward and (if it needs a
   gradient) backward, per micro step; a parameter shared across stages once per step.
-- bubble: the idle fraction of a 1F1B pipeline, (pp - 1) / (micro_batch_num + pp - 1).
+- bubble: the idle fraction of a 1F1B pipeline, (pp - 1) / (m + pp - 1) with
+  m = micro_batch_num x grad_accumulation micro batches.
 """
 
 import math
@@ -84,13 +89,13 @@ from dataclasses import dataclass, field
 from typing import Dict, List
 
 from model_zoo.parallel.config import ParallelConfig
+from model_zoo.parallel.replication import WEIGHT_BYTES, mirror_group_size, optimizer_shard_size
 
 GIB = 2 ** 30
-WEIGHT_BYTES = 4
 GRADIENT_BYTES = 4
+STEP_FLAGS_BYTES = 8   # the train step's one all-reduce: squared gradient norm and overflow flag
 ADAM_BYTES = 8
 MASK_BYTES = 1
-OPTIMIZER_SHARD_THRESHOLD = 64 * 1024
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_receive")
 
 # inputs / outputs each operator keeps for its backward pass ("x" = input 0, "w" = input 1)
@@ -275,20 +280,6 @@ def _cast_bytes(rec) -> Dict[str, int]:
     return found
 
 
-def shard_group(param, parallel: ParallelConfig) -> int:
-    """z: the optimizer-shard group a parameter's weights and moments are divided by."""
-    if not parallel.optimizer_shard or not param.requires_grad:
-        return 1
-    split = param.split or (1,) * len(param.shape)
-    replicas = max(1, parallel.devices_per_stage // math.prod(split))
-    if replicas == 1 or not param.shape:
-        return 1
-    dim0 = param.shape[0] // split[0]
-    if dim0 % replicas or param.slice_numel * WEIGHT_BYTES < OPTIMIZER_SHARD_THRESHOLD:
-        return 1
-    return replicas
-
-
 def estimate_memory(rec, parallel: ParallelConfig, accumulation: int = 1) -> List[StageMemory]:
     """Memory per device of every pipeline stage (formulas in the module docstring)."""
     stages = [StageMemory(k) for k in range(_stage_count(rec, parallel))]
@@ -297,7 +288,7 @@ def estimate_memory(rec, parallel: ParallelConfig, accumulation: int = 1) -> Lis
     for param in rec.params.values():
         memory = stages[param.stage]
         slice_numel = param.slice_numel
-        z = shard_group(param, parallel)
+        z = optimizer_shard_size(param, parallel)
         memory.parameters += slice_numel
         memory.weights += WEIGHT_BYTES * slice_numel / z
         if param.name in casts:
@@ -344,7 +335,8 @@ def estimate_memory(rec, parallel: ParallelConfig, accumulation: int = 1) -> Lis
     for memory in stages:
         k = memory.stage
         memory.activations_per_micro_batch = per_micro[k]
-        memory.micro_batches_in_flight = min(pp - k, parallel.micro_batch_num) if pp > 1 else 1
+        memory.micro_batches_in_flight = (min(pp - k, parallel.micro_batch_num * accumulation)
+                                          if pp > 1 else 1)
         memory.recompute_peak = max((amount for root, amount in inside.items()
                                      if root_stage.get(root) == k), default=0.0)
         memory.backward_working = working[k]
@@ -430,32 +422,38 @@ def estimate_communication(rec, parallel: ParallelConfig,
                     stages[call.stage].add("send_receive", f"stage {call.stage} -> {source}: "
                                                            f"{info.shape} gradients",
                                            micro_steps * amount)
-    per_stage = parallel.devices_per_stage
     for param in rec.params.values():
-        split = param.split or (1,) * len(param.shape)
-        replicas = max(1, per_stage // math.prod(split))
+        replicas = mirror_group_size(param, parallel)
         grad_bytes = GRADIENT_BYTES * param.slice_numel
-        z = shard_group(param, parallel)
+        z = optimizer_shard_size(param, parallel)
         for stage in {param.stage} | param.used_on_stages:
             comm = stages[stage]
             if param.requires_grad and replicas > 1:
+                # once per step: micro batches and accumulation slices are summed first
                 if z > 1:
                     comm.add("reduce_scatter", "parameter gradients (optimizer shard)",
-                             accumulation * _collective(replicas) * grad_bytes)
+                             _collective(replicas) * grad_bytes)
                     comm.add("all_gather", "weights (optimizer shard)",
                              micro_steps * _collective(replicas) * WEIGHT_BYTES * param.slice_numel)
                 else:
                     comm.add("all_reduce", "parameter gradients (data parallel)",
-                             accumulation * _ring(replicas) * grad_bytes)
+                             _ring(replicas) * grad_bytes)
         for other in param.used_on_stages - {param.stage}:
             amount = WEIGHT_BYTES * param.slice_numel
             stages[param.stage].add("send_receive", f"shared parameter {param.name}", amount)
             if param.requires_grad:
                 stages[other].add("send_receive", f"gradient of shared {param.name}", amount)
+    if parallel.device_num > 1:
+        for comm in stages:
+            comm.add("all_reduce", "gradient norm and overflow flag (all devices)",
+                     _ring(parallel.device_num) * STEP_FLAGS_BYTES)
     return stages
 
 
-def pipeline_bubble(parallel: ParallelConfig) -> float:
-    """Idle fraction of a 1F1B (or GPipe) pipeline: (pp - 1) / (micro + pp - 1)."""
+def pipeline_bubble(parallel: ParallelConfig, accumulation: int = 1) -> float:
+    """Idle fraction of a 1F1B (or GPipe) pipeline: (pp - 1) / (m + pp - 1), where the
+    pipeline runs m = micro_batch_num x grad_accumulation micro batches a step (on a
+    pipeline, accumulation is more micro batches: `context.loss_network_micro_batches`)."""
     pp = parallel.pipeline_stage
-    return (pp - 1) / (parallel.micro_batch_num + pp - 1) if pp > 1 else 0.0
+    micro = parallel.micro_batch_num * accumulation
+    return (pp - 1) / (micro + pp - 1) if pp > 1 else 0.0

@@ -1311,6 +1311,28 @@ def network_inputs(module, config, network, batch_size: int):
     return list(hook(config, batch_size))
 
 
+def micro_batch_size(config) -> int:
+    """Sequences of the global batch in one micro batch: what every operator sees."""
+    slices = max(1, config.train.grad_accumulation * max(1, config.parallel.micro_batch_num))
+    return max(1, config.train.global_batch_size // slices)
+
+
+def record_training_network(config, network) -> Recording:
+    """The recorded forward pass of `config`'s training network at one micro batch."""
+    from model_zoo.config import import_model
+    parallel = config.parallel
+    inputs = network_inputs(import_model(config.model.name), config, network,
+                            micro_batch_size(config))
+    dataset_layout = None if parallel.full_batch else parallel.devices_per_stage
+    return record(network, inputs, stages=parallel.pipeline_stage, dataset_layout=dataset_layout)
+
+
+def parameter_layouts(config, network) -> Dict[str, ParamInfo]:
+    """{parameter name: its shape, split and stage} for `config`'s layout, as the plan sees
+    it; `network` is built with the Ascend operators (weights need not be allocated)."""
+    return record_training_network(config, network).params
+
+
 def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
                device: str = "ascend910", customize=None) -> Plan:
     """Check `config`'s layout and operators and estimate its cost (see the module doc).
@@ -1336,8 +1358,7 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
         raise UserInputError(f"--device-num must be >= 1, got {device_num}")
     violations = check_layout(parallel, device_num, config.model.num_layers,
                               train.global_batch_size, train.grad_accumulation)
-    slices = max(1, train.grad_accumulation * max(1, parallel.micro_batch_num))
-    micro_batch = max(1, train.global_batch_size // slices)
+    micro_batch = micro_batch_size(config)
     plan = Plan(config, config_path, device_num, device, micro_batch, violations)
     if any(v.rule == "layout" and "must be >= 1" in v.message for v in violations):
         return plan
@@ -1350,15 +1371,12 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
         return plan
     if customize is not None:
         customize(network)
-    inputs = network_inputs(module, config, network, micro_batch)
-    dataset_layout = None if parallel.full_batch else parallel.devices_per_stage
-    plan.recording = record(network, inputs, stages=parallel.pipeline_stage,
-                            dataset_layout=dataset_layout)
+    plan.recording = record_training_network(config, network)
     violations.extend(check_recording(plan.recording, parallel, device_num))
     plan.memory = cost.estimate_memory(plan.recording, parallel, train.grad_accumulation)
     plan.communication = cost.estimate_communication(plan.recording, parallel,
                                                      train.grad_accumulation)
-    plan.bubble = cost.pipeline_bubble(parallel)
+    plan.bubble = cost.pipeline_bubble(parallel, train.grad_accumulation)
     return plan
 
 
@@ -1429,8 +1447,9 @@ def format_report(plan: Plan, max_violations: int = 20) -> str:
                 times = f" ({count} ops)" if count > 1 else ""
                 lines.append(f"    {_gib(amount):>8}  {kind.replace('_', '-')}: {reason}{times}")
         pp = parallel.pipeline_stage
+        micro = parallel.micro_batch_num * train.grad_accumulation
         lines.append(f"  pipeline bubble: {100 * plan.bubble:.1f}% "
-                     f"((pp - 1) / (micro + pp - 1) = {pp - 1}/{parallel.micro_batch_num + pp - 1})")
+                     f"((pp - 1) / (micro x accumulation + pp - 1) = {pp - 1}/{micro + pp - 1})")
     lines.append("")
     if plan.violations:
         lines.append(f"violations ({len(plan.violations)}):")
@@ -1603,7 +1622,7 @@ def plan_config_files(root: Optional[str] = None) -> List[str]:
 
 def layout_table(plans: Optional[Dict[str, Plan]] = None) -> str:
     """Markdown: every shipped layout config with its devices and estimated memory."""
-    lines = ["| config | parameters | dp x mp x pp | devices | micro batches | "
+    lines = ["| config | parameters | dp x mp x pp | devices | micro batches x accumulation | "
              "memory per device (worst stage, Ascend 910) | fits 32 GiB | pipeline bubble |",
              "|---|---|---|---|---|---|---|---|"]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -1612,10 +1631,10 @@ def layout_table(plans: Optional[Dict[str, Plan]] = None) -> str:
         plan = (plans or {}).get(relative)
         if plan is None:
             plan = build_plan(load_plan_config(path), relative)
-        p = plan.config.parallel
+        p, accumulation = plan.config.parallel, plan.config.train.grad_accumulation
         lines.append(f"| `{relative}` | {_count(plan.parameter_count)} | "
                      f"{p.dp} x {p.mp} x {p.pipeline_stage} | {plan.device_num} | "
-                     f"{p.micro_batch_num} | {_gib(plan.worst_stage.total)} GiB (stage "
+                     f"{p.micro_batch_num} x {accumulation} | {_gib(plan.worst_stage.total)} GiB (stage "
                      f"{plan.worst_stage.stage}) | {'yes' if plan.fits else 'NO'} | "
                      f"{100 * plan.bubble:.0f}% |")
     return "\n".join(lines)

@@ -4,6 +4,9 @@ One cell holds everything a step changes (model, optimizer moments, loss scale, 
 counter), so one checkpoint of it is enough to resume exactly.
 """
 
+import os
+
+import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
@@ -11,11 +14,92 @@ from model_zoo.parallel import cpu_kernels
 from model_zoo.parallel.layers import use_cpu_kernels
 
 
+class GradientNorm(nn.Cell):
+    """The global gradient norm, and one decision shared by every device whether it is finite.
+
+    Stand-alone and CPU data-parallel runs hold whole gradients (already all-reduced), so
+    every gradient counts once and nothing is communicated. In semi-auto parallel each
+    device holds slices: it weights each parameter's local squared norm (`weights`, from
+    `replication.norm_weights`: 1 / copies of the piece, 0 for other stages' parameters)
+    and one all-reduce over all devices sums the weighted squares together with the
+    overflow flags, so every device gets the same norm and takes the same decision (a
+    collective that some ranks skipped would hang the job, so this runs before any branch).
+
+    Args:
+        weights: one factor per gradient, or None to count every gradient once.
+        all_reduce: sum over every device of the job (MindSpore's world group).
+        float_status: also read the device's overflow status (Ascend 910, whose saturation
+            mode turns an overflow into the largest float instead of inf: `isfinite` alone
+            would miss it); see `uses_float_status`.
+
+    Inputs:
+        grads: tuple of the gradients (local slices), any float dtype.
+    Outputs:
+        (norm, finite): float32 scalar of the (still loss-scaled) global norm, and a bool
+        scalar, False when any device saw an inf, a nan or a raised overflow status.
+    """
+
+    def __init__(self, weights=None, *, all_reduce=False, float_status=False):
+        super().__init__()
+        self.selected, self.weights = None, None
+        if weights is not None:
+            chosen = [(index, float(w)) for index, w in enumerate(weights) if w > 0]
+            self.selected = tuple(index for index, _ in chosen)
+            self.weights = tuple(w for _, w in chosen)
+        self.all_reduce = ops.AllReduce() if all_reduce else None
+        self.float_status = float_status
+        if float_status:
+            from mindspore.ops.operations.math_ops import (NPUClearFloatStatusV2,
+                                                           NPUGetFloatStatusV2)
+            self.clear_status, self.get_status = NPUClearFloatStatusV2(), NPUGetFloatStatusV2()
+        self.squared_norm = (cpu_kernels.squared_norm()
+                             if weights is None and use_cpu_kernels() else None)
+        self.hyper_map = ops.HyperMap()
+
+    def start(self, after, sens):
+        """`sens`, made to wait until the overflow status is cleared, which waits for `after`
+        (the forward loss): call it on the backward pass's sensitivity."""
+        if not self.float_status:
+            return sens
+        status = ops.depend(Tensor(np.zeros(8, np.int32)), after)
+        return ops.depend(sens, self.clear_status(status))
+
+    def construct(self, grads):
+        squares = self._local_squares(grads)
+        flag = ops.zeros((), ms.float32)
+        if self.float_status:
+            status = self.get_status(ops.depend(Tensor(np.zeros(8, np.int32)), grads))
+            flag = ops.cast(ops.reduce_sum(ops.cast(status, ms.float32)), ms.float32)
+        if self.all_reduce is not None:
+            both = self.all_reduce(ops.stack((squares, flag)))
+            squares, flag = both[0], both[1]
+        if self.float_status:
+            # cleared again after the collective, so this step's status does not leak into
+            # the next one (MindSpore's TrainOneStepWithLossScaleCell does the same)
+            squares = ops.depend(squares, self.clear_status(
+                ops.depend(Tensor(np.zeros(8, np.int32)), squares)))
+        finite = ops.logical_and(ops.isfinite(squares), flag <= 0.0)
+        return ops.sqrt(squares), finite
+
+    def _local_squares(self, grads):
+        """Sum of the squares of the gradient elements this device holds, weighted."""
+        if self.selected is None:
+            if self.squared_norm is not None:
+                return ops.reshape(self.squared_norm(*grads), ())
+            return ops.addn(self.hyper_map(_squared_sum, grads))
+        total = ops.zeros((), ms.float32)
+        for position in range(len(self.selected)):
+            total = total + _squared_sum(grads[self.selected[position]]) * self.weights[position]
+        return total
+
+
 class TrainStep(nn.Cell):
     """One optimizer step over a batch, with optional gradient accumulation.
 
     Args:
-        network: cell mapping the batch columns to a scalar loss.
+        network: cell mapping the batch columns to a scalar loss; on Ascend it may be
+            MindSpore's Pipeline or GradAccumulation wrapper, which cuts the batch into
+            `micro_batches` and returns the sum of their losses.
         optimizer: a MindSpore optimizer over the network's trainable parameters.
         lr_schedule: the optimizer's schedule, evaluated here for logging.
         grad_reducer: cell that combines gradients across ranks, or None.
@@ -23,8 +107,19 @@ class TrainStep(nn.Cell):
             skipped and the scale halved; after `scale_window` good steps it doubles.
         loss_scale: the initial scale (used only with dynamic_loss_scale).
         grad_clip: clip the global gradient norm to this value (0 disables).
-        accumulation: micro batches per step; the batch is cut into that many equal slices
-            whose gradients are summed before one update.
+        accumulation: micro batches cut here (stand-alone and CPU data parallel): the batch
+            is cut into that many equal slices whose gradients are summed before one update.
+        micro_batches: how many micro-batch losses `network` sums. The backward pass gets
+            the sensitivity divided by it (as PanGu-alpha and MindFormers' pipeline cells
+            do), so loss, gradients and norm are those of the mean, as without the wrapper.
+        accumulated_by_compiler: semi-auto parallel with a Pipeline / GradAccumulation
+            wrapper: MindSpore sums the micro batches' gradients into `accu_grads` buffers
+            (found by that name prefix) and reduces them once a step; the step reads them
+            (or, with `optimizer_shard`, the reduce-scattered gradients) and clears them
+            after the update, as `mindspore.nn.wrap.cell_wrapper._TrainGradAccuStepCell`
+            and MindFormers' `MFPipelineWithLossScaleCell` do.
+        optimizer_shard: the parallel optimizer is on (see accumulated_by_compiler).
+        gradient_norm: the GradientNorm cell (default: whole gradients, no communication).
 
     Inputs:
         *batch: the dataset's columns, batch along dimension 0.
@@ -35,7 +130,8 @@ class TrainStep(nn.Cell):
 
     def __init__(self, network, optimizer, lr_schedule, *, grad_reducer=None,
                  dynamic_loss_scale=False, loss_scale=65536.0, scale_window=1000,
-                 grad_clip=1.0, accumulation=1):
+                 grad_clip=1.0, accumulation=1, micro_batches=1, accumulated_by_compiler=False,
+                 optimizer_shard=False, gradient_norm=None):
         super().__init__(auto_prefix=False)
         self.network = network
         self.optimizer = optimizer
@@ -51,29 +147,37 @@ class TrainStep(nn.Cell):
         self.scale_window = scale_window
         self.grad_clip = grad_clip
         self.accumulation = accumulation
+        self.micro_batches = micro_batches
+        self.accumulated_by_compiler = accumulated_by_compiler
+        self.optimizer_shard = optimizer_shard
+        if accumulated_by_compiler:
+            self.accu_grads = self.weights.clone(prefix="accu_grads", init="zeros")
         self.step = Parameter(Tensor(0, ms.int32), name="train_step", requires_grad=False)
         self.hyper_map = ops.HyperMap()
-        self.squared_norm = cpu_kernels.squared_norm() if use_cpu_kernels() else None
+        self.gradient_norm = gradient_norm if gradient_norm is not None else GradientNorm()
+
+    def _backward(self, micro, loss, scale):
+        """Gradients of one (micro) batch, scaled by `scale` over the wrapper's micro batches."""
+        sens = self.gradient_norm.start(loss, ops.cast(scale / self.micro_batches, loss.dtype))
+        return self.grad(self.network, self.weights)(*micro, sens)
 
     def _gradients(self, batch, scale):
         """Loss and summed (still scaled) gradients over the accumulation micro batches."""
         if self.accumulation == 1:
             loss = self.network(*batch)
-            grads = self.grad(self.network, self.weights)(*batch, ops.cast(scale, loss.dtype))
-            return loss, grads
+            return loss / self.micro_batches, self._backward(batch, loss, scale)
         size = batch[0].shape[0] // self.accumulation
         loss_sum, grads = None, None
         for index in range(self.accumulation):
             micro = tuple(column[index * size:(index + 1) * size] for column in batch)
             loss = self.network(*micro)
-            micro_grads = self.grad(self.network, self.weights)(*micro,
-                                                                ops.cast(scale, loss.dtype))
+            micro_grads = self._backward(micro, loss, scale)
             if grads is None:
                 loss_sum, grads = loss, micro_grads
             else:
                 loss_sum = loss_sum + loss
                 grads = self.hyper_map(ops.add, grads, micro_grads)
-        return loss_sum / self.accumulation, grads
+        return loss_sum / (self.accumulation * self.micro_batches), grads
 
     def construct(self, *batch):
         # a copy: returning the Parameter itself would report its value after this step's
@@ -83,12 +187,14 @@ class TrainStep(nn.Cell):
         loss, grads = self._gradients(batch, scale)
         if self.grad_reducer is not None:
             grads = self.grad_reducer(grads)
+        if self.accumulated_by_compiler and not self.optimizer_shard:
+            grads = self.hyper_map(_read_accumulated, self.accu_grads, grads)
         # One pass over the gradients for the norm and one to unscale and clip them. A
         # non-finite gradient makes the norm non-finite, so the norm also tells whether the
         # step can be applied (cheaper than testing every gradient element).
         divisor = scale * self.accumulation
-        grad_norm = ops.sqrt(self._gradient_squares(grads)) / divisor
-        finite = ops.isfinite(grad_norm)
+        norm, finite = self.gradient_norm(grads)
+        grad_norm = norm / divisor
         factor = 1.0 / divisor
         if self.grad_clip > 0:
             factor = factor * self.grad_clip / ops.maximum(grad_norm, self.grad_clip)
@@ -97,14 +203,10 @@ class TrainStep(nn.Cell):
             self._adjust_loss_scale(finite)
         if finite:
             loss = ops.depend(loss, self.optimizer(grads))
+        if self.accumulated_by_compiler:
+            loss = ops.depend(loss, self.hyper_map(_clear_accumulated, self.accu_grads, grads))
         loss = ops.depend(loss, ops.assign_add(self.step, Tensor(1, ms.int32)))
         return loss, finite, scale, grad_norm, lr
-
-    def _gradient_squares(self, grads):
-        """Sum of the squares of every gradient element."""
-        if self.squared_norm is not None:
-            return ops.reshape(self.squared_norm(*grads), ())
-        return ops.addn(self.hyper_map(_squared_sum, grads))
 
     def _adjust_loss_scale(self, finite):
         good = ops.select(finite, self.good_steps + 1, ops.zeros_like(self.good_steps))
@@ -115,12 +217,37 @@ class TrainStep(nn.Cell):
         ops.assign(self.good_steps, ops.select(grow, ops.zeros_like(good), good))
 
 
+def _read_accumulated(accumulated, grad):
+    """A copy of the compiler-accumulated gradient, read after this step's backward pass."""
+    return ops.depend(accumulated, grad) * 1.0
+
+
+def _clear_accumulated(accumulated, used):
+    """Zero an accumulation buffer once this step's update has used the gradients."""
+    return ops.assign(ops.depend(accumulated, used), ops.zeros_like(accumulated))
+
+
 def _multiply(factor, grad):
     return grad * ops.cast(factor, grad.dtype)
 
 
 def _squared_sum(grad):
     return ops.reduce_sum(ops.square(ops.cast(grad, ms.float32)))
+
+
+def uses_float_status(device_target: str) -> bool:
+    """Whether overflow must be read from the device's float status: on Ascend 910 (always in
+    saturation mode) and on 910B when MS_ASCEND_CHECK_OVERFLOW_MODE=SATURATION_MODE (its
+    default INFNAN_MODE produces inf/nan, which the norm catches). This is the test
+    MindSpore's TrainOneStepWithLossScaleCell makes (`nn/wrap/loss_scale.py`)."""
+    if device_target != "Ascend":
+        return False
+    from mindspore._c_expression import MSContext
+    context = MSContext.get_instance()
+    classic_910 = context.ascend_soc_supports_feature("amp_loss_scale_train_classic_target")
+    saturation = os.environ.get("MS_ASCEND_CHECK_OVERFLOW_MODE") == "SATURATION_MODE"
+    return bool(classic_910 or (context.ascend_soc_supports_feature("train_hq_dtype_line")
+                                and saturation))
 
 
 def build_optimizer(network, train_config, lr_schedule):

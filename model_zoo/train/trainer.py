@@ -13,12 +13,14 @@ from model_zoo.config import Config, import_model, read_yaml, save_config
 from model_zoo.errors import UserInputError
 from model_zoo.files import exclusive_lock
 from model_zoo.parallel.context import (data_shard, gradient_reducer, init_parallel,
-                                        pipeline_loss_network, wrap_train_step)
-from model_zoo.parallel.layers import dtype_of
+                                        micro_batch_network, micro_batching, parameter_init,
+                                        wrap_train_step)
+from model_zoo.parallel.layers import dtype_of, kernels_for
+from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
 from model_zoo.train.checkpoint import list_checkpoints, load_weights, save_checkpoint
 from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line
 from model_zoo.train.schedule import build_schedule
-from model_zoo.train.step import TrainStep, build_optimizer
+from model_zoo.train.step import GradientNorm, TrainStep, build_optimizer, uses_float_status
 
 
 def default_output_dir(config_path: str) -> str:
@@ -61,9 +63,7 @@ def train(config: Config, output_dir: str, resume: bool = False, on_save=None) -
 
     os.makedirs(output_dir, exist_ok=True)
     ms.set_seed(config.train.seed)
-    compute_dtype = dtype_of(config.train.precision)
-    network = module.build_train_network(config, compute_dtype)
-    step_cell = build_train_step(config, network, context)
+    network, step_cell = build_model(module, config, context)
     start_step = 0
     if config.train.init_checkpoint and not resume:
         missing = load_weights(network, config.train.init_checkpoint, strict=False)
@@ -104,17 +104,47 @@ def train(config: Config, output_dir: str, resume: bool = False, on_save=None) -
     return result
 
 
+def build_model(module, config: Config, context):
+    """The model folder's training network and the train step around it, built for `context`
+    (on semi-auto parallel runs without allocating the weights: `parameter_init`)."""
+    with parameter_init(context), kernels_for(context.device_target):
+        network = module.build_train_network(config, dtype_of(config.train.precision))
+        step_cell = build_train_step(config, network, context)
+    return network, step_cell
+
+
 def build_train_step(config: Config, network, context) -> TrainStep:
-    train = config.train
+    train, parallel = config.train, config.parallel
     schedule = build_schedule(train)
-    loss_network = pipeline_loss_network(network, config.parallel)
+    batching = micro_batching(parallel, context, train.grad_accumulation)
     optimizer = build_optimizer(network, train, schedule)
     return TrainStep(
-        loss_network, optimizer, schedule,
-        grad_reducer=gradient_reducer(optimizer.parameters, config.parallel, context),
+        micro_batch_network(network, batching), optimizer, schedule,
+        grad_reducer=gradient_reducer(optimizer.parameters, context),
         dynamic_loss_scale=train.precision == "fp16", loss_scale=train.loss_scale,
         scale_window=train.loss_scale_window, grad_clip=train.grad_clip,
-        accumulation=train.grad_accumulation)
+        accumulation=batching.in_step, micro_batches=batching.micro_batches,
+        accumulated_by_compiler=context.semi_auto and bool(batching.wrapper),
+        optimizer_shard=parallel.optimizer_shard,
+        gradient_norm=gradient_norm(config, network, optimizer, context))
+
+
+def gradient_norm(config: Config, network, optimizer, context) -> GradientNorm:
+    """The step's GradientNorm: on semi-auto parallel runs, weighted by where each
+    parameter's slices live (from a recorded forward pass, as `model-zoo plan` sees the
+    layout) and summed over all devices; elsewhere over the whole local gradients."""
+    float_status = uses_float_status(context.device_target)
+    if not context.semi_auto:
+        return GradientNorm(float_status=float_status)
+    from model_zoo.parallel.plan import parameter_layouts
+    started = time.perf_counter()
+    layouts = parameter_layouts(config, network)
+    names = [param.name for param in optimizer.parameters]
+    weights = norm_weights(layouts_by_name(layouts, names), config.parallel,
+                           stage_of_rank(context.rank, config.parallel))
+    log(f"gradient norm: {sum(w > 0 for w in weights)} of {len(weights)} parameters on this "
+        f"stage, layouts recorded in {time.perf_counter() - started:.1f} s")
+    return GradientNorm(weights, all_reduce=True, float_status=float_status)
 
 
 def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_step, on_save,
