@@ -102,7 +102,7 @@ def test_semi_auto_runs_leave_gradient_reduction_to_mindspore():
 
 
 BUILD_100B = r'''
-import json, resource, sys
+import json, sys
 from model_zoo.config import import_model
 from model_zoo.parallel.context import RunContext
 from model_zoo.parallel.plan import load_plan_config
@@ -112,7 +112,9 @@ def build(rank):
     context = RunContext("Ascend", rank=rank, device_num=config.parallel.device_num)
     return build_model(import_model(config.model.name), config, context)
 network, step = build(0)
-peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, not getrusage: ru_maxrss survives exec, so it would include the parent's peak
+with open("/proc/self/status") as status:
+    peak_mb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
 params = list(step.get_parameters())
 found = {0: len(step.gradient_norm.selected)}
 last = config.parallel.device_num - 1

@@ -18,12 +18,13 @@ For every parameter p owned by stage k, with slice P = numel(p) / prod(split(p))
                                   the current micro step's gradients coexist
     optimizer    8 P / z          AdamWeightDecay's m and v in fp32
 
-z is the optimizer-shard group (rules, optimizer parallel; `replication.optimizer_shard_size`):
-with `parallel.optimizer_shard` a parameter is sliced on dimension 0 over its replica group
-r = S / prod(split(p)) when that divides its dim-0 slice and the slice is at least 64 KB
-(MindSpore's threshold); otherwise z = 1. Gradients are not sharded (optimizer_level level1). A parameter used on a
-later stage (GPT-2's tied embedding on the last stage) costs that stage a received copy
-and its gradient (8 P).
+z is the optimizer-shard group (rules, optimizer parallel;
+`replication.optimizer_shard_size`): with `parallel.optimizer_shard` a parameter is sliced
+on dimension 0 over its replica group r = S / prod(split(p)) when that divides its dim-0
+slice and the whole parameter is at least 64 KB (MindSpore's threshold); otherwise z = 1.
+Gradients are not sharded (optimizer_level level1). A parameter used on a later stage
+(GPT-2's tied embedding on the last stage) costs that stage a received copy and its gradient
+(8 P).
 
 Activations per micro batch, A_k, are the tensors the backward pass needs, summed over the
 recorded operators (SAVED below: MatMul keeps both operands, Softmax its output, LayerNorm
@@ -89,9 +90,10 @@ from dataclasses import dataclass, field
 from typing import Dict, List
 
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.parallel.replication import WEIGHT_BYTES, mirror_group_size, optimizer_shard_size
+from model_zoo.parallel.replication import mirror_group_size, optimizer_shard_size
 
 GIB = 2 ** 30
+WEIGHT_BYTES = 4
 GRADIENT_BYTES = 4
 STEP_FLAGS_BYTES = 8   # the train step's one all-reduce: squared gradient norm and overflow flag
 ADAM_BYTES = 8
@@ -416,8 +418,9 @@ def estimate_communication(rec, parallel: ParallelConfig,
                 crossing.add((info.key, call.stage))
                 split = info.layout or _input_split(call, index, info)
                 amount = _slice_bytes(info, split)
-                stages[source].add("send_receive", f"stage {source} -> {call.stage}: "
-                                                   f"{info.shape} activations", micro_steps * amount)
+                stages[source].add("send_receive",
+                                   f"stage {source} -> {call.stage}: {info.shape} activations",
+                                   micro_steps * amount)
                 if info.needs_grad:
                     stages[call.stage].add("send_receive", f"stage {call.stage} -> {source}: "
                                                            f"{info.shape} gradients",

@@ -150,7 +150,7 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * _ITEMSIZE.get(self.dtype, 4)
+        return self.numel * itemsize(self.dtype)
 
 
 @dataclass
@@ -205,6 +205,11 @@ class ParamInfo:
     @property
     def slice_numel(self) -> int:
         return self.numel // math.prod(self.split) if self.split else self.numel
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the whole parameter in its own dtype."""
+        return self.numel * itemsize(self.dtype)
 
 
 @dataclass
@@ -1634,9 +1639,9 @@ def layout_table(plans: Optional[Dict[str, Plan]] = None) -> str:
         p, accumulation = plan.config.parallel, plan.config.train.grad_accumulation
         lines.append(f"| `{relative}` | {_count(plan.parameter_count)} | "
                      f"{p.dp} x {p.mp} x {p.pipeline_stage} | {plan.device_num} | "
-                     f"{p.micro_batch_num} x {accumulation} | {_gib(plan.worst_stage.total)} GiB (stage "
-                     f"{plan.worst_stage.stage}) | {'yes' if plan.fits else 'NO'} | "
-                     f"{100 * plan.bubble:.0f}% |")
+                     f"{p.micro_batch_num} x {accumulation} | "
+                     f"{_gib(plan.worst_stage.total)} GiB (stage {plan.worst_stage.stage}) | "
+                     f"{'yes' if plan.fits else 'NO'} | {100 * plan.bubble:.0f}% |")
     return "\n".join(lines)
 
 

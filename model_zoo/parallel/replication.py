@@ -27,9 +27,8 @@ from typing import Dict, List, Sequence
 
 from model_zoo.parallel.config import ParallelConfig
 
-WEIGHT_BYTES = 4
 # MindSpore shards a parameter with the parallel optimizer only from this size (its
-# `parallel_optimizer_threshold`, 64 KB, in AutoParallel.hsdp's `threshold`).
+# `parallel_optimizer_threshold`, 64 KB, AutoParallel.hsdp's `threshold`)
 OPTIMIZER_SHARD_THRESHOLD = 64 * 1024
 
 
@@ -46,7 +45,10 @@ def mirror_group_size(param, parallel: ParallelConfig) -> int:
 def optimizer_shard_size(param, parallel: ParallelConfig) -> int:
     """z: the devices a slice's weights, moments and gradient are divided among with the
     parallel optimizer (1 without it, for frozen parameters, and where MindSpore leaves a
-    slice whole: dimension 0 not divisible by r, or a slice under the 64 KB threshold)."""
+    slice whole: dimension 0 of the slice not divisible by r, or a parameter under the
+    64 KB threshold; MindSpore compares the whole parameter, in its own dtype, with it).
+
+    `param` needs shape, split, requires_grad and nbytes (a plan's ParamInfo)."""
     if not parallel.optimizer_shard or not param.requires_grad or not param.shape:
         return 1
     split = split_of(param)
@@ -54,8 +56,7 @@ def optimizer_shard_size(param, parallel: ParallelConfig) -> int:
     if replicas == 1:
         return 1
     dim0 = param.shape[0] // split[0]
-    slice_numel = math.prod(param.shape) // math.prod(split)
-    if dim0 % replicas or slice_numel * WEIGHT_BYTES < OPTIMIZER_SHARD_THRESHOLD:
+    if dim0 % replicas or param.nbytes < OPTIMIZER_SHARD_THRESHOLD:
         return 1
     return replicas
 

@@ -48,6 +48,7 @@ class GradientNorm(nn.Cell):
             self.weights = tuple(w for _, w in chosen)
         self.all_reduce = ops.AllReduce() if all_reduce else None
         self.float_status = float_status
+        self.status_buffer = Tensor(np.zeros(8, np.int32))  # what the float-status ops fill
         if float_status:
             from mindspore.ops.operations.math_ops import (NPUClearFloatStatusV2,
                                                            NPUGetFloatStatusV2)
@@ -61,14 +62,14 @@ class GradientNorm(nn.Cell):
         (the forward loss): call it on the backward pass's sensitivity."""
         if not self.float_status:
             return sens
-        status = ops.depend(Tensor(np.zeros(8, np.int32)), after)
+        status = ops.depend(self.status_buffer, after)
         return ops.depend(sens, self.clear_status(status))
 
     def construct(self, grads):
         squares = self._local_squares(grads)
         flag = ops.zeros((), ms.float32)
         if self.float_status:
-            status = self.get_status(ops.depend(Tensor(np.zeros(8, np.int32)), grads))
+            status = self.get_status(ops.depend(self.status_buffer, squares))
             flag = ops.cast(ops.reduce_sum(ops.cast(status, ms.float32)), ms.float32)
         if self.all_reduce is not None:
             both = self.all_reduce(ops.stack((squares, flag)))
@@ -77,7 +78,7 @@ class GradientNorm(nn.Cell):
             # cleared again after the collective, so this step's status does not leak into
             # the next one (MindSpore's TrainOneStepWithLossScaleCell does the same)
             squares = ops.depend(squares, self.clear_status(
-                ops.depend(Tensor(np.zeros(8, np.int32)), squares)))
+                ops.depend(self.status_buffer, squares)))
         finite = ops.logical_and(ops.isfinite(squares), flag <= 0.0)
         return ops.sqrt(squares), finite
 
@@ -156,9 +157,12 @@ class TrainStep(nn.Cell):
         self.hyper_map = ops.HyperMap()
         self.gradient_norm = gradient_norm if gradient_norm is not None else GradientNorm()
 
-    def _backward(self, micro, loss, scale):
-        """Gradients of one (micro) batch, scaled by `scale` over the wrapper's micro batches."""
-        sens = self.gradient_norm.start(loss, ops.cast(scale / self.micro_batches, loss.dtype))
+    def _backward(self, micro, loss, scale, first=True):
+        """Gradients of one (micro) batch, scaled by `scale` over the wrapper's micro batches;
+        the first one starts the overflow check (later ones must not clear it again)."""
+        sens = ops.cast(scale / self.micro_batches, loss.dtype)
+        if first:
+            sens = self.gradient_norm.start(loss, sens)
         return self.grad(self.network, self.weights)(*micro, sens)
 
     def _gradients(self, batch, scale):
@@ -171,7 +175,7 @@ class TrainStep(nn.Cell):
         for index in range(self.accumulation):
             micro = tuple(column[index * size:(index + 1) * size] for column in batch)
             loss = self.network(*micro)
-            micro_grads = self._backward(micro, loss, scale)
+            micro_grads = self._backward(micro, loss, scale, first=index == 0)
             if grads is None:
                 loss_sum, grads = loss, micro_grads
             else:
@@ -218,8 +222,9 @@ class TrainStep(nn.Cell):
 
 
 def _read_accumulated(accumulated, grad):
-    """A copy of the compiler-accumulated gradient, read after this step's backward pass."""
-    return ops.depend(accumulated, grad) * 1.0
+    """The compiler-accumulated gradient, read after this step's backward pass (no copy:
+    it is cleared only once the scaled gradients made from it have been used)."""
+    return ops.depend(accumulated, grad)
 
 
 def _clear_accumulated(accumulated, used):
