@@ -311,12 +311,17 @@ def test_layer_norm_axis_and_rank():
     assert "strategy (2, 1) has 2 values but the input (8, 16, 64) has rank 3" in str(violation)
 
 
-def test_vocabulary_split_gather_needs_whole_indices():
+def test_vocabulary_split_gather_splits_ids_by_batch_only():
+    """A vocabulary-split table takes whole ids, or ids split on the batch axis with
+    table split x id split = the stage (MindSpore's batch-and-axis Gather)."""
     gather = "lm.transformer.wte.gather"
-    plan = build_plan(tiny(dp=2, mp=2), customize=reshard(gather, ((2, 1), (2, 1))))
+    assert not build_plan(tiny(dp=2, mp=2)).violations  # ((2, 1), (2, 1)) on 4 devices
+    plan = build_plan(tiny(dp=2, mp=2), customize=reshard(gather, ((2, 1), (1, 2))))
     (violation,) = only(plan, "Gather")
     assert violation.path == gather and violation.input == 1
-    assert "so the indices must be whole, but their strategy is (2, 1)" in str(violation)
+    assert "but their strategy is (1, 2)" in str(violation)
+    plan = build_plan(tiny(dp=4, mp=2), customize=reshard(gather, ((2, 1), (2, 1))))
+    assert "the stage's 8 devices" in str(only(plan, "Gather")[0])
 
 
 def test_loss_class_dimension_whole_and_operands_alike():

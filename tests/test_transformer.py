@@ -515,7 +515,7 @@ def test_layout_config_builds_with_its_strategies(name):
         assert strategy(transformer.embedding.gather) == ((1, 1), (dp, 1))
         assert strategy(transformer.projection.matmul) == ((dp, 1), (1, 1))
     else:  # the vocabulary is split over mp
-        assert strategy(transformer.embedding.gather) == ((mp, 1), (1, 1))
+        assert strategy(transformer.embedding.gather) == ((mp, 1), (dp, 1))
         assert strategy(transformer.projection.matmul) == ((dp, 1), (mp, 1))
     assert config.model.vocab_size % mp == 0
 

@@ -10,7 +10,7 @@ Ascend; `construct` only does the math. Strategies follow `MINDSPORE_PARALLEL_RU
 - attention: heads split by mp; scores, softmax and context carry (dp,mp,1,1);
 - layer norm: ((dp,1,1),(1,),(1,)), the normalised axis is never split;
 - activations (GELU, exact GELU, ReLU, tanh): element-wise, the input's strategy;
-- vocabulary embedding: Gather ((1,1),(dp,1)) when vocab_emb_dp, else ((mp,1),(1,1));
+- vocabulary embedding: Gather ((1,1),(dp,1)) when vocab_emb_dp, else ((mp,1),(dp,1));
 - cross-entropy: OneHot and SoftmaxCrossEntropyWithLogits with the class dimension whole.
 
 Stand-alone and data-parallel runs ignore the strategies; the plan check verifies them.
@@ -220,8 +220,11 @@ class VocabEmbedding(nn.Cell):
     """Token embedding lookup.
 
     With `parallel_config.vocab_emb_dp` every device keeps the whole table and the lookup is
-    split by batch; otherwise the table is split by vocabulary over mp (the indices stay
-    whole, MindSpore masks out-of-shard ids and sums the partial lookups).
+    split by batch; otherwise the table is split by vocabulary over mp and the ids by batch
+    over dp, ((mp,1),(dp,1)) as MindSpore's and MindFormers' VocabEmbedding do: each device
+    looks up its own batch slice in its vocabulary slice (out-of-slice ids give zeros) and
+    MindSpore sums the partial lookups over mp. (MindSpore's "batch and axis" Gather mode:
+    mp x dp must be the whole stage; with dp = 1 it is the plain vocabulary split.)
 
     Inputs:
         input_ids: int32 (batch, seq).
@@ -241,7 +244,7 @@ class VocabEmbedding(nn.Cell):
             self.gather = ops.Gather().shard(((1, 1), (dp, 1)))
         else:
             parallel_config.check_divisible("model.vocab_size", vocab_size)
-            self.gather = ops.Gather().shard(((mp, 1), (1, 1)))
+            self.gather = ops.Gather().shard(((mp, 1), (dp, 1)))
 
     def construct(self, input_ids):
         return self.gather(self.embedding_table, input_ids, 0)

@@ -1008,11 +1008,11 @@ def check_call(call: OpCall, devices_per_stage: int, device_num: int) -> List[Vi
     if check is None and name in ELEMENTWISE:
         check = _check_broadcast
     if check is not None:
-        check(call, shapes, violation)
+        check(call, shapes, violation, devices_per_stage)
     return found
 
 
-def _check_broadcast(call, shapes, violation):
+def _check_broadcast(call, shapes, violation, devices_per_stage):
     """Broadcast operands agree on every dimension they share (size > 1 on both)."""
     rank = max(len(s) for s in shapes)
     for dim in range(rank):
@@ -1030,7 +1030,7 @@ def _check_broadcast(call, shapes, violation):
                                            f"{call.strategy})", i, len(shapes[i]) - rank + dim)
 
 
-def _check_matmul(call, shapes, violation):
+def _check_matmul(call, shapes, violation, devices_per_stage):
     batch, m, k_x, k_w, n = matmul_dims(call)
     x, w = call.strategy
     tb = bool(call.attr("transpose_b", False))
@@ -1052,7 +1052,7 @@ def _check_matmul(call, shapes, violation):
                                      f"input 1 (strategy {call.strategy})", 1, dw)
 
 
-def _check_softmax(call, shapes, violation):
+def _check_softmax(call, shapes, violation, devices_per_stage):
     axes = call.attr("axis", -1)
     axes = (axes,) if isinstance(axes, int) else tuple(axes)
     for axis in axes:
@@ -1063,7 +1063,7 @@ def _check_softmax(call, shapes, violation):
                       0, dim)
 
 
-def _check_layer_norm(call, shapes, violation):
+def _check_layer_norm(call, shapes, violation, devices_per_stage):
     rank = len(shapes[0])
     norm_axis = call.attr("begin_norm_axis", -1) % rank
     params_axis = call.attr("begin_params_axis", -1) % rank
@@ -1079,29 +1079,36 @@ def _check_layer_norm(call, shapes, violation):
                       index)
 
 
-def _check_gather(call, shapes, violation):
+def _check_gather(call, shapes, violation, devices_per_stage):
     param, indices = call.strategy[0], call.strategy[1]
     axis = int(call.args[2]) % len(param)
     if param[axis] == 1:
         return
-    if any(split != 1 for split in indices):
+    # MindSpore's "batch and axis" mode: table (p, 1) on axis 0, ids split on dimension 0
+    # only, p x i the whole stage (gather_info.cc)
+    batch_and_axis = (axis == 0 and len(param) == 2 and param[1] == 1 and indices[0] > 1
+                      and all(split == 1 for split in indices[1:])
+                      and param[0] * indices[0] == devices_per_stage)
+    if any(split != 1 for split in indices) and not batch_and_axis:
         dim = next(d for d, split in enumerate(indices) if split != 1)
         violation("Gather", f"the table is split {param[axis]} along the gathered axis "
-                            f"(vocabulary split) so the indices must be whole, but their "
-                            f"strategy is {indices}", 1, dim)
+                            f"(vocabulary split) so the indices must be whole, or split on "
+                            f"dimension 0 only with table split x index split = the stage's "
+                            f"{devices_per_stage} devices, but their strategy is {indices}",
+                  1, dim)
     if len(param) > 2:
         violation("Gather", f"a vocabulary split needs a 1-D or 2-D table, got rank "
                             f"{len(param)}", 0)
 
 
-def _check_one_hot(call, shapes, violation):
+def _check_one_hot(call, shapes, violation, devices_per_stage):
     out = call.strategy[0]
     if len(shapes[0]) > 2 and any(split != 1 for split in out[1:]):
         violation("OneHot", f"with indices of rank > 1 only dimension 0 may be split "
                             f"(strategy {out})", 0)
 
 
-def _check_cross_entropy(call, shapes, violation):
+def _check_cross_entropy(call, shapes, violation, devices_per_stage):
     logits, labels = call.strategy[0], call.strategy[1]
     if logits != labels:
         violation("loss", f"logits strategy {logits} and labels strategy {labels} must be "
@@ -1111,7 +1118,7 @@ def _check_cross_entropy(call, shapes, violation):
                           f"it must be whole", 0, len(logits) - 1)
 
 
-def _check_strided_slice(call, shapes, violation):
+def _check_strided_slice(call, shapes, violation, devices_per_stage):
     begin, end, strides = call.args[1], call.args[2], call.args[3]
     for dim, split in enumerate(call.strategy[0]):
         if split == 1 or dim >= len(begin):
@@ -1123,7 +1130,7 @@ def _check_strided_slice(call, shapes, violation):
                                       f"{strides[dim]})", 0, dim)
 
 
-def _check_concat(call, shapes, violation):
+def _check_concat(call, shapes, violation, devices_per_stage):
     axis = int(call.args[1]) % len(shapes[0]) if len(call.args) > 1 else 0
     first = call.strategy[0]
     for index, part in enumerate(call.strategy):
