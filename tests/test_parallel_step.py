@@ -133,7 +133,7 @@ def test_100b_train_step_builds_without_allocating():
     """The semi-auto branch (a RunContext saying Ascend x 128; no device needed to build)
     builds gpt-100b-d1m8p16's network, optimizer and step under deferred initialisation:
     no parameter, moment or accumulation buffer is allocated, and the process stays
-    under 2 GB (the causal-mask constants of its 80 layers are most of that)."""
+    under 1 GB (about 0.5 GB here, MindSpore's import included; the issue's bound is 2 GB)."""
     config = os.path.join(ROOT, "model_zoo", "gpt2", "configs", "plan", "gpt-100b-d1m8p16.yaml")
     result = subprocess.run([sys.executable, "-c", BUILD_100B, config], cwd=ROOT,
                             capture_output=True, text=True, timeout=300,
@@ -142,7 +142,7 @@ def test_100b_train_step_builds_without_allocating():
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["parameters"] > 100e9
     assert report["allocated"] == []
-    assert report["peak_mb"] < 2048, report["peak_mb"]
+    assert report["peak_mb"] < 1024, report["peak_mb"]
     # accumulation 8 x micro_batch_num 64 micro batches in one Pipeline cell
     assert (report["wrapper"], report["micro_batches"], report["in_step"]) == ("Pipeline", 512, 1)
     assert report["compiler"] and report["accu_grads"] > 0

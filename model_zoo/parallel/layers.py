@@ -23,6 +23,7 @@ choice follows the device target; the plan check, which models Ascend, builds un
 `kernels_for("Ascend")` and so sees MindSpore's operators.
 """
 
+import functools
 import math
 from contextlib import contextmanager
 
@@ -308,6 +309,15 @@ class SinusoidalPositionEncoding(nn.Cell):
         return self.add(x, positions)
 
 
+@functools.lru_cache(maxsize=None)
+def causal_bias(max_seq_length: int) -> Tensor:
+    """float32 (1, 1, max_len, max_len): 0 where a query may attend (key <= query), else
+    MASK_VALUE. One tensor per length, shared by every causal attention layer (a per-layer
+    copy costs 16 MB a layer at length 2048: 1.3 GB for 80 layers)."""
+    allowed = np.tril(np.ones((max_seq_length, max_seq_length), dtype=bool))
+    return Tensor(np.where(allowed, 0.0, MASK_VALUE)[None, None], ms.float32)
+
+
 class MultiHeadAttention(nn.Cell):
     """Multi-head attention: causal self attention or cross attention.
 
@@ -369,9 +379,7 @@ class MultiHeadAttention(nn.Cell):
         self.attention_dropout = Dropout(attention_dropout, heads)
         self.hidden_dropout = Dropout(hidden_dropout, (dp, 1, 1))
         if causal:
-            allowed = np.tril(np.ones((max_seq_length, max_seq_length), dtype=bool))
-            self.causal_bias = Tensor(np.where(allowed, 0.0, MASK_VALUE)[None, None],
-                                      ms.float32)
+            self.causal_bias = causal_bias(max_seq_length)
             self.slice_causal = ops.StridedSlice().shard(((1, 1, 1, 1),))
         self.inv_sqrt_head_dim = 1.0 / math.sqrt(self.head_dim)
 
