@@ -324,7 +324,10 @@ def test_hybrid_layout_strategies():
     assert strategy(net.gather_positions.one_hot) == ((2, 1, 1), (), ())
     assert strategy(net.gather_positions.matmul) == ((2, 1, 1), (2, 1, 1))
     assert strategy(net.bert.invert_mask) == ((), (2, 1))
-    assert strategy(net.mlm_loss.softmax_cross_entropy) == ((2, 1), (2, 1))
+    # vocabulary-parallel MLM loss; the 2-class NSP loss keeps its classes whole
+    assert strategy(net.mlm_loss.exp) == ((2, 4),)
+    assert strategy(net.mlm_loss.one_hot) == ((2, 4), (), ())
+    assert strategy(net.nsp_loss.softmax_cross_entropy) == ((2, 1), (2, 1))
 
 
 def test_pipeline_stages():

@@ -21,7 +21,7 @@ from model_zoo.gpt2.model import GPT2Block, GPT2Config, GPT2ForTraining
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.parallel.context import (check_layout, data_shard, detect_device_target,
                                         launched_ranks)
-from model_zoo.parallel.layers import LayerNorm, MultiHeadAttention, kernels_for
+from model_zoo.parallel.layers import CrossEntropy, LayerNorm, MultiHeadAttention, kernels_for
 from model_zoo.parallel.plan import primitives, record
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "model_zoo", "gpt2", "configs")
@@ -435,8 +435,46 @@ def test_hybrid_layout_strategies():
     assert strategy(attention.query.matmul) == ((2, 1), (4, 1))
     assert strategy(attention.output.matmul) == ((2, 4), (1, 4))
     assert strategy(net.lm.transformer.wte.gather) == ((4, 1), (2, 1))
-    assert strategy(net.loss.softmax_cross_entropy) == ((2, 1), (2, 1))
-    assert strategy(net.loss.one_hot) == ((2, 1), (), ())
+    # vocabulary-parallel loss: the class axis of the logits stays split by mp
+    assert strategy(net.lm.head.matmul) == ((2, 1), (4, 1))
+    for name in ("max", "exp", "sum_exp", "sum_classes"):
+        assert strategy(getattr(net.loss, name)) == ((2, 4),), name
+    assert strategy(net.loss.one_hot) == ((2, 4), (), ())
+    assert strategy(net.loss.log) == ((2, 1),)
+    assert not hasattr(net.loss, "softmax_cross_entropy")
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_vocabulary_parallel_cross_entropy_matches_torch(label_smoothing):
+    """The split-class loss (MindSpore's operators, run here stand-alone) gives torch's
+    masked mean cross-entropy and its gradient, as the whole-class loss does."""
+    import torch
+    rng = np.random.default_rng(0)
+    tokens, classes = 24, 50
+    logits = (3 * rng.standard_normal((tokens, classes))).astype(np.float32)
+    labels = rng.integers(0, classes, tokens).astype(np.int32)
+    mask = (rng.random(tokens) > 0.3).astype(np.float32)
+    parallel = ParallelConfig(data_parallel=2, model_parallel=2, vocab_emb_dp=False)
+    x = torch.tensor(logits, requires_grad=True)
+    per_token = torch.nn.functional.cross_entropy(
+        x, torch.tensor(labels, dtype=torch.long), reduction="none",
+        label_smoothing=label_smoothing)
+    expected = (per_token * torch.tensor(mask)).sum() / mask.sum()
+    expected.backward()
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        for class_split in (1, 2):
+            with kernels_for("Ascend"):
+                loss = CrossEntropy(parallel_config=parallel, label_smoothing=label_smoothing,
+                                    num_classes=classes, class_split=class_split)
+            assert loss.vocabulary_parallel == (class_split > 1)
+            value, grad = ms.value_and_grad(
+                lambda z: loss(z, Tensor(labels), Tensor(mask)))(Tensor(logits))
+            assert float(value.asnumpy()) == pytest.approx(expected.item(), abs=1e-6)
+            np.testing.assert_allclose(grad.asnumpy(), x.grad.numpy(), atol=1e-6)
+    finally:
+        ms.set_context(mode=mode)
 
 
 @pytest.fixture

@@ -325,11 +325,12 @@ def test_vocabulary_split_gather_splits_ids_by_batch_only():
 
 
 def test_loss_class_dimension_whole_and_operands_alike():
-    loss = "loss.softmax_cross_entropy"
-    plan = build_plan(tiny(dp=2, mp=2), customize=reshard(loss, ((2, 2), (2, 2))))
+    loss = "loss.softmax_cross_entropy"  # the whole-class loss of a whole-vocabulary head
+    config = tiny(dp=2, mp=2, vocab_emb_dp=True)
+    plan = build_plan(config, customize=reshard(loss, ((2, 2), (2, 2))))
     (violation,) = only(plan, "loss")
     assert violation.dim == 1 and "the class dimension is split 2" in str(violation)
-    plan = build_plan(tiny(dp=2, mp=2), customize=reshard(loss, ((2, 1), (1, 1))))
+    plan = build_plan(config, customize=reshard(loss, ((2, 1), (1, 1))))
     assert "logits strategy (2, 1) and labels strategy (1, 1) must be identical" in \
         str(only(plan, "loss")[0])
 
@@ -534,6 +535,21 @@ def test_weighted_local_norms_sum_to_the_full_norm(layout):
     assert total == pytest.approx(sum(float(np.sum(g ** 2)) for g in grads), rel=1e-12)
 
 
+def test_vocabulary_parallel_loss_gathers_no_logits():
+    """gpt2-1024-d1m8p1 (vocabulary split 8 ways): the logits are never all-gathered (they
+    were 86 GiB of all-gather and as much reduce-scatter per device per step)."""
+    plan = shipped(os.path.join("model_zoo", "gpt2", "configs", "plan", "gpt2-1024-d1m8p1.yaml"))
+    (comm,) = plan.communication
+    gathers = [what for kind, what in comm.details if kind == "all_gather"]
+    assert gathers == ["slice: input 0 redistributed (8, 1) -> (1, 1)"]  # the token ids
+    assert comm.bytes["all_gather"] < 4e6 and comm.bytes["reduce_scatter"] == 0
+    tokens = 8 * 1024  # a micro batch: 512 sequences / 64 accumulation steps, of 1024
+    loss = [amount for (kind, what), (amount, _) in comm.details.items()
+            if what.startswith("loss.") and not what.startswith("loss.sum:")]
+    # four all-reduces of one float32 per token, for each of the 64 micro steps
+    assert sum(loss) == pytest.approx(4 * 64 * 2 * 7 / 8 * tokens * 4)
+
+
 def test_data_parallel_gradient_all_reduce():
     plan = build_plan(tiny(dp=8, batch=8, layers=1))
     (comm,) = plan.communication
@@ -548,8 +564,9 @@ def test_data_parallel_gradient_all_reduce():
 def test_model_parallel_communication():
     """Per block and micro batch: two forward all-reduces (row-split outputs) and four
     backward ones (inputs of the column-split Q, K, V and expansion), each of a
-    (tokens / dp, hidden) fp16 slice, 2 (mp - 1) / mp of it sent; the vocabulary-split head
-    needs the logits all-gathered for the loss."""
+    (tokens / dp, hidden) fp16 slice, 2 (mp - 1) / mp of it sent. The vocabulary-split
+    head's loss never gathers the logits: per token it all-reduces the maximum, the sum of
+    exponentials and the target's log-probability forward, and one value backward."""
     dp, mp = 2, 4
     plan = build_plan(tiny(dp=dp, mp=mp, layers=1, batch=8))
     (comm,) = plan.communication
@@ -557,10 +574,19 @@ def test_model_parallel_communication():
     block = [amount for (kind, what), (amount, _) in comm.details.items()
              if kind == "all_reduce" and "blocks" in what]
     assert sum(block) == pytest.approx(6 * 2 * (mp - 1) / mp * slice_bytes)
-    gathers = {what: amount for (kind, what), (amount, _) in comm.details.items()
-               if kind == "all_gather"}
-    (logits,) = [amount for what, amount in gathers.items() if "softmax_cross_entropy" in what]
-    assert logits == pytest.approx((mp - 1) / mp * 8 * 16 * 256 * 4 / dp)
+    # the only gather left is the token ids' (dataset strategy: each of the 8 ranks reads
+    # its own slice; the graph regathers them over mp)
+    gathers = [what for kind, what in comm.details if kind == "all_gather"]
+    assert gathers == ["slice: input 0 redistributed (8, 1) -> (2, 1)"]
+    assert comm.bytes["reduce_scatter"] == 0
+    loss = {what: amount for (kind, what), (amount, _) in comm.details.items()
+            if what.startswith("loss.") and not what.startswith("loss.sum:")}  # not the mean
+    per_token = 2 * (mp - 1) / mp * 8 * 16 * 4 / dp  # one float32 per token of a dp slice
+    assert sorted(loss) == ["loss.max: reduction over a split dimension",
+                            "loss.normalise: gradient of broadcast input 1",
+                            "loss.sum_classes: reduction over a split dimension",
+                            "loss.sum_exp: reduction over a split dimension"]
+    assert all(amount == pytest.approx(per_token) for amount in loss.values())
 
 
 # --- the command ------------------------------------------------------------------------------

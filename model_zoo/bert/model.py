@@ -34,7 +34,7 @@ from model_zoo.parallel.config import ParallelConfig
 from model_zoo.parallel.layers import (MASK_VALUE, CrossEntropy, Dropout, FeedForward,
                                        LayerNorm, Linear, MultiHeadAttention, PositionEmbedding,
                                        ResidualAdd, VocabEmbedding, VocabProjection,
-                                       assign_pipeline_stages)
+                                       assign_pipeline_stages, vocabulary_split)
 
 TASKS = ("pretrain", "classify")
 SPECIAL_TOKENS = ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id")
@@ -288,7 +288,7 @@ class BertPreTrainingHeads(nn.Cell):
     def __init__(self, config: BertConfig, parallel_config: ParallelConfig, compute_dtype):
         super().__init__()
         dp = parallel_config.dp
-        vocab_split = 1 if parallel_config.vocab_emb_dp else parallel_config.mp
+        vocab_split = vocabulary_split(parallel_config)
         linear = dict(parallel_config=parallel_config, compute_dtype=compute_dtype,
                       init_std=config.init_std)
         self.transform = Linear(config.hidden_size, config.hidden_size, split="none",
@@ -367,7 +367,8 @@ class BertForPreTraining(nn.Cell):
         self.bert = BertModel(config, parallel_config, compute_dtype)
         self.gather_positions = GatherPositions(parallel_config=parallel_config)
         self.cls = BertPreTrainingHeads(config, parallel_config, compute_dtype)
-        self.mlm_loss = CrossEntropy(parallel_config=parallel_config)
+        self.mlm_loss = CrossEntropy(parallel_config=parallel_config,
+                                     class_split=vocabulary_split(parallel_config))
         self.nsp_loss = CrossEntropy(parallel_config=parallel_config)
         self.add_losses = ops.Add().shard(((), ()))
         for cell in (self.gather_positions, self.cls, self.mlm_loss, self.nsp_loss):

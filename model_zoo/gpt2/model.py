@@ -16,7 +16,8 @@ from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.parallel.layers import (CrossEntropy, Dropout, FeedForward, LayerNorm,
                                        MultiHeadAttention, PositionEmbedding, ResidualAdd,
-                                       VocabEmbedding, VocabProjection, assign_pipeline_stages)
+                                       VocabEmbedding, VocabProjection, assign_pipeline_stages,
+                                       vocabulary_split)
 
 
 @dataclass
@@ -146,7 +147,8 @@ class GPT2ForTraining(nn.Cell):
         dp = parallel_config.dp
         self.lm = GPT2LMHeadModel(config, parallel_config, compute_dtype)
         self.slice = ops.StridedSlice().shard(((dp, 1),))
-        self.loss = CrossEntropy(parallel_config=parallel_config)
+        self.loss = CrossEntropy(parallel_config=parallel_config,
+                                 class_split=vocabulary_split(parallel_config))
         self.loss.pipeline_stage = parallel_config.pipeline_stage - 1
 
     def construct(self, input_ids):

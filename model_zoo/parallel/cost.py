@@ -109,6 +109,7 @@ SAVED = {
     "GeLU": "in0+out0", "FastGeLU": "in0+out0", "Erf": "in0", "Square": "in0", "Log": "in0",
     "SiLU": "in0", "Abs": "in0", "LayerNorm": "in0+stats", "Dropout": "mask",
     "Gather": "indices", "SoftmaxCrossEntropyWithLogits": "out1",
+    "ReduceMax": "in0+out0", "ReduceMin": "in0+out0",
 }
 SAVES_NOTHING = {"Add", "Sub", "BiasAdd", "Cast", "Reshape", "Transpose", "StridedSlice",
                  "ReduceSum", "ReduceMean", "OneHot", "Ones", "Zeros", "Concat", "Split",
@@ -207,9 +208,16 @@ def _input_split(call, index, info):
     return info.layout
 
 
-def saved_tensors(call):
-    """[(TensorInfo, split, bytes per element or None)] the call keeps for backward."""
+def saved_tensors(call, differentiated=None):
+    """[(TensorInfo, split, bytes per element or None)] the call keeps for backward.
+
+    `differentiated`: keys of the tensors some differentiable operator consumes; a call
+    none of whose outputs is among them (e.g. the maximum a stop_gradient takes) has no
+    backward pass and keeps nothing.
+    """
     if not call.outputs or not call.outputs[0].needs_grad:
+        return []
+    if differentiated is not None and not any(out.key in differentiated for out in call.outputs):
         return []
     tensors = call.tensors
     rule = SAVED.get(call.name)
@@ -309,8 +317,11 @@ def estimate_memory(rec, parallel: ParallelConfig, accumulation: int = 1) -> Lis
     inside = defaultdict(float)        # recompute root -> activations it re-creates
     root_stage = {}
     seen = set()
+    from model_zoo.parallel.plan import NO_GRADIENT  # plan imports this module
+    differentiated = {info.key for call in rec.calls if call.name not in NO_GRADIENT
+                      for info in call.tensors}
     for call in rec.calls:
-        for info, split, size in saved_tensors(call):
+        for info, split, size in saved_tensors(call, differentiated):
             if (call.recompute_root, info.key) in seen:
                 continue
             seen.add((call.recompute_root, info.key))
@@ -363,7 +374,7 @@ def _generic(path: str) -> str:
 def estimate_communication(rec, parallel: ParallelConfig,
                            accumulation: int = 1) -> List[StageCommunication]:
     """Bytes each device of every stage sends per step, by kind (module docstring)."""
-    from model_zoo.parallel.plan import matmul_dims  # plan imports this module
+    from model_zoo.parallel.plan import ELEMENTWISE, matmul_dims  # plan imports this module
     stages = [StageCommunication(k) for k in range(_stage_count(rec, parallel))]
     micro_steps = parallel.micro_batch_num * accumulation
     calls = rec.calls
@@ -392,10 +403,26 @@ def estimate_communication(rec, parallel: ParallelConfig,
                 p = call.strategy[0][axis]
                 comm.add("all_reduce", f"{where}: vocabulary-split lookup (split {p})",
                          forward * _ring(p) * _slice_bytes(out, out.layout))
-            elif call.name in ("ReduceSum", "ReduceMean"):
+            elif call.name in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"):
                 reduced = math.prod(call.strategy[0]) // max(1, math.prod(out.layout or ()))
                 comm.add("all_reduce", f"{where}: reduction over a split dimension",
                          forward * _ring(reduced) * _slice_bytes(out, out.layout))
+            elif call.name in ELEMENTWISE:
+                # an activation broadcast along a dimension the output splits gets its
+                # gradient summed over that split in the backward pass; not along the batch
+                # (dimension 0): what is shared by the batch derives from a parameter, whose
+                # data-parallel reduction is counted with the parameter gradients
+                for index, info in enumerate(tensors):
+                    if not info.needs_grad or info.param is not None:
+                        continue
+                    shape = (1,) * (len(out.shape) - len(info.shape)) + tuple(info.shape)
+                    summed = math.prod(split for dim, (size, split)
+                                       in enumerate(zip(shape, out.layout or ()))
+                                       if dim > 0 and size == 1 and split > 1)
+                    if summed > 1:
+                        comm.add("all_reduce", f"{where}: gradient of broadcast input {index}",
+                                 backward * _ring(summed)
+                                 * _slice_bytes(info, call.strategy[index]))
             for index, info in enumerate(tensors):
                 wanted = call.strategy[index]
                 have = info.layout

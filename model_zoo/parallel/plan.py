@@ -1547,7 +1547,9 @@ def _layer_examples():
             h, parallel_config=_with(pc, vocab_emb_dp=True))),
         ("VocabProjection", "vocab_emb_dp: false", lambda pc: L.VocabProjection(
             h, parallel_config=_with(pc, vocab_emb_dp=False))),
-        ("CrossEntropy", "", lambda pc: L.CrossEntropy(parallel_config=pc)),
+        ("CrossEntropy", "class_split=1", lambda pc: L.CrossEntropy(parallel_config=pc)),
+        ("CrossEntropy", "class_split=mp (vocabulary-split head)",
+         lambda pc: L.CrossEntropy(parallel_config=pc, class_split=pc.mp)),
     ]
 
 
@@ -1600,6 +1602,8 @@ def _communication_note(prim, strategy) -> str:
             return f"vocabulary split: masked lookup, all-reduce over {_symbol(strategy[0][0])}"
         if name in ("ReduceSum", "ReduceMean") and any(v != 1 for v in strategy[0]):
             return "all-reduce of the partial sums when a reduced axis is split"
+        if name in ("ReduceMax", "ReduceMin") and any(v != 1 for v in strategy[0]):
+            return "all-reduce (max / min) when a reduced axis is split"
     except (IndexError, TypeError, ValueError):
         pass
     return "none"

@@ -21,7 +21,8 @@ from model_zoo.parallel.config import ParallelConfig
 from model_zoo.parallel.layers import (MASK_VALUE, CrossEntropy, Dropout, FeedForward,
                                        LayerNorm, MultiHeadAttention, ResidualAdd,
                                        SinusoidalPositionEncoding, VocabEmbedding,
-                                       VocabProjection, assign_pipeline_stages)
+                                       VocabProjection, assign_pipeline_stages,
+                                       vocabulary_split)
 
 
 @dataclass
@@ -237,7 +238,8 @@ class TransformerForTraining(nn.Cell):
         self.transformer = Transformer(config, parallel_config, compute_dtype)
         self.loss = CrossEntropy(parallel_config=parallel_config,
                                  label_smoothing=config.label_smoothing,
-                                 num_classes=config.vocab_size)
+                                 num_classes=config.vocab_size,
+                                 class_split=vocabulary_split(parallel_config))
         self.loss.pipeline_stage = parallel_config.pipeline_stage - 1
 
     def construct(self, source_ids, source_mask, decoder_input_ids, decoder_mask, label_ids):
