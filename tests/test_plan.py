@@ -412,8 +412,26 @@ def test_activations_follow_the_closed_form(compute_bytes, dropout, dp, mp):
     assert layer == expected
     if compute_bytes == 2 and dropout:  # the fp16 form stated in the docstring
         tokens = 8 * 32 / dp
-        assert expected == tokens * 128 * (14 + 24 / mp) + 16 * tokens + \
-            7 * 8 * 32 * 32 * (8 / dp) / mp
+        assert expected == tokens * 128 * (12.25 + 24 / mp) + 16 * tokens + \
+            6.125 * 8 * 32 * 32 * (8 / dp) / mp
+
+
+def test_matmul_flops_per_step():
+    """2 m n k per MatMul, the backward pass twice the forward, recomputed blocks once more,
+    for each of the step's micro batches; a dp x mp layout divides it by dp x mp."""
+    (plain,) = build_plan(tiny(layers=2, batch=8, acc=2)).compute
+    tokens, hidden, vocab, heads, seq = 4 * 16, 64, 256, 8, 16  # micro batch of 4 sequences
+    per_layer = (2 * tokens * hidden * hidden * (3 + 1 + 4 + 4)       # q, k, v, out, mlp
+                 + 2 * 2 * 4 * heads * seq * seq * (hidden // heads))  # scores and context
+    head = 2 * tokens * hidden * vocab
+    assert plain.forward == 2 * (2 * per_layer + head)                # 2 micro steps
+    assert plain.backward == 2 * plain.forward and plain.recompute == 0
+    (split,) = build_plan(tiny(dp=2, mp=2, layers=2, batch=8, acc=2)).compute
+    assert split.forward == plain.forward / 4
+    (recomputed,) = build_plan(tiny(layers=2, batch=8, acc=2, recompute=True)).compute
+    assert recomputed.recompute == 2 * 2 * per_layer
+    report = format_report(build_plan(tiny()))
+    assert "compute per device per step, MatMul TFLOP" in report
 
 
 def test_memory_of_a_standalone_run():

@@ -11,8 +11,9 @@ For every parameter p owned by stage k, with slice P = numel(p) / prod(split(p))
 
     weights      4 P / z          fp32 master weights (the model stores float32)
     working copy c P              the compute-dtype copy MatMul keeps for the backward pass
-                                  when the weight is cast (fp16: c = 2); plus 4 P when the
-                                  optimizer shard all-gathers the weight (z > 1)
+                                  when the weight is cast (fp16: c = 2); with the optimizer
+                                  shard (z > 1) MindSpore all-gathers that compute copy, so
+                                  it is the gathered one; 4 P for an uncast (float32) weight
     gradients    4 P g            fp32; g = 2 when a step has several micro steps (micro
                                   batches or train.grad_accumulation): the running sum and
                                   the current micro step's gradients coexist
@@ -28,7 +29,7 @@ Gradients are not sharded (optimizer_level level1). A parameter used on a later 
 
 Activations per micro batch, A_k, are the tensors the backward pass needs, summed over the
 recorded operators (SAVED below: MatMul keeps both operands, Softmax its output, LayerNorm
-its input and statistics, GeLU its input and output, Dropout a one-byte mask per element,
+its input and statistics, GeLU its input and output, Dropout a one-bit mask per element,
 Add and Cast nothing, ...), each counted once (a cast shared by Q, K and V is one tensor,
 as MindSpore's graph optimiser merges equal casts) and sliced by the strategy of the
 operator that keeps it. Weights and their casts are counted above, not here. With
@@ -47,13 +48,14 @@ For GPT-2 this gives, per layer and micro batch of b sequences of s tokens (hidd
 heads a, model parallel t, data parallel d, c = 2 bytes for fp16, dropout on), with
 T = b s / d tokens per device:
 
-    T h (14 + 24 / t) + 16 T + 7 a s^2 (b / d) / t  bytes
+    T h (12.25 + 24 / t) + 16 T + 6.125 a s^2 (b / d) / t  bytes
 
 which is Korthikanti et al. (2022, "Reducing Activation Recomputation in Large Transformer
 Models", eq. 2: s b h (10 + 24 / t) + 5 a s^2 b / t) adapted to our operators: the two
 layer norms take float32 inputs (4 instead of 2 bytes each: 4 h more per token), the
-softmax output is float32 (2 a s more per query), the statistics of the two layer norms add
-16 bytes per token, and the batch is split by d.
+softmax output is float32 (2 a s more per query), the dropout masks are bit masks (1/8
+byte instead of 1 per element: 1.75 h less per token, 0.875 a s less per query), the
+statistics of the two layer norms add 16 bytes per token, and the batch is split by d.
 `gpt2_layer_activation_bytes` states it and a test checks it against the recording.
 
 Communication per step
@@ -74,14 +76,23 @@ reduce-scatter (n - 1) / n B of the full result.
 - all-reduce, data parallel (G9): each parameter's gradient over its replica group r, once
   per step whatever micro_batch_num and grad_accumulation are (the train step accumulates
   micro batches first: MindSpore's Pipeline / GradAccumulation cells on Ascend); with the
-  optimizer shard a reduce-scatter instead, plus an all-gather of the weights for each
-  micro step.
+  optimizer shard a reduce-scatter instead, plus an all-gather of the weights' compute-dtype
+  copy for each micro step.
 - all-reduce, the train step's own: one over all devices of two numbers (the weighted
   squared gradient norm and the overflow flag, `replication.norm_weights`), per step.
 - send/receive, pipeline: every tensor crossing a stage boundary, forward and (if it needs a
   gradient) backward, per micro step; a parameter shared across stages once per step.
 - bubble: the idle fraction of a 1F1B pipeline, (pp - 1) / (m + pp - 1) with
   m = micro_batch_num x grad_accumulation micro batches.
+
+Compute per step
+----------------
+FLOPs one device of each stage executes per step in MatMul and BatchMatMul (the other
+operators are a few percent of a transformer's): a call of output shape (..., m, n) and
+contracted size k costs 2 m n k x batch / prod(device matrix) per device (replicated work
+counts on every replica). The backward pass costs it again for each operand that needs a
+gradient (input and weight: 2x), a recomputed cell's forward pass runs twice, and all of
+it happens micro_batch_num x grad_accumulation times a step.
 """
 
 import math
@@ -97,7 +108,8 @@ WEIGHT_BYTES = 4
 GRADIENT_BYTES = 4
 STEP_FLAGS_BYTES = 8   # the train step's one all-reduce: squared gradient norm and overflow flag
 ADAM_BYTES = 8
-MASK_BYTES = 1
+# Ascend's dropout keeps a bit mask (DropoutGenMask: one bit per element)
+MASK_BYTES = 1 / 8
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_receive")
 
 # inputs / outputs each operator keeps for its backward pass ("x" = input 0, "w" = input 1)
@@ -124,16 +136,16 @@ def gpt2_layer_activation_bytes(batch, seq, hidden, heads, dp=1, mp=1, compute_b
     Per token (T = batch x seq / dp of them on a device), in units of `hidden`: the float32
     inputs of ln_1 and ln_2 (4 + 4), the compute-dtype casts of their outputs shared by Q, K,
     V and by the expansion (c + c), Q, K, V and the attention output's input (4c / mp), GELU's
-    input and output (2 x 4c / mp), two one-byte dropout masks (2); plus the float32 mean and
-    variance of both layer norms (16 bytes). Per query and head, in units of seq: the float32
-    softmax output (4), then the dropout mask and the dropped probabilities (1 + c), or
-    without dropout the probabilities cast to the compute dtype (c; none in float32).
-    For fp16 with dropout: T h (14 + 24 / mp) + 16 T + 7 a s^2 (batch / dp) / mp.
+    input and output (2 x 4c / mp), two one-bit dropout masks (2 / 8); plus the float32 mean
+    and variance of both layer norms (16 bytes). Per query and head, in units of seq: the
+    float32 softmax output (4), then the dropout bit mask and the dropped probabilities
+    (1 / 8 + c), or without dropout the probabilities cast to the compute dtype (c; none in
+    float32). For fp16 with dropout: T h (12.25 + 24 / mp) + 16 T + 6.125 a s^2 (batch / dp) / mp.
     """
     c, tokens = compute_bytes, batch * seq / dp
-    per_token = (8 + 2 * c + 12 * c / mp + (2 if dropout else 0)) * hidden + 16
+    per_token = (8 + 2 * c + 12 * c / mp + (2 * MASK_BYTES if dropout else 0)) * hidden + 16
     if dropout:
-        per_query = 4 + 1 + c
+        per_query = 4 + MASK_BYTES + c
     else:
         per_query = 4 + (c if c != 4 else 0)
     return tokens * per_token + per_query * heads * seq * seq * (batch / dp) / mp
@@ -303,7 +315,7 @@ def estimate_memory(rec, parallel: ParallelConfig, accumulation: int = 1) -> Lis
         memory.weights += WEIGHT_BYTES * slice_numel / z
         if param.name in casts:
             memory.working_copy += casts[param.name] * slice_numel
-        if z > 1:
+        if z > 1 and param.name not in casts:  # a float32 weight gathered as it is
             memory.working_copy += WEIGHT_BYTES * slice_numel
         if param.requires_grad:
             memory.gradients += gradient_sets * GRADIENT_BYTES * slice_numel
@@ -377,6 +389,7 @@ def estimate_communication(rec, parallel: ParallelConfig,
     from model_zoo.parallel.plan import ELEMENTWISE, matmul_dims  # plan imports this module
     stages = [StageCommunication(k) for k in range(_stage_count(rec, parallel))]
     micro_steps = parallel.micro_batch_num * accumulation
+    casts = _cast_bytes(rec)
     calls = rec.calls
     crossing = set()
     for call in calls:
@@ -463,8 +476,10 @@ def estimate_communication(rec, parallel: ParallelConfig,
                 if z > 1:
                     comm.add("reduce_scatter", "parameter gradients (optimizer shard)",
                              _collective(replicas) * grad_bytes)
+                    # the compute-dtype copy is gathered (fp16: half of the fp32 weight)
+                    gathered = casts.get(param.name, WEIGHT_BYTES) * param.slice_numel
                     comm.add("all_gather", "weights (optimizer shard)",
-                             micro_steps * _collective(replicas) * WEIGHT_BYTES * param.slice_numel)
+                             micro_steps * _collective(replicas) * gathered)
                 else:
                     comm.add("all_reduce", "parameter gradients (data parallel)",
                              _ring(replicas) * grad_bytes)
@@ -477,6 +492,52 @@ def estimate_communication(rec, parallel: ParallelConfig,
         for comm in stages:
             comm.add("all_reduce", "gradient norm and overflow flag (all devices)",
                      _ring(parallel.device_num) * STEP_FLAGS_BYTES)
+    return stages
+
+
+@dataclass
+class StageCompute:
+    """MatMul FLOPs one device of a stage executes per step."""
+
+    stage: int
+    forward: float = 0.0
+    backward: float = 0.0
+    recompute: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward + self.recompute
+
+    def to_dict(self):
+        return {"stage": self.stage, "forward": self.forward, "backward": self.backward,
+                "recompute": self.recompute, "total": self.total}
+
+
+def matmul_flops(call) -> float:
+    """FLOPs of one MatMul/BatchMatMul call on one device (module docstring)."""
+    from model_zoo.parallel.plan import device_matrix  # plan imports this module
+    x, out = call.tensors[0], call.outputs[0]
+    contracted = x.shape[-2] if call.attr("transpose_a", False) else x.shape[-1]
+    parts = 1
+    if call.strategy and len(call.strategy) == 2:  # (a malformed one is reported by the check)
+        parts = math.prod(device_matrix(call))
+    return 2.0 * out.numel * contracted / parts
+
+
+def estimate_compute(rec, parallel: ParallelConfig,
+                     accumulation: int = 1) -> List[StageCompute]:
+    """MatMul FLOPs per device of every stage per step (module docstring)."""
+    stages = [StageCompute(k) for k in range(_stage_count(rec, parallel))]
+    micro_steps = parallel.micro_batch_num * accumulation
+    for call in rec.calls:
+        if call.name not in ("MatMul", "BatchMatMul") or not call.outputs:
+            continue
+        flops = micro_steps * matmul_flops(call)
+        compute = stages[call.stage]
+        compute.forward += flops
+        compute.backward += flops * sum(1 for info in call.tensors[:2] if info.needs_grad)
+        if call.recompute_root is not None:
+            compute.recompute += flops
     return stages
 
 

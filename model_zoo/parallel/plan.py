@@ -1230,6 +1230,7 @@ class Plan:
     recording: Optional[Recording] = None
     memory: list = field(default_factory=list)
     communication: list = field(default_factory=list)
+    compute: list = field(default_factory=list)
     bubble: float = 0.0
 
     @property
@@ -1264,6 +1265,7 @@ class Plan:
         parallel, train, model = self.config.parallel, self.config.train, self.config.model
         worst = self.worst_stage
         comm_worst = max(self.communication, key=lambda c: c.total) if self.communication else None
+        worst_compute = max(self.compute, key=lambda c: c.total) if self.compute else None
         return {
             "config": self.config_path, "model": model.name, "ok": self.ok,
             "parameters": self.parameter_count,
@@ -1286,6 +1288,9 @@ class Plan:
                               "worst_stage": comm_worst.stage if comm_worst else None,
                               **({kind: comm_worst.bytes[kind] for kind in comm_worst.bytes}
                                  if comm_worst else {})},
+            "compute": {"stages": [c.to_dict() for c in self.compute],
+                        "worst_stage": worst_compute.stage if worst_compute else None,
+                        "flops": worst_compute.total if worst_compute else None},
             "pipeline_bubble": self.bubble,
         }
 
@@ -1388,6 +1393,7 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
     plan.memory = cost.estimate_memory(plan.recording, parallel, train.grad_accumulation)
     plan.communication = cost.estimate_communication(plan.recording, parallel,
                                                      train.grad_accumulation)
+    plan.compute = cost.estimate_compute(plan.recording, parallel, train.grad_accumulation)
     plan.bubble = cost.pipeline_bubble(parallel, train.grad_accumulation)
     return plan
 
@@ -1462,6 +1468,14 @@ def format_report(plan: Plan, max_violations: int = 20) -> str:
         micro = parallel.micro_batch_num * train.grad_accumulation
         lines.append(f"  pipeline bubble: {100 * plan.bubble:.1f}% "
                      f"((pp - 1) / (micro x accumulation + pp - 1) = {pp - 1}/{micro + pp - 1})")
+    if plan.compute:
+        lines.append("")
+        lines.append("compute per device per step, MatMul TFLOP")
+        lines.append(f"  {'stage':>5} {'forward':>9} {'backward':>9} {'recompute':>10} "
+                     f"{'total':>9}")
+        for c in plan.compute:
+            lines.append(f"  {c.stage:>5} {c.forward / 1e12:>9.2f} {c.backward / 1e12:>9.2f} "
+                         f"{c.recompute / 1e12:>10.2f} {c.total / 1e12:>9.2f}")
     lines.append("")
     if plan.violations:
         lines.append(f"violations ({len(plan.violations)}):")
