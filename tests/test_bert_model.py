@@ -294,7 +294,7 @@ def test_large_strategies(mp, vocab_emb_dp):
         assert not attention.causal
     for layer in layers:
         attention, ffn = layer.attention, layer.ffn
-        for linear in (attention.query, attention.key, attention.value, ffn.expand):
+        for linear in (attention.qkv, ffn.expand):
             assert strategy(linear.matmul) == ((1, 1), (mp, 1))  # column: out features split
             assert strategy(linear.bias_add) == ((1, mp), (mp,))
         for linear in (attention.output, ffn.project):

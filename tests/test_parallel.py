@@ -363,9 +363,9 @@ def test_linear_strategies(mp):
     column, row = [], []
     for block in (cell for _, cell in net.cells_and_names() if isinstance(cell, GPT2Block)):
         attention, mlp = block.attention, block.mlp
-        column += [attention.query, attention.key, attention.value, mlp.expand]
+        column += [attention.qkv, mlp.expand]
         row += [attention.output, mlp.project]
-    assert len(column) == 4 * 24 and len(row) == 2 * 24
+    assert len(column) == 2 * 24 and len(row) == 2 * 24
     for linear in column:
         assert strategy(linear.matmul) == ((1, 1), (mp, 1))  # weight (out, in): out split
         assert linear.matmul.attrs["transpose_b"] is True
@@ -432,7 +432,7 @@ def test_hybrid_layout_strategies():
     net, _ = benchmark_net(2, 4, False)
     attention = net.lm.transformer.blocks[0].attention
     assert strategy(attention.scores) == ((2, 4, 1, 1), (2, 4, 1, 1))
-    assert strategy(attention.query.matmul) == ((2, 1), (4, 1))
+    assert strategy(attention.qkv.matmul) == ((2, 1), (4, 1))
     assert strategy(attention.output.matmul) == ((2, 4), (1, 4))
     assert strategy(net.lm.transformer.wte.gather) == ((4, 1), (2, 1))
     # vocabulary-parallel loss: the class axis of the logits stays split by mp

@@ -247,16 +247,16 @@ def test_micro_batches_must_divide_the_batch():
 
 # --- operator rules (mutated strategies) ------------------------------------------------------
 
-QUERY = "lm.transformer.blocks.0.attention.query.matmul"
+QUERY = "lm.transformer.blocks.0.attention.qkv.matmul"
 OUTPUT = "lm.transformer.blocks.0.attention.output.matmul"
 
 
 def test_split_that_does_not_divide():
-    plan = build_plan(tiny(dp=2, mp=2), customize=reshard(QUERY, ((2, 1), (3, 1))))
+    plan = build_plan(tiny(dp=2, mp=2), customize=reshard(QUERY, ((2, 1), (5, 1))))
     violation = only(plan, "G2")[0]
     assert (violation.path, violation.op, violation.input, violation.dim) == (QUERY, "MatMul", 1, 0)
-    assert str(violation) == (f"{QUERY} (MatMul) input 1 dimension 0: split 3 does not divide "
-                              f"size 64 of input shape (64, 64) (strategy (3, 1)) [G2]")
+    assert str(violation) == (f"{QUERY} (MatMul) input 1 dimension 0: split 5 does not divide "
+                              f"size 192 of input shape (192, 64) (strategy (5, 1)) [G2]")
 
 
 def test_split_not_power_of_two():
@@ -580,9 +580,10 @@ def test_data_parallel_gradient_all_reduce():
 
 
 def test_model_parallel_communication():
-    """Per block and micro batch: two forward all-reduces (row-split outputs) and four
-    backward ones (inputs of the column-split Q, K, V and expansion), each of a
-    (tokens / dp, hidden) fp16 slice, 2 (mp - 1) / mp of it sent. The vocabulary-split
+    """Per block and micro batch: two forward all-reduces (row-split outputs) and two
+    backward ones (inputs of the fused column-split QKV and of the expansion; three separate
+    Q, K, V projections needed four), each of a (tokens / dp, hidden) fp16 slice,
+    2 (mp - 1) / mp of it sent. The vocabulary-split
     head's loss never gathers the logits: per token it all-reduces the maximum, the sum of
     exponentials and the target's log-probability forward, and one value backward."""
     dp, mp = 2, 4
@@ -591,7 +592,7 @@ def test_model_parallel_communication():
     slice_bytes = 8 * 16 * 64 * 2 / dp
     block = [amount for (kind, what), (amount, _) in comm.details.items()
              if kind == "all_reduce" and "blocks" in what]
-    assert sum(block) == pytest.approx(6 * 2 * (mp - 1) / mp * slice_bytes)
+    assert sum(block) == pytest.approx(4 * 2 * (mp - 1) / mp * slice_bytes)
     # the only gather left is the token ids' (dataset strategy: each of the 8 ranks reads
     # its own slice; the graph regathers them over mp)
     gathers = [what for kind, what in comm.details if kind == "all_gather"]

@@ -25,7 +25,8 @@ from mindspore.nn.utils import no_init_parameters
 from conftest import run_cli
 from model_zoo.parallel.layers import kernels_for
 from model_zoo.config import TrainConfig, load_config
-from model_zoo.parallel.layers import CrossEntropy, MultiHeadAttention, sinusoid_table
+from model_zoo.parallel.layers import (CrossEntropy, MultiHeadAttention, fuse_head_projections,
+                                       sinusoid_table)
 from model_zoo.parallel.plan import check_recording, record
 from model_zoo.train.schedule import build_schedule
 from model_zoo.train.step import TrainStep, build_optimizer
@@ -101,13 +102,21 @@ def copy_torch_weights(ours: Transformer, reference):
     """torch.nn.Transformer's weights into our cells (same layout: weight (out, in))."""
 
     def put(param, value):
-        param.set_data(Tensor(value.detach().numpy().astype(np.float32)))
+        value = value.detach().numpy() if hasattr(value, "detach") else value
+        param.set_data(Tensor(np.asarray(value, np.float32)))
 
     def attention(cell, module):
-        weights, biases = module.in_proj_weight.chunk(3), module.in_proj_bias.chunk(3)
-        for linear, weight, bias in zip((cell.query, cell.key, cell.value), weights, biases):
-            put(linear.weight, weight)
-            put(linear.bias, bias)
+        weights = [w.detach().numpy() for w in module.in_proj_weight.chunk(3)]
+        biases = [b.detach().numpy() for b in module.in_proj_bias.chunk(3)]
+        heads = cell.num_heads
+        if cell.cross:  # query, and keys and values fused head by head
+            put(cell.query.weight, weights[0])
+            put(cell.query.bias, biases[0])
+            put(cell.key_value.weight, fuse_head_projections(weights[1:], heads))
+            put(cell.key_value.bias, fuse_head_projections(biases[1:], heads))
+        else:
+            put(cell.qkv.weight, fuse_head_projections(weights, heads))
+            put(cell.qkv.bias, fuse_head_projections(biases, heads))
         put(cell.output.weight, module.out_proj.weight)
         put(cell.output.bias, module.out_proj.bias)
 
@@ -507,7 +516,11 @@ def test_layout_config_builds_with_its_strategies(name):
         assert strategy(attention.scores) == (heads, heads)
         assert strategy(attention.context) == (heads, heads)
         assert strategy(attention.softmax) == (heads,)
-        assert strategy(attention.query.matmul) == ((dp, 1), (mp, 1))
+        projections = ((attention.query, attention.key_value) if attention.cross
+                       else (attention.qkv,))
+        for projection in projections:
+            assert strategy(projection.matmul) == ((dp, 1), (mp, 1))
+        assert strategy(attention.take_part) == ((dp, 1, mp, 1),)
         assert strategy(attention.output.matmul) == ((dp, mp), (1, mp))
     for layer in transformer.encoder_layers:
         assert strategy(layer.feed_forward.function.expand.matmul) == ((dp, 1), (mp, 1))

@@ -21,6 +21,7 @@ import numpy as np
 from model_zoo.errors import CheckpointError, ConfigError, DataError
 from model_zoo.huggingface import (CONFIG_FILE, output_paths, read_hf_config, read_weights,
                                    write_converted)
+from model_zoo.parallel.layers import fuse_head_projections
 
 # The converted config's data.dataset_dir, inside the output dir: it holds no tokenizer, so
 # fill-mask inputs are given as ids until a dataset (and its tokenizer) is put there.
@@ -157,6 +158,7 @@ def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>"):
     hidden, layers = hf_config["hidden_size"], hf_config["num_hidden_layers"]
     vocab, positions = hf_config["vocab_size"], hf_config["max_position_embeddings"]
     types, inner = hf_config["type_vocab_size"], hf_config["intermediate_size"]
+    heads = hf_config["num_attention_heads"]
     used = set()
 
     def take(name, shape):
@@ -190,8 +192,12 @@ def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>"):
     norm(emb + "layer_norm", "embeddings.LayerNorm")
     for i in range(layers):
         ours, theirs = f"{OUR_PREFIX}encoder.layer.{i}.", f"encoder.layer.{i}."
-        for part in ("query", "key", "value"):
-            linear(f"{ours}attention.{part}", f"{theirs}attention.self.{part}", hidden, hidden)
+        # separate query, key and value -> the fused projection, laid out head by head
+        attention = [f"{theirs}attention.self.{part}" for part in ("query", "key", "value")]
+        params[ours + "attention.qkv.weight"] = fuse_head_projections(
+            [take(name + ".weight", (hidden, hidden)) for name in attention], heads)
+        params[ours + "attention.qkv.bias"] = fuse_head_projections(
+            [take(name + ".bias", (hidden,)) for name in attention], heads)
         linear(ours + "attention.output", theirs + "attention.output.dense", hidden, hidden)
         norm(ours + "attention_layer_norm", theirs + "attention.output.LayerNorm")
         linear(ours + "ffn.expand", theirs + "intermediate.dense", hidden, inner)

@@ -168,7 +168,7 @@ class BertLayer(nn.Cell):
 
     def construct(self, x, attention_bias):
         x = self.attention_layer_norm(
-            self.attention_residual(x, self.attention(x, x, attention_bias)))
+            self.attention_residual(x, self.attention(x, None, attention_bias)))
         return self.output_layer_norm(self.output_residual(x, self.ffn(x)))
 
 

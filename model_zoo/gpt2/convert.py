@@ -6,8 +6,9 @@ or not) and writes `OUT/model.ckpt`, named like the parameters of `GPT2ForTraini
 `OUT/config.yaml`, a full validated config whose `model` section describes the same network.
 
 Hugging Face's Conv1D stores weights as [in, out]; this project's Linear stores [out, in],
-so every projection is transposed, and the fused `c_attn` [H, 3H] is split into the query,
-key and value projections. The language-model head is tied to the token embedding, so
+so every projection is transposed, and the fused `c_attn` [H, 3H], whose columns are
+[q | k | v], is laid out head by head for the fused `attention.qkv` projection
+(`layers.fuse_head_projections`). The language-model head is tied to the token embedding, so
 `lm_head.weight` is not stored.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 from model_zoo.errors import CheckpointError, ConfigError, DataError
 from model_zoo.huggingface import (CONFIG_FILE, output_paths, read_hf_config, read_weights,
                                    write_converted)
+from model_zoo.parallel.layers import fuse_head_projections
 
 PREFIX = "lm.transformer."
 # The converted config's data.dataset_dir, inside the output dir: it holds no tokenizer, so
@@ -132,6 +134,7 @@ def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>") 
     hidden, layers = hf_config["n_embd"], hf_config["n_layer"]
     vocab, positions = hf_config["vocab_size"], hf_config["n_positions"]
     inner = hf_config["n_inner"] or 4 * hidden
+    heads = hf_config["n_head"]
     used = set()
 
     def take(name, shape):
@@ -162,11 +165,12 @@ def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>") 
         params[block + "ln_1.beta"] = take(f"h.{i}.ln_1.bias", (hidden,))
         qkv_weight = take(f"h.{i}.attn.c_attn.weight", (hidden, 3 * hidden))
         qkv_bias = take(f"h.{i}.attn.c_attn.bias", (3 * hidden,))
-        for j, part in enumerate(("query", "key", "value")):
-            cols = slice(j * hidden, (j + 1) * hidden)
-            params[f"{block}attention.{part}.weight"] = np.ascontiguousarray(
-                qkv_weight[:, cols].T)
-            params[f"{block}attention.{part}.bias"] = np.ascontiguousarray(qkv_bias[cols])
+        # c_attn holds [q | k | v] by columns; ours is laid out head by head
+        parts = [slice(j * hidden, (j + 1) * hidden) for j in range(3)]
+        params[block + "attention.qkv.weight"] = fuse_head_projections(
+            [qkv_weight[:, cols].T for cols in parts], heads)
+        params[block + "attention.qkv.bias"] = fuse_head_projections(
+            [qkv_bias[cols] for cols in parts], heads)
         (params[block + "attention.output.weight"],
          params[block + "attention.output.bias"]) = linear(f"h.{i}.attn.c_proj", hidden, hidden)
         params[block + "ln_2.gamma"] = take(f"h.{i}.ln_2.weight", (hidden,))

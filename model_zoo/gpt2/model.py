@@ -70,7 +70,7 @@ class GPT2Block(nn.Cell):
 
     def construct(self, x):
         normed = self.ln_1(x)
-        x = self.residual_1(x, self.attention(normed, normed))
+        x = self.residual_1(x, self.attention(normed))
         return self.residual_2(x, self.mlp(self.ln_2(x)))
 
 

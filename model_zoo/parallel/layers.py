@@ -7,7 +7,8 @@ Ascend; `construct` only does the math. Strategies follow `MINDSPORE_PARALLEL_RU
 
 - column-split linear: MatMul ((dp,1),(mp,1)), bias ((dp,mp),(mp,)), no communication;
 - row-split linear:    MatMul ((dp,mp),(1,mp)), bias ((dp,1),(1,)), all-reduce over mp;
-- attention: heads split by mp; scores, softmax and context carry (dp,mp,1,1);
+- attention: one fused QKV column-split linear (heads split by mp, laid out head by head);
+  scores, softmax and context carry (dp,mp,1,1);
 - layer norm: ((dp,1,1),(1,),(1,)), the normalised axis is never split;
 - activations (GELU, exact GELU, ReLU, tanh): element-wise, the input's strategy;
 - vocabulary embedding: Gather ((1,1),(dp,1)) when vocab_emb_dp, else ((mp,1),(dp,1));
@@ -319,16 +320,43 @@ def causal_bias(max_seq_length: int) -> Tensor:
     return Tensor(np.where(allowed, 0.0, MASK_VALUE)[None, None], ms.float32)
 
 
-class MultiHeadAttention(nn.Cell):
-    """Multi-head attention: causal self attention or cross attention.
+def fuse_head_projections(parts, num_heads: int) -> np.ndarray:
+    """Separate projections (q, k, v or k, v: weights (hidden, in) or biases (hidden,)) as
+    one fused projection laid out head by head: rows [q_0, k_0, v_0, q_1, k_1, v_1, ...],
+    each head_dim long. Split by columns over mp, each device then holds whole heads with
+    all their parts (see MultiHeadAttention)."""
+    parts = [np.asarray(part) for part in parts]
+    hidden = parts[0].shape[0]
+    per_head = [part.reshape((num_heads, hidden // num_heads) + part.shape[1:])
+                for part in parts]
+    stacked = np.stack(per_head, axis=1)              # (heads, parts, head_dim, ...)
+    return np.ascontiguousarray(stacked.reshape((len(parts) * hidden,) + parts[0].shape[1:]))
 
-    Q, K and V are column-split linear layers (heads split over mp), the output projection
-    is row-split, so one attention costs one all-reduce over mp in the forward pass.
+
+def split_head_projections(fused, count: int, num_heads: int) -> list:
+    """The inverse of fuse_head_projections: `count` separate projections."""
+    fused = np.asarray(fused)
+    hidden = fused.shape[0] // count
+    grouped = fused.reshape((num_heads, count, hidden // num_heads) + fused.shape[1:])
+    return [np.ascontiguousarray(grouped[:, index].reshape((hidden,) + fused.shape[1:]))
+            for index in range(count)]
+
+
+class MultiHeadAttention(nn.Cell):
+    """Multi-head attention: self attention (causal or not) or cross attention.
+
+    Self attention projects Q, K and V with one column-split linear layer `qkv` (hidden ->
+    3 hidden, laid out head by head: `fuse_head_projections`), so each device computes whole
+    heads and the backward pass all-reduces the input's gradient once instead of three
+    times. Cross attention has `query` (hidden -> hidden) and a fused `key_value` (hidden ->
+    2 hidden) for the memory. The output projection is row-split: one all-reduce over mp in
+    the forward pass.
 
     Args:
         hidden_size, num_heads: model width and heads (both divisible by mp).
         parallel_config: the layout.
         causal: mask future positions (decoder self attention).
+        cross: attend over another sequence (the encoder's memory) instead of the input.
         max_seq_length: longest sequence, for the causal mask.
         attention_dropout, hidden_dropout: dropout on the probabilities and on the output.
         compute_dtype: dtype of the matmuls; softmax runs in float32.
@@ -336,7 +364,7 @@ class MultiHeadAttention(nn.Cell):
 
     Inputs:
         query: (batch, seq_q, hidden).
-        key_value: (batch, seq_k, hidden); pass `query` again for self attention.
+        memory: cross attention only: (batch, seq_k, hidden).
         attention_bias: None or float32 additive bias (batch, 1, 1, seq_k), 0 to keep and a
             large negative number to mask (padding).
     Outputs:
@@ -344,7 +372,7 @@ class MultiHeadAttention(nn.Cell):
     """
 
     def __init__(self, hidden_size: int, num_heads: int, *, parallel_config: ParallelConfig,
-                 causal: bool = False, max_seq_length: int = 1024,
+                 causal: bool = False, cross: bool = False, max_seq_length: int = 1024,
                  attention_dropout: float = 0.0, hidden_dropout: float = 0.0,
                  compute_dtype=ms.float32, init_std: float = 0.02,
                  output_init_std: float = None):
@@ -357,15 +385,20 @@ class MultiHeadAttention(nn.Cell):
         self.hidden_size = hidden_size
         self.compute_dtype = compute_dtype
         self.causal = causal
-        linear = dict(parallel_config=parallel_config, compute_dtype=compute_dtype,
-                      init_std=init_std)
-        self.query = Linear(hidden_size, hidden_size, split="column", **linear)
-        self.key = Linear(hidden_size, hidden_size, split="column", **linear)
-        self.value = Linear(hidden_size, hidden_size, split="column", **linear)
+        self.cross = cross
+        linear = dict(split="column", parallel_config=parallel_config,
+                      compute_dtype=compute_dtype, init_std=init_std)
+        if cross:
+            self.query = Linear(hidden_size, hidden_size, **linear)
+            self.key_value = Linear(hidden_size, 2 * hidden_size, **linear)
+        else:
+            self.qkv = Linear(hidden_size, 3 * hidden_size, **linear)
         self.output = Linear(hidden_size, hidden_size, split="row",
                              parallel_config=parallel_config, compute_dtype=compute_dtype,
                              init_std=output_init_std or init_std)
         heads = (dp, mp, 1, 1)
+        # (batch, seq, heads, parts x head_dim) -> one part: heads split, parts whole
+        self.take_part = ops.StridedSlice().shard(((dp, 1, mp, 1),))
         self.split_heads = ops.Transpose().shard(((dp, 1, mp, 1),))
         self.merge_heads = ops.Transpose().shard((heads,))
         self.scale = ops.Mul().shard((heads, ()))
@@ -384,29 +417,41 @@ class MultiHeadAttention(nn.Cell):
             self.slice_causal = ops.StridedSlice().shard(((1, 1, 1, 1),))
         self.inv_sqrt_head_dim = 1.0 / math.sqrt(self.head_dim)
 
-    def _heads(self, x):
-        """(batch, seq, hidden) -> (batch, heads, seq, head_dim)."""
-        batch, seq = x.shape[0], x.shape[1]
-        x = ops.reshape(x, (batch, seq, self.num_heads, self.head_dim))
-        return self.split_heads(x, (0, 2, 1, 3))
+    def _heads(self, projected, parts: int):
+        """(batch, seq, parts x hidden) laid out head by head -> `parts` tensors
+        (batch, heads, seq, head_dim)."""
+        batch, seq = projected.shape[0], projected.shape[1]
+        x = ops.reshape(projected, (batch, seq, self.num_heads, parts * self.head_dim))
+        found = ()
+        for part in range(parts):
+            piece = self.take_part(x, (0, 0, 0, part * self.head_dim),
+                                   (batch, seq, self.num_heads, (part + 1) * self.head_dim),
+                                   (1, 1, 1, 1))
+            found += (self.split_heads(piece, (0, 2, 1, 3)),)
+        return found
 
-    def construct(self, query, key_value, attention_bias=None):
-        seq_q, seq_k = query.shape[1], key_value.shape[1]
-        k, v = self.project_key_value(key_value)
+    def construct(self, query, memory=None, attention_bias=None):
+        if self.cross:
+            (q,) = self._heads(self.query(query), 1)
+            k, v = self.project_key_value(memory)
+            return self._attend(query.shape[0], q, k, v, None, attention_bias)
+        q, k, v = self._heads(self.qkv(query), 3)
         causal_bias = None
         if self.causal:
-            causal_bias = self.slice_causal(self.causal_bias, (0, 0, seq_k - seq_q, 0),
-                                            (1, 1, seq_k, seq_k), (1, 1, 1, 1))
-        return self._attend(query, k, v, causal_bias, attention_bias)
+            seq = query.shape[1]
+            causal_bias = self.slice_causal(self.causal_bias, (0, 0, 0, 0), (1, 1, seq, seq),
+                                            (1, 1, 1, 1))
+        return self._attend(query.shape[0], q, k, v, causal_bias, attention_bias)
 
-    def project_key_value(self, key_value):
-        """Keys and values (batch, heads, seq_k, head_dim) of `key_value`; incremental
-        decoding computes them once for the encoder output."""
-        return self._heads(self.key(key_value)), self._heads(self.value(key_value))
+    def project_key_value(self, memory):
+        """Cross attention: keys and values (batch, heads, seq_k, head_dim) of the memory;
+        incremental decoding computes them once."""
+        return self._heads(self.key_value(memory), 2)
 
     def attend(self, query, key, value, attention_bias=None):
-        """Attention of `query` over precomputed keys and values (cross attention)."""
-        return self._attend(query, key, value, None, attention_bias)
+        """Cross attention of `query` over precomputed keys and values."""
+        (q,) = self._heads(self.query(query), 1)
+        return self._attend(query.shape[0], q, key, value, None, attention_bias)
 
     def decode_step(self, query, cache_key, cache_value, write, step_bias):
         """One incremental self-attention step: no recomputation of past positions.
@@ -421,18 +466,19 @@ class MultiHeadAttention(nn.Cell):
             (output (batch, 1, hidden), cache_key, cache_value) with the newest position
             written into the caches.
         """
-        k, v = self.project_key_value(query)
+        q, k, v = self._heads(self.qkv(query), 3)
         write = ops.cast(write, cache_key.dtype)
         keep = 1.0 - write
         cache_key = self.cache_add(self.cache_keep(cache_key, keep), self.cache_write(k, write))
         cache_value = self.cache_add(self.cache_keep(cache_value, keep),
                                      self.cache_write(v, write))
-        return self._attend(query, cache_key, cache_value, step_bias, None), cache_key, cache_value
+        output = self._attend(query.shape[0], q, cache_key, cache_value, step_bias, None)
+        return output, cache_key, cache_value
 
-    def _attend(self, query, k, v, causal_bias, attention_bias):
-        batch, seq_q = query.shape[0], query.shape[1]
-        q = self.scale(self._heads(self.query(query)),
-                       ops.cast(self.inv_sqrt_head_dim, self.compute_dtype))
+    def _attend(self, batch, q, k, v, causal_bias, attention_bias):
+        """q (batch, heads, seq_q, head_dim) over k, v (batch, heads, seq_k, head_dim)."""
+        seq_q = q.shape[2]
+        q = self.scale(q, ops.cast(self.inv_sqrt_head_dim, self.compute_dtype))
         scores = ops.cast(self.scores(q, k), ms.float32)
         if causal_bias is not None:
             scores = self.add_causal(scores, causal_bias)

@@ -95,14 +95,14 @@ class SubLayer(nn.Cell):
 class EncoderLayer(nn.Cell):
     def __init__(self, config: TransformerConfig, parallel_config: ParallelConfig, compute_dtype):
         super().__init__()
-        self.self_attention = SubLayer(_attention(config, parallel_config, compute_dtype, False),
+        self.self_attention = SubLayer(_attention(config, parallel_config, compute_dtype),
                                        config, parallel_config)
         self.feed_forward = SubLayer(_feed_forward(config, parallel_config, compute_dtype),
                                      config, parallel_config)
 
     def construct(self, x, source_bias):
         normed = self.self_attention.normed_input(x)
-        x = self.self_attention.output(x, self.self_attention.function(normed, normed,
+        x = self.self_attention.output(x, self.self_attention.function(normed, None,
                                                                        source_bias))
         return self.feed_forward.output(
             x, self.feed_forward.function(self.feed_forward.normed_input(x)))
@@ -111,16 +111,16 @@ class EncoderLayer(nn.Cell):
 class DecoderLayer(nn.Cell):
     def __init__(self, config: TransformerConfig, parallel_config: ParallelConfig, compute_dtype):
         super().__init__()
-        self.self_attention = SubLayer(_attention(config, parallel_config, compute_dtype, True),
-                                       config, parallel_config)
-        self.cross_attention = SubLayer(_attention(config, parallel_config, compute_dtype, False),
-                                        config, parallel_config)
+        self.self_attention = SubLayer(_attention(config, parallel_config, compute_dtype,
+                                                  causal=True), config, parallel_config)
+        self.cross_attention = SubLayer(_attention(config, parallel_config, compute_dtype,
+                                                   cross=True), config, parallel_config)
         self.feed_forward = SubLayer(_feed_forward(config, parallel_config, compute_dtype),
                                      config, parallel_config)
 
     def construct(self, x, memory, source_bias):
         normed = self.self_attention.normed_input(x)
-        x = self.self_attention.output(x, self.self_attention.function(normed, normed))
+        x = self.self_attention.output(x, self.self_attention.function(normed))
         x = self.cross_attention.output(
             x, self.cross_attention.function(self.cross_attention.normed_input(x), memory,
                                              source_bias))
@@ -143,9 +143,10 @@ class DecoderLayer(nn.Cell):
         return x, cache_key, cache_value
 
 
-def _attention(config, parallel_config, compute_dtype, causal):
+def _attention(config, parallel_config, compute_dtype, causal=False, cross=False):
     return MultiHeadAttention(
         config.hidden_size, config.num_heads, parallel_config=parallel_config, causal=causal,
+        cross=cross,
         max_seq_length=config.seq_length + config.max_decode_extra + 1,
         attention_dropout=config.attention_dropout, hidden_dropout=config.dropout,
         compute_dtype=compute_dtype, init_std=config.hidden_size ** -0.5)
