@@ -146,7 +146,8 @@ def test_100b_train_step_builds_without_allocating():
     # accumulation 8 x micro_batch_num 64 micro batches in one Pipeline cell
     assert (report["wrapper"], report["micro_batches"], report["in_step"]) == ("Pipeline", 512, 1)
     assert report["compiler"] and report["accu_grads"] > 0
-    # each rank's norm counts only its own stage's parameters: 5 blocks of 16 (6 linear
-    # layers and 2 layer norms, weight and bias each), plus the token and position
-    # embeddings on the first stage and the final layer norm on the last
-    assert report["selected"] == {"0": 5 * 16 + 2, "127": 5 * 16 + 2}
+    # each rank's norm counts only its own stage's parameters: 5 blocks of 12 (4 linear
+    # layers: fused QKV, attention output, expansion, projection; 2 layer norms; weight and
+    # bias each), plus the token and position embeddings on the first stage and the final
+    # layer norm on the last
+    assert report["selected"] == {"0": 5 * 12 + 2, "127": 5 * 12 + 2}
