@@ -32,6 +32,9 @@ class ModelConfig:
     num_heads: int = 2
     seq_length: int = 64
     vocab_size: int = 1000
+    # attention through Ascend 910B's FlashAttentionScore: no (seq, seq) tensor is kept
+    # (layers.MultiHeadAttention, `flash`); refused on CPU
+    flash_attention: bool = False
 
     def validate(self):
         for key in ("num_layers", "hidden_size", "num_heads", "seq_length", "vocab_size"):

@@ -95,6 +95,8 @@ def _bad_inputs(case, run_dir, config, ckpt, tmp_path):
                 "missing.txt: file not found")
     if case == "model_parallel on CPU":
         return resume + ["--set", "parallel.model_parallel=2"], "parallel.model_parallel=2"
+    if case == "flash attention on CPU":
+        return resume + ["--set", "model.flash_attention=true"], "model.flash_attention=true"
     if case == "indivisible batch":
         return resume + ["--set", "parallel.data_parallel=3"], "not divisible by 3"
     if case == "unknown key":
@@ -106,7 +108,7 @@ def _bad_inputs(case, run_dir, config, ckpt, tmp_path):
     "existing run without --resume", "--resume into an empty dir",
     "--resume with another model shape", "--resume from a corrupt checkpoint",
     "eval of a corrupt checkpoint", "eval of another model shape", "missing data source",
-    "model_parallel on CPU", "indivisible batch", "unknown key"])
+    "model_parallel on CPU", "flash attention on CPU", "indivisible batch", "unknown key"])
 def test_bad_input_stops_with_one_error_line_and_touches_nothing(trained, tmp_path, case):
     run_dir = tmp_path / "run"
     shutil.copytree(trained["run_dir"], run_dir)  # copy2: bytes and mtimes are kept

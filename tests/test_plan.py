@@ -4,6 +4,7 @@ MindSpore's kernels, the cost model with its closed forms and with a measured CP
 docs/parallelism.md with the code.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -19,9 +20,11 @@ from mindspore.nn.utils import no_init_parameters
 
 from conftest import run_cli
 from model_zoo.config import load_config
+from model_zoo.errors import ConfigError
 from model_zoo.gpt2.model import GPT2Config, GPT2ForTraining
 from model_zoo.parallel import cost
 from model_zoo.parallel.config import ParallelConfig
+from model_zoo.parallel.layers import kernels_for
 from model_zoo.parallel.plan import (DOC_PATH, PlanError, build_plan, format_report,
                                      generated_sections, load_plan_config,
                                      plan_config_files, plan_config_from_dict, record,
@@ -432,6 +435,63 @@ def test_matmul_flops_per_step():
     assert recomputed.recompute == 2 * 2 * per_layer
     report = format_report(build_plan(tiny()))
     assert "compute per device per step, MatMul TFLOP" in report
+
+
+def flash_config(flash, name="gpt2", **parallel):
+    raw = {"model": {"name": name, "num_layers": 2, "hidden_size": 128, "num_heads": 4,
+                     "seq_length": 32, "vocab_size": 256, "dropout": 0.1,
+                     "attention_dropout": 0.0, "flash_attention": flash},
+           "parallel": {"data_parallel": 2, "model_parallel": 2, "vocab_emb_dp": False,
+                        **parallel},
+           "train": {"global_batch_size": 8, "precision": "fp16"},
+           "data": {"dataset_dir": "unused"}}
+    return plan_config_from_dict(raw)
+
+
+@pytest.mark.parametrize("name, padded, causal", [("gpt2", 0, 2), ("bert", 2, 0),
+                                                  ("transformer", 4, 2)])
+def test_flash_attention_keeps_no_seq_squared_tensor(name, padded, causal):
+    """FlashAttentionScore (910B) passes the rules for all three models and saves, per
+    attention layer and micro batch, (4 + c) a s^2 (b/d)/t - 64 a s (b/d)/t - c T h/t bytes
+    of activations against the plain attention, less s^2 b/d for a padding mask (cost.py
+    docstring). Padded layers: BERT's, the Transformer's encoder and cross attention; causal:
+    GPT-2's and the Transformer's decoder self attention."""
+    flash = build_plan(flash_config(True, name), device="ascend910b")
+    plain = build_plan(flash_config(False, name), device="ascend910b")
+    assert flash.violations == [] and plain.violations == []
+    assert any(call.name == "FlashAttentionScore" for call in flash.recording.calls)
+    a, s, b, c, h, t = 4, 32, 8 / 2, 2, 128, 2       # b: sequences per dp slice
+    unmasked = (4 + c) * a * s * s * b / t - 64 * a * s * b / t - c * b * s * h / t
+    saved = (plain.memory[0].activations_per_micro_batch
+             - flash.memory[0].activations_per_micro_batch)
+    assert saved == causal * unmasked + padded * (unmasked - s * s * b)
+
+
+def test_flash_attention_rules():
+    """Only on 910B; BNSD inputs split on batch and heads only."""
+    plan = build_plan(flash_config(True), device="ascend910")
+    assert "runs on Ascend 910B (Atlas A2) only" in str(only(plan, "flash_attention")[0])
+    flash = "lm.transformer.blocks.0.attention.flash"
+    plan = build_plan(flash_config(True), device="ascend910b",
+                      customize=reshard(flash, ((2, 1, 2, 1),) * 3 + ((1, 1),)))
+    violation = only(plan, "FlashAttentionScore")[0]
+    assert violation.path == flash and "sequence and head-size axes" in str(violation)
+
+
+def test_flash_attention_is_refused_where_it_cannot_run():
+    parallel = ParallelConfig()
+    config = GPT2Config(num_layers=1, hidden_size=64, num_heads=4, seq_length=16,
+                        vocab_size=64, flash_attention=True)
+    with kernels_for("CPU"), pytest.raises(ConfigError, match="runs only on Ascend 910B"):
+        GPT2ForTraining(config, parallel, ms.float16)
+    with no_init_parameters(), kernels_for("Ascend"):
+        with pytest.raises(ConfigError, match="attention_dropout=0"):
+            GPT2ForTraining(dataclasses.replace(config, attention_dropout=0.1), parallel,
+                            ms.float16)
+        with pytest.raises(ConfigError, match="train.precision=fp16"):
+            GPT2ForTraining(config, parallel, ms.float32)
+        with pytest.raises(ConfigError, match="multiple of 16"):
+            GPT2ForTraining(dataclasses.replace(config, num_heads=8), parallel, ms.float16)
 
 
 def test_memory_of_a_standalone_run():

@@ -153,7 +153,7 @@ class BertLayer(nn.Cell):
             config.hidden_size, config.num_heads, parallel_config=parallel_config,
             causal=False, attention_dropout=config.attention_dropout,
             hidden_dropout=config.dropout, compute_dtype=compute_dtype,
-            init_std=config.init_std)
+            init_std=config.init_std, flash=config.flash_attention)
         self.attention_residual = ResidualAdd(parallel_config=parallel_config)
         self.attention_layer_norm = LayerNorm(config.hidden_size,
                                               parallel_config=parallel_config,

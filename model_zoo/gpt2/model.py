@@ -58,7 +58,7 @@ class GPT2Block(nn.Cell):
             config.hidden_size, config.num_heads, parallel_config=parallel_config, causal=True,
             max_seq_length=config.seq_length, attention_dropout=config.attention_dropout,
             hidden_dropout=config.dropout, compute_dtype=compute_dtype,
-            init_std=config.init_std, output_init_std=output_std)
+            init_std=config.init_std, output_init_std=output_std, flash=config.flash_attention)
         self.ln_2 = LayerNorm(config.hidden_size, parallel_config=parallel_config,
                               eps=config.layer_norm_eps)
         self.mlp = FeedForward(config.hidden_size, config.ffn_size,

@@ -58,6 +58,12 @@ byte instead of 1 per element: 1.75 h less per token, 0.875 a s less per query),
 statistics of the two layer norms add 16 bytes per token, and the batch is split by d.
 `gpt2_layer_activation_bytes` states it and a test checks it against the recording.
 
+With `model.flash_attention` (FlashAttentionScore keeps q, k, v, its output and two float32
+softmax statistics of 8 values per query and head, and a padding mask of one byte per
+(query, key) pair of a sequence), a layer without attention dropout keeps, instead of the
+float32 probabilities and their compute-dtype copy ((4 + c) a s^2 (b / d) / t),
+64 a s (b / d) / t + c T h / t, plus s^2 b / d for a padding mask (BERT, the encoder).
+
 Communication per step
 ----------------------
 Bytes one device sends, by kind, for one step of micro_batch_num x grad_accumulation micro
@@ -122,6 +128,8 @@ SAVED = {
     "SiLU": "in0", "Abs": "in0", "LayerNorm": "in0+stats", "Dropout": "mask",
     "Gather": "indices", "SoftmaxCrossEntropyWithLogits": "out1",
     "ReduceMax": "in0+out0", "ReduceMin": "in0+out0",
+    # q, k, v, the softmax statistics and the output: no (seq, seq) tensor
+    "FlashAttentionScore": "flash",
 }
 SAVES_NOTHING = {"Add", "Sub", "BiasAdd", "Cast", "Reshape", "Transpose", "StridedSlice",
                  "ReduceSum", "ReduceMean", "OneHot", "Ones", "Zeros", "Concat", "Split",
@@ -269,6 +277,13 @@ def saved_tensors(call, differentiated=None):
     elif rule == "in0+out0":
         keep_input(0)
         keep_output(0)
+    elif rule == "flash":
+        for index in (0, 1, 2):
+            keep_input(index)
+        if len(tensors) > 3 and len(tensors[3].shape) == 4:  # a padding mask, not the
+            keep_input(3)                                     # shared compressed one
+        for index in (0, 1, 3):
+            keep_output(index)
     elif rule == "in0+stats":
         keep_input(0)
         keep_output(1)

@@ -35,6 +35,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, One, Zero, initializer
 
 from model_zoo.parallel import cpu_kernels
+from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
 
 MASK_VALUE = -1e9
@@ -58,11 +59,15 @@ def kernels_for(device_target: str):
         _KERNEL_TARGETS.pop()
 
 
+def kernel_target() -> str:
+    """The device whose operators layers built now use (`kernels_for`, else the context's)."""
+    return _KERNEL_TARGETS[-1] if _KERNEL_TARGETS else ms.get_context("device_target")
+
+
 def use_cpu_kernels() -> bool:
     """Whether layers built now use the fused kernels of `cpu_kernels` (CPU target, and the
     kernels could be compiled) instead of MindSpore's operators."""
-    target = _KERNEL_TARGETS[-1] if _KERNEL_TARGETS else ms.get_context("device_target")
-    return target == "CPU" and cpu_kernels.available()
+    return kernel_target() == "CPU" and cpu_kernels.available()
 
 
 class Dropout(nn.Cell):
@@ -320,6 +325,14 @@ def causal_bias(max_seq_length: int) -> Tensor:
     return Tensor(np.where(allowed, 0.0, MASK_VALUE)[None, None], ms.float32)
 
 
+def check_flash_attention_device(device_target: str):
+    """ConfigError unless FlashAttentionScore can run on `device_target` (Ascend)."""
+    if device_target != "Ascend":
+        raise ConfigError(f"model.flash_attention=true: FlashAttentionScore runs only on "
+                          f"Ascend 910B; set model.flash_attention=false for a {device_target} "
+                          f"run")
+
+
 def fuse_head_projections(parts, num_heads: int) -> np.ndarray:
     """Separate projections (q, k, v or k, v: weights (hidden, in) or biases (hidden,)) as
     one fused projection laid out head by head: rows [q_0, k_0, v_0, q_1, k_1, v_1, ...],
@@ -361,6 +374,14 @@ class MultiHeadAttention(nn.Cell):
         attention_dropout, hidden_dropout: dropout on the probabilities and on the output.
         compute_dtype: dtype of the matmuls; softmax runs in float32.
         init_std, output_init_std: init of the projections and of the output projection.
+        flash: compute scores, softmax and context in one FlashAttentionScore (Ascend 910B,
+            `model.flash_attention`), which keeps no (seq, seq) tensor for the backward pass:
+            BNSD layout, q/k/v (dp, mp, 1, 1), the causal mask as MindSpore's compressed
+            2048 x 2048 lower triangle (sparse_mode 2), a padding mask as (batch, 1, seq_q,
+            seq_k) booleans (dp, 1, 1, 1), as MindFormers' FlashAttention does. Needs a
+            float16 compute dtype, a head size that is a multiple of 16, and no attention
+            dropout (its bit mask would be a (seq, seq) tensor again). Incremental decoding
+            keeps the plain path.
 
     Inputs:
         query: (batch, seq_q, hidden).
@@ -375,7 +396,7 @@ class MultiHeadAttention(nn.Cell):
                  causal: bool = False, cross: bool = False, max_seq_length: int = 1024,
                  attention_dropout: float = 0.0, hidden_dropout: float = 0.0,
                  compute_dtype=ms.float32, init_std: float = 0.02,
-                 output_init_std: float = None):
+                 output_init_std: float = None, flash: bool = False):
         super().__init__()
         dp, mp = parallel_config.dp, parallel_config.mp
         parallel_config.check_divisible("model.num_heads", num_heads)
@@ -416,6 +437,34 @@ class MultiHeadAttention(nn.Cell):
             self.causal_bias = causal_bias(max_seq_length)
             self.slice_causal = ops.StridedSlice().shard(((1, 1, 1, 1),))
         self.inv_sqrt_head_dim = 1.0 / math.sqrt(self.head_dim)
+        self.use_flash = flash
+        if flash:
+            self._check_flash(attention_dropout, compute_dtype)
+            strategy = (heads, heads, heads) + (((1, 1),) if causal else ((dp, 1, 1, 1),))
+            from mindspore.ops.operations.nn_ops import FlashAttentionScore
+            self.flash = FlashAttentionScore(
+                head_num=num_heads, scale_value=self.inv_sqrt_head_dim, input_layout="BNSD",
+                sparse_mode=2 if causal else 0).shard(strategy)
+            if causal:  # 1 = masked: the strict upper triangle
+                self.flash_causal_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
+            else:
+                self.padding_mask = ops.Less().shard(((dp, 1, 1, 1), ()))
+                self.masked_below = Tensor(MASK_VALUE / 2, ms.float32)
+                self.expand_mask = ops.Tile().shard(((dp, 1, 1, 1),))
+
+    def _check_flash(self, attention_dropout, compute_dtype):
+        """Refuse what FlashAttentionScore cannot run, naming the config key."""
+        check_flash_attention_device(kernel_target())
+        if compute_dtype != ms.float16:
+            raise ConfigError("model.flash_attention needs train.precision=fp16")
+        if attention_dropout:
+            raise ConfigError(f"model.flash_attention needs model.attention_dropout=0 (got "
+                              f"{attention_dropout}): the dropout mask would be a (seq, seq) "
+                              f"tensor again")
+        if self.head_dim % 16 or self.head_dim > 512:
+            raise ConfigError(f"model.flash_attention needs a head size (hidden_size / "
+                              f"num_heads) that is a multiple of 16 up to 512, got "
+                              f"{self.head_dim}")
 
     def _heads(self, projected, parts: int):
         """(batch, seq, parts x hidden) laid out head by head -> `parts` tensors
@@ -434,8 +483,12 @@ class MultiHeadAttention(nn.Cell):
         if self.cross:
             (q,) = self._heads(self.query(query), 1)
             k, v = self.project_key_value(memory)
+        else:
+            q, k, v = self._heads(self.qkv(query), 3)
+        if self.use_flash:
+            return self._flash_attend(query.shape[0], q, k, v, attention_bias)
+        if self.cross:
             return self._attend(query.shape[0], q, k, v, None, attention_bias)
-        q, k, v = self._heads(self.qkv(query), 3)
         causal_bias = None
         if self.causal:
             seq = query.shape[1]
@@ -486,6 +539,20 @@ class MultiHeadAttention(nn.Cell):
             scores = self.add_bias(scores, attention_bias)
         probs = self.attention_dropout(ops.cast(self.softmax(scores), self.compute_dtype))
         context = self.merge_heads(self.context(probs, v), (0, 2, 1, 3))
+        context = ops.reshape(context, (batch, seq_q, self.hidden_size))
+        return self.hidden_dropout(ops.cast(self.output(context), ms.float32))
+
+    def _flash_attend(self, batch, q, k, v, attention_bias):
+        seq_q, seq_k = q.shape[2], k.shape[2]
+        if self.causal:
+            mask = self.flash_causal_mask
+        elif attention_bias is None:  # nothing masked (the models always pass a padding bias)
+            mask = ops.zeros((batch, 1, seq_q, seq_k), ms.uint8)
+        else:  # additive padding bias (batch, 1, 1, seq_k) -> (batch, 1, seq_q, seq_k), 1 = masked
+            masked = self.padding_mask(attention_bias, self.masked_below)
+            mask = self.expand_mask(ops.cast(masked, ms.uint8), (1, 1, seq_q, 1))
+        context = self.flash(q, k, v, None, None, None, mask)[3]      # (batch, heads, seq_q, hd)
+        context = self.merge_heads(context, (0, 2, 1, 3))
         context = ops.reshape(context, (batch, seq_q, self.hidden_size))
         return self.hidden_dropout(ops.cast(self.output(context), ms.float32))
 

@@ -745,6 +745,14 @@ def _concat(call, args):
     return [(tuple(shape), _dtype(tensors[0]))], False
 
 
+def _flash_attention(call, args):
+    """FlashAttentionScore (BNSD): softmax max and sum (B, N, S1, 8) float32, an unused
+    output, and the attention output shaped like the query."""
+    query = _shape(args[0])
+    stats = (query[:3] + (8,), ms.float32)
+    return [stats, stats, ((), _dtype(args[0])), (query, _dtype(args[0]))], True
+
+
 SHAPE_RULES = {
     "Cast": _cast, "Reshape": _reshape, "Transpose": _transpose, "MatMul": _matmul,
     "BatchMatMul": _matmul, "StridedSlice": _strided_slice, "Gather": _gather,
@@ -753,6 +761,7 @@ SHAPE_RULES = {
     "ReduceMax": _reduce, "ReduceMin": _reduce, "Ones": _fill_like_shape,
     "Zeros": _fill_like_shape, "Dropout": _dropout, "ExpandDims": _expand_dims,
     "Squeeze": _squeeze, "Tile": _tile, "Concat": _concat, "Select": _select,
+    "FlashAttentionScore": _flash_attention,
 }
 for _name in ("Add", "Sub", "Mul", "Div", "RealDiv", "Maximum", "Minimum", "Pow", "BiasAdd",
               "FloorDiv", "AddExt", "SubExt", "Muls", "Divs"):
@@ -1101,6 +1110,28 @@ def _check_gather(call, shapes, violation, devices_per_stage):
                             f"{len(param)}", 0)
 
 
+def _check_flash_attention(call, shapes, violation, devices_per_stage):
+    """BNSD q, k, v split alike on batch and heads only; the mask split like the batch."""
+    query = call.strategy[0]
+    for index in (1, 2):
+        if call.strategy[index] != query:
+            violation("FlashAttentionScore", f"query, key and value must be split alike, got "
+                                             f"{query} and {call.strategy[index]}", index)
+    for dim in (2, 3):
+        if query[dim] != 1:
+            violation("FlashAttentionScore", f"the sequence and head-size axes of BNSD inputs "
+                                             f"must be whole (strategy {query})", 0, dim)
+    if shapes[0][3] % 16 or shapes[0][3] > 512:
+        violation("FlashAttentionScore", f"the head size must be a multiple of 16 up to 512, "
+                                         f"got {shapes[0][3]}", 0, 3)
+    if len(call.strategy) > 3:
+        mask = call.strategy[-1]
+        wanted = (1, 1) if len(mask) == 2 else (query[0], 1, 1, 1)
+        if mask != wanted:
+            violation("FlashAttentionScore", f"the attention mask must be split {wanted} "
+                                             f"(got {mask})", len(call.strategy) - 1)
+
+
 def _check_one_hot(call, shapes, violation, devices_per_stage):
     out = call.strategy[0]
     if len(shapes[0]) > 2 and any(split != 1 for split in out[1:]):
@@ -1145,6 +1176,7 @@ OPERATOR_RULES = {
     "LogSoftmax": _check_softmax, "LayerNorm": _check_layer_norm, "Gather": _check_gather,
     "OneHot": _check_one_hot, "SoftmaxCrossEntropyWithLogits": _check_cross_entropy,
     "StridedSlice": _check_strided_slice, "Concat": _check_concat,
+    "FlashAttentionScore": _check_flash_attention,
 }
 
 
@@ -1376,6 +1408,11 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
     violations = check_layout(parallel, device_num, config.model.num_layers,
                               train.global_batch_size, train.grad_accumulation)
     micro_batch = micro_batch_size(config)
+    if getattr(config.model, "flash_attention", False) and device != "ascend910b":
+        violations.append(Violation(
+            "flash_attention", f"model.flash_attention: FlashAttentionScore runs on Ascend "
+                               f"910B (Atlas A2) only, not on {DEVICES[device][0]}; plan with "
+                               f"--device ascend910b"))
     plan = Plan(config, config_path, device_num, device, micro_batch, violations)
     if any(v.rule == "layout" and "must be >= 1" in v.message for v in violations):
         return plan
@@ -1554,6 +1591,10 @@ def _layer_examples():
         ("MultiHeadAttention", "causal=True", lambda pc: L.MultiHeadAttention(
             h, heads, parallel_config=pc, causal=True, max_seq_length=seq,
             attention_dropout=0.1, hidden_dropout=0.1)),
+        ("MultiHeadAttention", "causal=True, flash=True (910B)",
+         lambda pc: L.MultiHeadAttention(80, heads, parallel_config=pc, causal=True,
+                                         max_seq_length=seq, compute_dtype=ms.float16,
+                                         flash=True)),
         ("FeedForward", 'activation="gelu"', lambda pc: L.FeedForward(
             h, ffn, parallel_config=pc, hidden_dropout=0.1)),
         ("ResidualAdd", "", lambda pc: L.ResidualAdd(parallel_config=pc)),

@@ -15,7 +15,7 @@ from model_zoo.files import exclusive_lock
 from model_zoo.parallel.context import (data_shard, gradient_reducer, init_parallel,
                                         micro_batch_network, micro_batching, parameter_init,
                                         wrap_train_step)
-from model_zoo.parallel.layers import dtype_of, kernels_for
+from model_zoo.parallel.layers import check_flash_attention_device, dtype_of, kernels_for
 from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
 from model_zoo.train.checkpoint import list_checkpoints, load_weights, save_checkpoint
 from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line
@@ -54,6 +54,8 @@ def train(config: Config, output_dir: str, resume: bool = False, on_save=None) -
     each checkpoint and at the end (cloud jobs copy the outputs out there)."""
     module = import_model(config.model.name)
     context = init_parallel(config.parallel, config.train.device_target)
+    if getattr(config.model, "flash_attention", False):
+        check_flash_attention_device(context.device_target)
     if context.distributed:
         output_dir = os.path.join(output_dir, f"rank_{context.rank}")
     check_output_dir(output_dir, config, resume)

@@ -149,7 +149,8 @@ def _attention(config, parallel_config, compute_dtype, causal=False, cross=False
         cross=cross,
         max_seq_length=config.seq_length + config.max_decode_extra + 1,
         attention_dropout=config.attention_dropout, hidden_dropout=config.dropout,
-        compute_dtype=compute_dtype, init_std=config.hidden_size ** -0.5)
+        compute_dtype=compute_dtype, init_std=config.hidden_size ** -0.5,
+        flash=config.flash_attention)
 
 
 def _feed_forward(config, parallel_config, compute_dtype):
