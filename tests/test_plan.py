@@ -24,7 +24,7 @@ from model_zoo.errors import ConfigError
 from model_zoo.gpt2.model import GPT2Config, GPT2ForTraining
 from model_zoo.parallel import cost
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.parallel.layers import kernels_for
+from model_zoo.parallel.layers import check_flash_attention_device, kernels_for
 from model_zoo.parallel.plan import (DOC_PATH, PlanError, build_plan, format_report,
                                      generated_sections, load_plan_config,
                                      plan_config_files, plan_config_from_dict, record,
@@ -465,6 +465,12 @@ def test_flash_attention_keeps_no_seq_squared_tensor(name, padded, causal):
     saved = (plain.memory[0].activations_per_micro_batch
              - flash.memory[0].activations_per_micro_batch)
     assert saved == causal * unmasked + padded * (unmasked - s * s * b)
+    # the same attention products, and the scores recomputed in the backward pass
+    (flash_compute,), (plain_compute,) = flash.compute, plain.compute
+    assert flash_compute.forward == plain_compute.forward
+    assert flash_compute.backward == plain_compute.backward
+    attention = (causal + padded) * 4 * b * a * s * s * (h // a) / t
+    assert flash_compute.recompute == attention / 2
 
 
 def test_flash_attention_rules():
@@ -484,6 +490,8 @@ def test_flash_attention_is_refused_where_it_cannot_run():
                         vocab_size=64, flash_attention=True)
     with kernels_for("CPU"), pytest.raises(ConfigError, match="runs only on Ascend 910B"):
         GPT2ForTraining(config, parallel, ms.float16)
+    with pytest.raises(ConfigError, match="false on Ascend 910$"):  # the trainer's check
+        check_flash_attention_device("Ascend", is_910b=False)
     with no_init_parameters(), kernels_for("Ascend"):
         with pytest.raises(ConfigError, match="attention_dropout=0"):
             GPT2ForTraining(dataclasses.replace(config, attention_dropout=0.1), parallel,

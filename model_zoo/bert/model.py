@@ -6,10 +6,11 @@ first token, and the two pre-training heads: masked language model (tied to the 
 embeddings, plus an output bias) and next-sentence prediction.
 
 Parameter names follow Hugging Face's structure so a checkpoint maps one to one (see
-convert.py), e.g. for `BertForPreTraining`:
+convert.py; its separate query, key and value become the fused `attention.qkv`), e.g. for
+`BertForPreTraining`:
 
     bert.embeddings.word_embeddings.embedding_table     bert.embeddings.layer_norm.gamma
-    bert.encoder.layer.0.attention.query.weight          bert.encoder.layer.0.attention.output.bias
+    bert.encoder.layer.0.attention.qkv.weight            bert.encoder.layer.0.attention.output.bias
     bert.encoder.layer.0.attention_layer_norm.gamma      bert.encoder.layer.0.ffn.expand.weight
     bert.encoder.layer.0.ffn.project.weight              bert.encoder.layer.0.output_layer_norm.beta
     bert.pooler.dense.weight                             cls.transform.weight

@@ -93,12 +93,14 @@ reduce-scatter (n - 1) / n B of the full result.
 
 Compute per step
 ----------------
-FLOPs one device of each stage executes per step in MatMul and BatchMatMul (the other
-operators are a few percent of a transformer's): a call of output shape (..., m, n) and
+FLOPs one device of each stage executes per step in MatMul, BatchMatMul and
+FlashAttentionScore (the other operators are a few percent of a transformer's): a call of output shape (..., m, n) and
 contracted size k costs 2 m n k x batch / prod(device matrix) per device (replicated work
 counts on every replica). The backward pass costs it again for each operand that needs a
 gradient (input and weight: 2x), a recomputed cell's forward pass runs twice, and all of
-it happens micro_batch_num x grad_accumulation times a step.
+it happens micro_batch_num x grad_accumulation times a step. FlashAttentionScore counts its
+two products, 4 b a s_q s_k d / (dp mp), twice that backward, and half of it again as
+recomputation (its backward pass recomputes the scores).
 """
 
 import math
@@ -545,10 +547,20 @@ def estimate_compute(rec, parallel: ParallelConfig,
     stages = [StageCompute(k) for k in range(_stage_count(rec, parallel))]
     micro_steps = parallel.micro_batch_num * accumulation
     for call in rec.calls:
+        compute = stages[call.stage]
+        if call.name == "FlashAttentionScore":
+            # its two products (scores, context); the backward pass computes the four
+            # gradient products and recomputes the scores
+            query, key = call.tensors[0].shape, call.tensors[1].shape   # BNSD
+            flops = (micro_steps * 2 * 2 * math.prod(query) * key[2]
+                     / math.prod(call.strategy[0] if call.strategy else (1,)))
+            compute.forward += flops
+            compute.backward += 2 * flops
+            compute.recompute += flops / 2
+            continue
         if call.name not in ("MatMul", "BatchMatMul") or not call.outputs:
             continue
         flops = micro_steps * matmul_flops(call)
-        compute = stages[call.stage]
         compute.forward += flops
         compute.backward += flops * sum(1 for info in call.tensors[:2] if info.needs_grad)
         if call.recompute_root is not None:

@@ -325,12 +325,19 @@ def causal_bias(max_seq_length: int) -> Tensor:
     return Tensor(np.where(allowed, 0.0, MASK_VALUE)[None, None], ms.float32)
 
 
-def check_flash_attention_device(device_target: str):
-    """ConfigError unless FlashAttentionScore can run on `device_target` (Ascend)."""
-    if device_target != "Ascend":
+def check_flash_attention_device(device_target: str, is_910b: bool = True):
+    """ConfigError unless FlashAttentionScore can run on `device_target` (Ascend 910B)."""
+    if device_target != "Ascend" or not is_910b:
+        device = device_target if device_target != "Ascend" else "Ascend 910"
         raise ConfigError(f"model.flash_attention=true: FlashAttentionScore runs only on "
-                          f"Ascend 910B; set model.flash_attention=false for a {device_target} "
-                          f"run")
+                          f"Ascend 910B; set model.flash_attention=false on {device}")
+
+
+@functools.lru_cache(maxsize=None)
+def compressed_causal_mask() -> Tensor:
+    """uint8 (2048, 2048), 1 above the diagonal: FlashAttentionScore's compressed causal mask
+    (sparse_mode 2; 1 means masked), one tensor shared by every layer."""
+    return Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
 
 
 def fuse_head_projections(parts, num_heads: int) -> np.ndarray:
@@ -380,8 +387,9 @@ class MultiHeadAttention(nn.Cell):
             2048 x 2048 lower triangle (sparse_mode 2), a padding mask as (batch, 1, seq_q,
             seq_k) booleans (dp, 1, 1, 1), as MindFormers' FlashAttention does. Needs a
             float16 compute dtype, a head size that is a multiple of 16, and no attention
-            dropout (its bit mask would be a (seq, seq) tensor again). Incremental decoding
-            keeps the plain path.
+            dropout (its bit mask would be a (seq, seq) tensor again). Causal flash attention
+            takes no padding bias (no model passes one). Incremental decoding keeps the plain
+            path.
 
     Inputs:
         query: (batch, seq_q, hidden).
@@ -433,7 +441,7 @@ class MultiHeadAttention(nn.Cell):
         self.context = ops.BatchMatMul().shard((heads, heads))
         self.attention_dropout = Dropout(attention_dropout, heads)
         self.hidden_dropout = Dropout(hidden_dropout, (dp, 1, 1))
-        if causal:
+        if causal and not flash:
             self.causal_bias = causal_bias(max_seq_length)
             self.slice_causal = ops.StridedSlice().shard(((1, 1, 1, 1),))
         self.inv_sqrt_head_dim = 1.0 / math.sqrt(self.head_dim)
@@ -445,8 +453,8 @@ class MultiHeadAttention(nn.Cell):
             self.flash = FlashAttentionScore(
                 head_num=num_heads, scale_value=self.inv_sqrt_head_dim, input_layout="BNSD",
                 sparse_mode=2 if causal else 0).shard(strategy)
-            if causal:  # 1 = masked: the strict upper triangle
-                self.flash_causal_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
+            if causal:
+                self.flash_causal_mask = compressed_causal_mask()
             else:
                 self.padding_mask = ops.Less().shard(((dp, 1, 1, 1), ()))
                 self.masked_below = Tensor(MASK_VALUE / 2, ms.float32)

@@ -247,12 +247,19 @@ def uses_float_status(device_target: str) -> bool:
     MindSpore's TrainOneStepWithLossScaleCell makes (`nn/wrap/loss_scale.py`)."""
     if device_target != "Ascend":
         return False
-    from mindspore._c_expression import MSContext
-    context = MSContext.get_instance()
-    classic_910 = context.ascend_soc_supports_feature("amp_loss_scale_train_classic_target")
     saturation = os.environ.get("MS_ASCEND_CHECK_OVERFLOW_MODE") == "SATURATION_MODE"
-    return bool(classic_910 or (context.ascend_soc_supports_feature("train_hq_dtype_line")
-                                and saturation))
+    return _ascend_supports("amp_loss_scale_train_classic_target") or (
+        is_ascend_910b() and saturation)
+
+
+def is_ascend_910b() -> bool:
+    """Whether this process runs on an Atlas A2 (910B) device (MindSpore's own test)."""
+    return _ascend_supports("train_hq_dtype_line")
+
+
+def _ascend_supports(feature: str) -> bool:
+    from mindspore._c_expression import MSContext
+    return bool(MSContext.get_instance().ascend_soc_supports_feature(feature))
 
 
 def build_optimizer(network, train_config, lr_schedule):

@@ -20,7 +20,8 @@ from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_
 from model_zoo.train.checkpoint import list_checkpoints, load_weights, save_checkpoint
 from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line
 from model_zoo.train.schedule import build_schedule
-from model_zoo.train.step import GradientNorm, TrainStep, build_optimizer, uses_float_status
+from model_zoo.train.step import (GradientNorm, TrainStep, build_optimizer, is_ascend_910b,
+                                  uses_float_status)
 
 
 def default_output_dir(config_path: str) -> str:
@@ -55,7 +56,7 @@ def train(config: Config, output_dir: str, resume: bool = False, on_save=None) -
     module = import_model(config.model.name)
     context = init_parallel(config.parallel, config.train.device_target)
     if getattr(config.model, "flash_attention", False):
-        check_flash_attention_device(context.device_target)
+        check_flash_attention_device(context.device_target, is_ascend_910b())
     if context.distributed:
         output_dir = os.path.join(output_dir, f"rank_{context.rank}")
     check_output_dir(output_dir, config, resume)
