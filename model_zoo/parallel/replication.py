@@ -15,11 +15,13 @@ every device the true squared norm. This is PanGu-alpha's `GlobalNorm` (models r
 `official/nlp/Pangu_alpha/src/utils.py`) with the weights derived from the layout instead of
 from parameter names.
 
-Device order (MindSpore's device matrix, used by `device_piece`): the ranks of stage k are
-k S ... (k + 1) S - 1; within a stage the copies of a slice come first in the device matrix
-(repeated calculation is its leading dimension), so rank-in-stage
-q = (copy x s_1 + i_1) x s_2 + i_2 ... ; with the parallel optimizer the piece a device
-keeps is its position in the mirror group (the copy index) divided among z.
+Device order (used by `device_piece`): the ranks of stage k are k S ... (k + 1) S - 1.
+Every weight here is used by an operator whose device matrix covers the whole stage with dp
+as its leading dimension (e.g. MatMul ((dp, 1), (mp, 1)): [dp, 1, mp]), so a slice's copies
+are that leading coordinate: rank-in-stage q = (copy x s_1 + i_1) x s_2 + i_2 ... (an
+operator with repeated calculation would put the repeats last instead, rule G5, unsure). With
+the parallel optimizer the piece a device keeps is its position in the mirror group (the
+copy index) divided among z. The norm weights do not depend on this order, only on counts.
 """
 
 import math
