@@ -73,6 +73,18 @@ def detect_device_target(requested: str = "auto") -> str:
         return "CPU"
 
 
+def ascend_supports(feature: str) -> bool:
+    """Whether this process's Ascend chip has `feature`, by MindSpore's own table (the test
+    TrainOneStepWithLossScaleCell makes); False off Ascend."""
+    from mindspore._c_expression import MSContext
+    return bool(MSContext.get_instance().ascend_soc_supports_feature(feature))
+
+
+def is_ascend_910b() -> bool:
+    """Whether this process runs on an Atlas A2 (910B) device."""
+    return ascend_supports("train_hq_dtype_line")
+
+
 def launched_ranks() -> int:
     """Number of ranks the launcher started (1 for a stand-alone process).
 

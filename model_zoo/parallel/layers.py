@@ -353,15 +353,6 @@ def fuse_head_projections(parts, num_heads: int) -> np.ndarray:
     return np.ascontiguousarray(stacked.reshape((len(parts) * hidden,) + parts[0].shape[1:]))
 
 
-def split_head_projections(fused, count: int, num_heads: int) -> list:
-    """The inverse of fuse_head_projections: `count` separate projections."""
-    fused = np.asarray(fused)
-    hidden = fused.shape[0] // count
-    grouped = fused.reshape((num_heads, count, hidden // num_heads) + fused.shape[1:])
-    return [np.ascontiguousarray(grouped[:, index].reshape((hidden,) + fused.shape[1:]))
-            for index in range(count)]
-
-
 class MultiHeadAttention(nn.Cell):
     """Multi-head attention: self attention (causal or not) or cross attention.
 

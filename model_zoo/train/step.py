@@ -11,6 +11,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from model_zoo.parallel import cpu_kernels
+from model_zoo.parallel.context import ascend_supports, is_ascend_910b
 from model_zoo.parallel.layers import use_cpu_kernels
 
 
@@ -70,7 +71,7 @@ class GradientNorm(nn.Cell):
         flag = ops.zeros((), ms.float32)
         if self.float_status:
             status = self.get_status(ops.depend(self.status_buffer, squares))
-            flag = ops.cast(ops.reduce_sum(ops.cast(status, ms.float32)), ms.float32)
+            flag = ops.reduce_sum(ops.cast(status, ms.float32))
         if self.all_reduce is not None:
             both = self.all_reduce(ops.stack((squares, flag)))
             squares, flag = both[0], both[1]
@@ -248,18 +249,8 @@ def uses_float_status(device_target: str) -> bool:
     if device_target != "Ascend":
         return False
     saturation = os.environ.get("MS_ASCEND_CHECK_OVERFLOW_MODE") == "SATURATION_MODE"
-    return _ascend_supports("amp_loss_scale_train_classic_target") or (
+    return ascend_supports("amp_loss_scale_train_classic_target") or (
         is_ascend_910b() and saturation)
-
-
-def is_ascend_910b() -> bool:
-    """Whether this process runs on an Atlas A2 (910B) device (MindSpore's own test)."""
-    return _ascend_supports("train_hq_dtype_line")
-
-
-def _ascend_supports(feature: str) -> bool:
-    from mindspore._c_expression import MSContext
-    return bool(MSContext.get_instance().ascend_soc_supports_feature(feature))
 
 
 def build_optimizer(network, train_config, lr_schedule):

@@ -13,15 +13,14 @@ from model_zoo.config import Config, import_model, read_yaml, save_config
 from model_zoo.errors import UserInputError
 from model_zoo.files import exclusive_lock
 from model_zoo.parallel.context import (data_shard, gradient_reducer, init_parallel,
-                                        micro_batch_network, micro_batching, parameter_init,
-                                        wrap_train_step)
+                                        is_ascend_910b, micro_batch_network, micro_batching,
+                                        parameter_init, wrap_train_step)
 from model_zoo.parallel.layers import check_flash_attention_device, dtype_of, kernels_for
 from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
 from model_zoo.train.checkpoint import list_checkpoints, load_weights, save_checkpoint
 from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line
 from model_zoo.train.schedule import build_schedule
-from model_zoo.train.step import (GradientNorm, TrainStep, build_optimizer, is_ascend_910b,
-                                  uses_float_status)
+from model_zoo.train.step import GradientNorm, TrainStep, build_optimizer, uses_float_status
 
 
 def default_output_dir(config_path: str) -> str:
@@ -127,7 +126,7 @@ def build_train_step(config: Config, network, context) -> TrainStep:
         dynamic_loss_scale=train.precision == "fp16", loss_scale=train.loss_scale,
         scale_window=train.loss_scale_window, grad_clip=train.grad_clip,
         accumulation=batching.in_step, micro_batches=batching.micro_batches,
-        accumulated_by_compiler=context.semi_auto and bool(batching.wrapper),
+        accumulated_by_compiler=bool(batching.wrapper),  # wrappers exist on semi-auto only
         optimizer_shard=parallel.optimizer_shard,
         gradient_norm=gradient_norm(config, network, optimizer, context))
 
