@@ -517,6 +517,87 @@ def test_strategies_fit_real_shapes(pynative, dp, mp):
             assert all(dim % split == 0 for dim, split in zip(shape, part)), where
 
 
+# --- sequence parallel ------------------------------------------------------------------------
+
+def test_sequence_parallel_strategies():
+    """The residual stream's layer norms, hidden dropouts and residual adds split the
+    (tokens, hidden) view by dp x mp; the row-split projections reduce-scatter into it
+    (output strategy (dp x mp, 1), rule G6); the column-split ones are unchanged."""
+    dp, mp = 2, 4
+    parallel = ParallelConfig(data_parallel=dp, model_parallel=mp, vocab_emb_dp=False,
+                              sequence_parallel=True)
+    net = build(small_config(dropout=0.1), parallel)
+    tokens = (dp * mp, 1)
+    for block in (cell for _, cell in net.cells_and_names() if isinstance(cell, GPT2Block)):
+        for norm in (block.ln_1, block.ln_2):
+            assert strategy(norm.norm) == (tokens, (1,), (1,))
+        for residual in (block.residual_1, block.residual_2):
+            assert strategy(residual.add) == (tokens, tokens)
+        for dropout in (block.attention.hidden_dropout, block.mlp.dropout):
+            assert strategy(dropout.dropout) == (tokens,)
+        for row in (block.attention.output, block.mlp.project):
+            assert strategy(row.matmul) == ((dp, mp), (1, mp))
+            assert row.matmul.attrs["out_strategy"] == (tokens,)
+            assert strategy(row.bias_add) == (tokens, (1,))
+        for column in (block.attention.qkv, block.mlp.expand):
+            assert strategy(column.matmul) == ((dp, 1), (mp, 1))
+            assert column.matmul.attrs.get("out_strategy") is None
+    assert strategy(net.lm.transformer.ln_f.norm) == (tokens, (1,), (1,))
+    assert strategy(net.lm.transformer.dropout.dropout) == (tokens,)
+    with pytest.raises(ConfigError, match="needs parallel.model_parallel > 1"):
+        ParallelConfig(sequence_parallel=True).validate()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "transformer"])
+def test_sequence_parallel_computes_the_same_loss_and_gradients(pynative, name):
+    """Run stand-alone (strategies ignored), a model built with sequence parallel (its
+    token-wise operators on the (tokens, hidden) view) gives the loss and gradients of the
+    same model without it, to float32 rounding."""
+    from model_zoo.config import config_from_dict, import_model
+    from model_zoo.parallel.plan import network_inputs
+    raw = {"model": {"name": name, "num_layers": 2, "hidden_size": 32, "num_heads": 4,
+                     "seq_length": 16, "vocab_size": 64, "dropout": 0.0,
+                     "attention_dropout": 0.0},
+           "parallel": {"data_parallel": 1, "model_parallel": 2, "vocab_emb_dp": False},
+           "train": {"global_batch_size": 4, "precision": "fp32"},
+           "data": {"dataset_dir": "unused"}}
+    results = []
+    for sequence_parallel in (False, True):
+        raw["parallel"]["sequence_parallel"] = sequence_parallel
+        config = config_from_dict(raw)
+        module = import_model(name)
+        ms.set_seed(0)
+        with kernels_for("Ascend"):  # MindSpore's operators, as a cluster runs them
+            net = module.build_train_network(config, ms.float32)
+        if results:
+            ms.load_param_into_net(net, {p.name: p for p in results[0][2]}, strict_load=True)
+        rng = np.random.default_rng(0)
+        inputs = [Tensor(rng.integers(0, 2, shape).astype(np.float32 if dtype == ms.float32
+                                                          else np.int32))
+                  for shape, dtype in network_inputs(module, config, net, 4)]
+        loss, grads = ms.value_and_grad(net, None, net.trainable_params())(*inputs)
+        results.append((float(loss.asnumpy()), [g.asnumpy() for g in grads],
+                        net.trainable_params()))
+    (loss_a, grads_a, params), (loss_b, grads_b, _) = results
+    assert np.isfinite(loss_a) and loss_b == pytest.approx(loss_a, rel=1e-6)
+    assert len(grads_a) == len(grads_b) == len(params)
+    for param, a, b in zip(params, grads_a, grads_b):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=param.name)
+
+
+def test_stream_dropout_on_the_token_view(pynative):
+    """A 2-D strategy on a 3-D input drops elements of its (tokens, hidden) view."""
+    from model_zoo.parallel.layers import Dropout
+    dropout = Dropout(0.5, (4, 1))
+    dropout.set_train(True)
+    x = np.arange(1, 25, dtype=np.float32).reshape(2, 3, 4)
+    y = dropout(Tensor(x)).asnumpy()
+    assert y.shape == x.shape
+    kept = y != 0
+    assert 0 < kept.sum() < x.size
+    np.testing.assert_allclose(y[kept], 2 * x[kept])
+
+
 # --- pipeline stages and recomputation ------------------------------------------------------
 
 def stage_of(cell):

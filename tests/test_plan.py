@@ -5,6 +5,7 @@ docs/parallelism.md with the code.
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -128,12 +129,13 @@ def tiny(dp=1, mp=1, pp=1, micro=1, layers=2, batch=8, acc=1, hidden=64, **paral
     return plan_config_from_dict(raw)
 
 
-def reshard(path: str, strategy):
-    """A `customize` hook for build_plan: give the primitive at `path` another strategy."""
+def reshard(path: str, strategy, out_strategy=None):
+    """A `customize` hook for build_plan: give the primitive at `path` another strategy
+    (and output strategy)."""
     def customize(network):
         cell_path, attr = path.rsplit(".", 1)
         cell = dict(network.cells_and_names())[cell_path]
-        getattr(cell, attr).shard(strategy)
+        getattr(cell, attr).shard(strategy, out_strategy)
     return customize
 
 
@@ -393,30 +395,40 @@ def test_model_without_plan_inputs_hook():
 
 # --- the cost model ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("compute_bytes, dropout, dp, mp",
-                         [(2, True, 1, 1), (2, True, 2, 4), (2, False, 1, 8), (4, True, 2, 2),
-                          (4, False, 1, 2)])
-def test_activations_follow_the_closed_form(compute_bytes, dropout, dp, mp):
+@pytest.mark.parametrize("compute_bytes, dropout, dp, mp, sp",
+                         [(2, True, 1, 1, False), (2, True, 2, 4, False), (2, False, 1, 8, False),
+                          (4, True, 2, 2, False), (4, False, 1, 2, False), (2, True, 2, 4, True),
+                          (2, True, 1, 8, True), (4, False, 1, 2, True)])
+def test_activations_follow_the_closed_form(compute_bytes, dropout, dp, mp, sp):
     """Korthikanti et al.'s per-layer activation memory, adapted to our operators, equals
-    what the recording counts for one more GPT-2 block."""
+    what the recording counts for one more GPT-2 block, with and without sequence parallel
+    (which splits the layer norms' inputs and statistics and the dropout masks over mp)."""
     def per_micro_batch(layers):
         rate = 0.1 if dropout else 0.0
         raw = {"model": {"name": "gpt2", "num_layers": layers, "hidden_size": 128,
                          "num_heads": 8, "seq_length": 32, "vocab_size": 256, "dropout": rate,
                          "attention_dropout": rate},
-               "parallel": {"data_parallel": dp, "model_parallel": mp, "vocab_emb_dp": False},
+               "parallel": {"data_parallel": dp, "model_parallel": mp, "vocab_emb_dp": False,
+                            "sequence_parallel": sp},
                "train": {"global_batch_size": 8,
                          "precision": "fp16" if compute_bytes == 2 else "fp32"},
                "data": {"dataset_dir": "unused"}}
-        return build_plan(plan_config_from_dict(raw)).memory[0].activations_per_micro_batch
+        plan = build_plan(plan_config_from_dict(raw))
+        assert plan.violations == []
+        return plan.memory[0].activations_per_micro_batch
 
     layer = per_micro_batch(2) - per_micro_batch(1)
-    expected = cost.gpt2_layer_activation_bytes(8, 32, 128, 8, dp, mp, compute_bytes, dropout)
+    expected = cost.gpt2_layer_activation_bytes(8, 32, 128, 8, dp, mp, compute_bytes, dropout,
+                                                sequence_parallel=sp)
     assert layer == expected
-    if compute_bytes == 2 and dropout:  # the fp16 form stated in the docstring
+    if compute_bytes == 2 and dropout:  # the fp16 forms stated in the docstring
         tokens = 8 * 32 / dp
-        assert expected == tokens * 128 * (12.25 + 24 / mp) + 16 * tokens + \
-            6.125 * 8 * 32 * 32 * (8 / dp) / mp
+        per_query = 6.125 * 8 * 32 * 32 * (8 / dp) / mp
+        if sp:
+            assert expected == pytest.approx(
+                tokens * 128 * (4 + 32.25 / mp) + 16 * tokens / mp + per_query)
+        else:
+            assert expected == tokens * 128 * (12.25 + 24 / mp) + 16 * tokens + per_query
 
 
 def test_matmul_flops_per_step():
@@ -596,6 +608,59 @@ def test_norm_weights_count_every_gradient_element_once(relative):
         assert all(total == pytest.approx(1.0) for total in pieces.values()), param.name
         elements = sum(math.prod(stop - start for start, stop in key) for key in pieces)
         assert elements == param.numel, param.name
+
+
+def test_sequence_parallel_splits_the_stream_at_the_same_volume():
+    """gpt2-1024-d1m8p1 with parallel.sequence_parallel: the rules pass; each block's
+    tensor-parallel all-reduces become all-gathers and reduce-scatters of the same total
+    volume (an all-reduce is a reduce-scatter then an all-gather); the checkpointed float32
+    inputs of the 24 recomputed blocks (4 T h bytes each), the final layer norm's input and
+    statistics (4 T h + 8 T) and the embedding dropout's bit mask (T h / 8) are split over
+    mp = 8, and one recomputed block's own activations fall by what the closed form says."""
+    path = os.path.join(ROOT, "model_zoo", "gpt2", "configs", "plan", "gpt2-1024-d1m8p1.yaml")
+    plain = shipped(os.path.relpath(path, ROOT))
+    split = build_plan(load_plan_config(path, ["parallel.sequence_parallel=true"]))
+    assert split.violations == []
+
+    def block_collectives(plan, kinds):
+        (comm,) = plan.communication
+        return sum(amount for (kind, what), (amount, _) in comm.details.items()
+                   if kind in kinds and "blocks" in what)
+
+    assert block_collectives(split, ("all_reduce",)) == 0
+    assert block_collectives(split, ("all_gather",)) == block_collectives(
+        split, ("reduce_scatter",)) > 0
+    assert block_collectives(split, ("all_gather", "reduce_scatter")) == pytest.approx(
+        block_collectives(plain, ("all_reduce",)))
+    assert split.communication[0].total == pytest.approx(plain.communication[0].total)
+    tokens, hidden, mp = 8 * 1024, 1024, 8
+    (before,), (after,) = plain.memory, split.memory
+    kept = (24 * 4 * tokens * hidden + 4 * tokens * hidden + 8 * tokens
+            + tokens * hidden * cost.MASK_BYTES)
+    assert (before.activations_per_micro_batch - after.activations_per_micro_batch
+            == kept * (1 - 1 / mp))
+    block = functools.partial(cost.gpt2_layer_activation_bytes, 8, 1024, 1024, 16, 1, 8)
+    assert before.recompute_peak - after.recompute_peak == \
+        block() - block(sequence_parallel=True)
+
+
+def test_sequence_parallel_rules():
+    """Rule G6: a row-split MatMul's output strategy splits its rows by dp (all-reduce) or
+    dp x mp (reduce-scatter) and its columns like the weight; no other operator takes one."""
+    config = tiny(dp=2, mp=2, sequence_parallel=True)
+    assert build_plan(config).violations == []
+    row = "lm.transformer.blocks.0.attention.output.matmul"
+    plan = build_plan(config, customize=reshard(row, ((2, 2), (1, 2)), ((4, 2),)))
+    (violation,) = only(plan, "G6")
+    assert violation.path == row and "columns must be split 1" in str(violation)
+    plan = build_plan(config, customize=reshard(row, ((2, 2), (1, 2)), ((8, 1),)))
+    assert "rows must be split 2 (all-reduce) or 4 (reduce-scatter)" in str(only(plan, "G6")[0])
+    norm = "lm.transformer.blocks.0.ln_1.norm"
+    plan = build_plan(config, customize=reshard(norm, ((4, 1), (1,), (1,)), ((4, 1),)))
+    assert only(plan, "G6")[0].path == norm
+    plan = build_plan(tiny(sequence_parallel=True))
+    assert "sequence_parallel=true needs parallel.model_parallel > 1" in str(
+        only(plan, "layout")[0])
 
 
 @pytest.mark.parametrize("layout", [dict(dp=2, mp=2), dict(mp=2, pp=2, micro=2),

@@ -35,7 +35,8 @@ from model_zoo.parallel.config import ParallelConfig
 from model_zoo.parallel.layers import (MASK_VALUE, CrossEntropy, Dropout, FeedForward,
                                        LayerNorm, Linear, MultiHeadAttention, PositionEmbedding,
                                        ResidualAdd, VocabEmbedding, VocabProjection,
-                                       assign_pipeline_stages, vocabulary_split)
+                                       assign_pipeline_stages, stream_dropout,
+                                       vocabulary_split)
 
 TASKS = ("pretrain", "classify")
 SPECIAL_TOKENS = ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id")
@@ -128,7 +129,7 @@ class BertEmbeddings(nn.Cell):
         self.add = ops.Add().shard(((dp, 1, 1), (dp, 1, 1)))
         self.layer_norm = LayerNorm(config.hidden_size, parallel_config=parallel_config,
                                     eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.dropout, (dp, 1, 1))
+        self.dropout = stream_dropout(config.dropout, parallel_config)
 
     def construct(self, input_ids, token_type_ids):
         x = self.add(self.word_embeddings(input_ids), self.token_type_embeddings(token_type_ids))

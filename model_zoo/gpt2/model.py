@@ -14,10 +14,10 @@ from mindspore import nn, ops
 from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.parallel.layers import (CrossEntropy, Dropout, FeedForward, LayerNorm,
+from model_zoo.parallel.layers import (CrossEntropy, FeedForward, LayerNorm,
                                        MultiHeadAttention, PositionEmbedding, ResidualAdd,
                                        VocabEmbedding, VocabProjection, assign_pipeline_stages,
-                                       vocabulary_split)
+                                       stream_dropout, vocabulary_split)
 
 
 @dataclass
@@ -90,7 +90,7 @@ class GPT2Model(nn.Cell):
                                   parallel_config=parallel_config, init_std=config.init_std)
         self.wpe = PositionEmbedding(config.seq_length, config.hidden_size,
                                      parallel_config=parallel_config, init_std=0.01)
-        self.dropout = Dropout(config.dropout, (parallel_config.dp, 1, 1))
+        self.dropout = stream_dropout(config.dropout, parallel_config)
         self.blocks = nn.CellList([GPT2Block(config, parallel_config, compute_dtype)
                                    for _ in range(config.num_layers)])
         self.ln_f = LayerNorm(config.hidden_size, parallel_config=parallel_config,

@@ -25,6 +25,10 @@ class ParallelConfig:
             by batch); when False the table is split by vocabulary over model_parallel.
         full_batch: every rank reads the whole global batch (MindSpore's "full_batch"
             dataset strategy) instead of its own slice ("data_parallel", the default).
+        sequence_parallel: split the tokens of the residual stream (layer norms, hidden
+            dropouts, residual adds) over dp x mp instead of dp, and reduce-scatter the
+            row-split projections' outputs instead of all-reducing them (MindFormers'
+            use_seq_parallel); needs model_parallel > 1.
     """
 
     data_parallel: int = 1
@@ -35,6 +39,7 @@ class ParallelConfig:
     recompute: bool = False
     vocab_emb_dp: bool = True
     full_batch: bool = False
+    sequence_parallel: bool = False
 
     @property
     def dp(self) -> int:
@@ -65,6 +70,15 @@ class ParallelConfig:
                 f"parallel.micro_batch_num={self.micro_batch_num} must be at least "
                 f"parallel.pipeline_stage={self.pipeline_stage}: each stage needs a micro batch "
                 "in flight")
+        self.check_sequence_parallel()
+
+    def check_sequence_parallel(self):
+        """Raise ConfigError if sequence parallel is asked for without model parallel."""
+        if self.sequence_parallel and self.model_parallel == 1:
+            raise ConfigError(
+                "parallel.sequence_parallel=true needs parallel.model_parallel > 1: it splits "
+                "the tokens of the layer norms, dropouts and residual adds over the "
+                "model-parallel group")
 
     def batch_slices(self) -> int:
         """Number of equal pieces the global batch is cut into by the dataset and pipeline.

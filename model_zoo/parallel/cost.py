@@ -57,6 +57,12 @@ softmax output is float32 (2 a s more per query), the dropout masks are bit mask
 byte instead of 1 per element: 1.75 h less per token, 0.875 a s less per query), the
 statistics of the two layer norms add 16 bytes per token, and the batch is split by d.
 `gpt2_layer_activation_bytes` states it and a test checks it against the recording.
+With `parallel.sequence_parallel` the layer norms' float32 inputs and statistics and the
+dropout masks are split by t as well (the casts the projections take stay whole, gathered):
+
+    T h (4 + 32.25 / t) + 16 T / t + 6.125 a s^2 (b / d) / t  bytes,
+
+and a recomputed block's float32 input, which it keeps for its backward pass, 4 T h / t.
 
 With `model.flash_attention` (FlashAttentionScore keeps q, k, v, its output and two float32
 softmax statistics of 8 values per query and head, and a padding mask of one byte per
@@ -75,10 +81,18 @@ reduce-scatter (n - 1) / n B of the full result.
   of a MatMul whose n dimension is split c ways is summed over c (B = the input slice).
   A vocabulary-split Gather sums the partial lookups (forward). Operators inside a
   recomputed cell communicate twice in the forward direction (mp_comm_recompute).
+- reduce-scatter, model parallel: a MatMul whose output strategy splits the rows k more
+  ways than its input (sequence parallel's row-split projection, rule G6) reduce-scatters
+  the partial sums instead (B = the output slice before scattering), and all-gathers the
+  output's gradient back in the backward pass.
 - all-gather / reduce-scatter, redistribution (rule G8): where an operator wants a tensor
   less split than its producer left it (e.g. the whole class dimension of the loss after a
-  vocabulary-split head), MindSpore all-gathers it; the backward pass is counted as a
-  reduce-scatter of the same size (conservative: MindSpore's AllGather gradient).
+  vocabulary-split head, or the tokens a column-split projection takes whole under sequence
+  parallel), MindSpore all-gathers it; the backward pass is counted as a reduce-scatter of
+  the same size (MindSpore's AllGather gradient). That reduce-scatter also sums the partial
+  input gradients of a MatMul whose n dimension is split over the same group, so their
+  all-reduce is not counted again (as in Megatron's sequence parallel; how MindSpore
+  orders these collectives only a cluster's profile can show).
 - all-reduce, data parallel (G9): each parameter's gradient over its replica group r, once
   per step whatever micro_batch_num and grad_accumulation are (the train step accumulates
   micro batches first: MindSpore's Pipeline / GradAccumulation cells on Ascend); with the
@@ -140,7 +154,7 @@ SAVES_NOTHING = {"Add", "Sub", "BiasAdd", "Cast", "Reshape", "Transpose", "Strid
 
 
 def gpt2_layer_activation_bytes(batch, seq, hidden, heads, dp=1, mp=1, compute_bytes=2,
-                                dropout=True) -> float:
+                                dropout=True, sequence_parallel=False) -> float:
     """Closed form of one GPT-2 block's activations per device and micro batch.
 
     Per token (T = batch x seq / dp of them on a device), in units of `hidden`: the float32
@@ -151,9 +165,15 @@ def gpt2_layer_activation_bytes(batch, seq, hidden, heads, dp=1, mp=1, compute_b
     float32 softmax output (4), then the dropout bit mask and the dropped probabilities
     (1 / 8 + c), or without dropout the probabilities cast to the compute dtype (c; none in
     float32). For fp16 with dropout: T h (12.25 + 24 / mp) + 16 T + 6.125 a s^2 (batch / dp) / mp.
+    With sequence parallel the layer norms' inputs and statistics and the two dropout masks
+    are split over mp too (the casts Q, K, V and the expansion take are all-gathered, whole):
+    for fp16 with dropout T h (4 + 32.25 / mp) + 16 T / mp + the same per-query term.
     """
     c, tokens = compute_bytes, batch * seq / dp
-    per_token = (8 + 2 * c + 12 * c / mp + (2 * MASK_BYTES if dropout else 0)) * hidden + 16
+    stream = (8 + (2 * MASK_BYTES if dropout else 0)) * hidden + 16   # per token, split by
+    if sequence_parallel:                                              # the stream's layout
+        stream /= mp
+    per_token = (2 * c + 12 * c / mp) * hidden + stream
     if dropout:
         per_query = 4 + MASK_BYTES + c
     else:
@@ -395,6 +415,14 @@ def _collective(n):
     return (n - 1) / n if n > 1 else 0.0
 
 
+def _gather_factor(have, wanted) -> int:
+    """How many slices of a tensor laid out `have` an operator wanting `wanted` gathers
+    (rule G8; 1 when it only takes a part of its slice, or the layout is unknown)."""
+    if have is None or len(have) != len(wanted):
+        return 1
+    return math.prod(max(1, h // w) if h % w == 0 else h for h, w in zip(have, wanted))
+
+
 def _generic(path: str) -> str:
     """A cell path with block indices replaced by *, to sum the same operator of all layers."""
     return ".".join("*" if part.isdigit() else part for part in path.split("."))
@@ -419,12 +447,27 @@ def estimate_communication(rec, parallel: ParallelConfig,
             out = call.outputs[0]
             if call.name in ("MatMul", "BatchMatMul"):
                 _, m, k, _, n = matmul_dims(call)
-                comm.add("all_reduce", f"{where}: partial sums (k split {k})",
-                         forward * _ring(k) * _slice_bytes(out, out.layout))
+                if k > 1 and call.out_strategy and call.out_strategy[0][0] == m * k:
+                    # rule G6: the partial sums are reduce-scattered over the rows; the
+                    # backward pass all-gathers the output's gradient back
+                    unscattered = _slice_bytes(out, (m, n))
+                    comm.add("reduce_scatter", f"{where}: partial sums (k split {k}) "
+                                               f"scattered over the rows",
+                             forward * _collective(k) * unscattered)
+                    comm.add("all_gather", f"{where}: output gradient (rows split {m * k} "
+                                           f"-> {m})", backward * _collective(k) * unscattered)
+                else:
+                    comm.add("all_reduce", f"{where}: partial sums (k split {k})",
+                             forward * _ring(k) * _slice_bytes(out, out.layout))
                 x, w = tensors[0], tensors[1]
+                # an input all-gathered first (sequence parallel) gets its gradient
+                # reduce-scattered back, which sums the partial input gradients over that
+                # group too, so only the rest of the n split is all-reduced (as Megatron's
+                # sequence parallel does; assumed of MindSpore's redistribution)
+                n_summed = n // math.gcd(n, _gather_factor(x.layout, call.strategy[0]))
                 if x.needs_grad:
                     comm.add("all_reduce", f"{where}: input gradient (n split {n})",
-                             backward * _ring(n) * _slice_bytes(x, call.strategy[0]))
+                             backward * _ring(n_summed) * _slice_bytes(x, call.strategy[0]))
                 if w.needs_grad and w.param is None:
                     comm.add("all_reduce", f"{where}: operand gradient (m split {m})",
                              backward * _ring(m) * _slice_bytes(w, call.strategy[1]))
@@ -454,12 +497,11 @@ def estimate_communication(rec, parallel: ParallelConfig,
                                  backward * _ring(summed)
                                  * _slice_bytes(info, call.strategy[index]))
             for index, info in enumerate(tensors):
+                if info.param is not None:
+                    continue
                 wanted = call.strategy[index]
                 have = info.layout
-                if have is None or len(have) != len(wanted) or info.param is not None:
-                    continue
-                gather = math.prod(max(1, h // w) if h % w == 0 else h
-                                   for h, w in zip(have, wanted))
+                gather = _gather_factor(have, wanted)
                 if gather > 1:
                     amount = _collective(gather) * _slice_bytes(info, wanted)
                     comm.add("all_gather", f"{where}: input {index} redistributed "

@@ -10,6 +10,11 @@ Ascend; `construct` only does the math. Strategies follow `MINDSPORE_PARALLEL_RU
 - attention: one fused QKV column-split linear (heads split by mp, laid out head by head);
   scores, softmax and context carry (dp,mp,1,1);
 - layer norm: ((dp,1,1),(1,),(1,)), the normalised axis is never split;
+- sequence parallel (`parallel.sequence_parallel`): the residual stream's token-wise
+  operators (layer norm, hidden dropout, residual add) see (batch, seq, hidden) as
+  (tokens, hidden) split (dp*mp, 1), and the row-split linear reduce-scatters its partial
+  sums into that layout (out_strategy ((dp*mp, 1),)); a column-split linear all-gathers its
+  input over mp first (MindSpore inserts it: rule G8);
 - activations (GELU, exact GELU, ReLU, tanh): element-wise, the input's strategy;
 - vocabulary embedding: Gather ((1,1),(dp,1)) when vocab_emb_dp, else ((mp,1),(dp,1));
 - cross-entropy: OneHot and SoftmaxCrossEntropyWithLogits with the class dimension whole, or,
@@ -70,23 +75,49 @@ def use_cpu_kernels() -> bool:
     return kernel_target() == "CPU" and cpu_kernels.available()
 
 
+def stream_strategy(parallel_config: ParallelConfig) -> tuple:
+    """Strategy of the residual stream's token-wise operators (layer norm, hidden dropout,
+    residual add): (dp, 1, 1) on (batch, seq, hidden); with `parallel.sequence_parallel`
+    (dp * mp, 1) on its (tokens, hidden) view (`as_tokens`), so each device of a stage keeps
+    1 / (dp mp) of the tokens. The 2-D view is the layout the row-split linear's
+    reduce-scatter leaves whatever the micro batch, as in MindFormers' 2-D sequence parallel
+    (its 3-D (dp, mp, 1) layout matches that only with one sequence per dp rank)."""
+    if parallel_config.sequence_parallel:
+        return (parallel_config.dp * parallel_config.mp, 1)
+    return (parallel_config.dp, 1, 1)
+
+
+def as_tokens(x):
+    """(batch, seq, hidden) -> (batch * seq, hidden), the view sequence parallel splits."""
+    return ops.reshape(x, (-1, x.shape[-1]))
+
+
 class Dropout(nn.Cell):
     """Dropout with a strategy; an identity when the rate is 0 or the cell is not training.
 
     Args:
         rate: probability of dropping an element.
-        strategy: the input's strategy, e.g. (dp, 1, 1).
+        strategy: the input's strategy, e.g. (dp, 1, 1); a 2-D strategy on a 3-D input
+            applies to its (tokens, hidden) view (`stream_strategy`).
     """
 
     def __init__(self, rate: float, strategy: tuple):
         super().__init__()
         self.rate = rate
-        self.dropout = ops.Dropout(keep_prob=1.0 - rate).shard((strategy,))
+        self.rank = len(strategy)
+        self.dropout = ops.Dropout(keep_prob=1.0 - rate).shard((tuple(strategy),))
 
     def construct(self, x):
         if self.rate == 0.0 or not self.training:
             return x
-        return self.dropout(x)[0]
+        if len(x.shape) == self.rank:
+            return self.dropout(x)[0]
+        return ops.reshape(self.dropout(as_tokens(x))[0], x.shape)
+
+
+def stream_dropout(rate: float, parallel_config: ParallelConfig) -> Dropout:
+    """Dropout on (batch, seq, hidden) activations of the residual stream."""
+    return Dropout(rate, stream_strategy(parallel_config))
 
 
 class ExactGELU(nn.Cell):
@@ -128,8 +159,9 @@ class Linear(nn.Cell):
     Args:
         in_features, out_features: sizes of the last axis before and after.
         split: "column" splits the output features over mp (no communication), "row" splits
-            the input features over mp (MindSpore all-reduces the partial sums), "none"
-            keeps the weight whole.
+            the input features over mp (MindSpore all-reduces the partial sums; with
+            `parallel.sequence_parallel` it reduce-scatters them over the tokens instead,
+            leaving the output (dp*mp, 1)), "none" keeps the weight whole.
         parallel_config: the layout; dp splits the rows (tokens).
         activation: optional activation applied on the output, sharded like it: "gelu"
             (tanh approximation, `ops.GeLU`), "gelu_exact" (erf form, `ExactGELU`), "relu"
@@ -157,6 +189,8 @@ class Linear(nn.Cell):
             parallel_config.check_divisible(f"input features of a {in_features}->"
                                             f"{out_features} linear layer", in_features)
             matmul_strategy, out_strategy = ((dp, mp), (1, mp)), (dp, 1)
+            if parallel_config.sequence_parallel:
+                out_strategy = stream_strategy(parallel_config)
         elif split == "none":
             matmul_strategy, out_strategy = ((dp, 1), (1, 1)), (dp, 1)
         else:
@@ -165,7 +199,11 @@ class Linear(nn.Cell):
         self.compute_dtype = compute_dtype
         self.weight = Parameter(initializer(Normal(init_std), (out_features, in_features),
                                             ms.float32), name="weight")
-        self.matmul = ops.MatMul(transpose_b=True).shard(matmul_strategy)
+        if out_strategy != (dp, matmul_strategy[1][0]):
+            # MatMul's output strategy (rule G6): rows split by dp x mp = a reduce-scatter
+            self.matmul = ops.MatMul(transpose_b=True).shard(matmul_strategy, (out_strategy,))
+        else:
+            self.matmul = ops.MatMul(transpose_b=True).shard(matmul_strategy)
         self.has_bias = has_bias
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (out_features,), ms.float32), name="bias")
@@ -200,6 +238,7 @@ class Linear(nn.Cell):
 
 class LayerNorm(nn.Cell):
     """Layer normalisation over the last axis, computed in float32; that axis is never split.
+    Split like the residual stream (`stream_strategy`).
 
     Inputs:
         x: (batch, seq, hidden).
@@ -209,11 +248,12 @@ class LayerNorm(nn.Cell):
 
     def __init__(self, hidden_size: int, *, parallel_config: ParallelConfig, eps: float = 1e-5):
         super().__init__()
-        dp = parallel_config.dp
         self.gamma = Parameter(initializer(One(), (hidden_size,), ms.float32), name="gamma")
         self.beta = Parameter(initializer(Zero(), (hidden_size,), ms.float32), name="beta")
+        strategy = stream_strategy(parallel_config)
+        self.tokens_view = len(strategy) == 2
         self.norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1,
-                                  epsilon=eps).shard(((dp, 1, 1), (1,), (1,)))
+                                  epsilon=eps).shard((strategy, (1,), (1,)))
         self.kernel = cpu_kernels.layer_norm() if use_cpu_kernels() else None
         self.eps = Tensor(eps, ms.float32)
 
@@ -221,6 +261,8 @@ class LayerNorm(nn.Cell):
         x = ops.cast(x, ms.float32)
         if self.kernel is not None:
             return self.kernel(x, self.gamma, self.beta, self.eps)[0]
+        if self.tokens_view:
+            return ops.reshape(self.norm(as_tokens(x), self.gamma, self.beta)[0], x.shape)
         return self.norm(x, self.gamma, self.beta)[0]
 
 
@@ -431,7 +473,7 @@ class MultiHeadAttention(nn.Cell):
         self.softmax = ops.Softmax(axis=-1).shard((heads,))
         self.context = ops.BatchMatMul().shard((heads, heads))
         self.attention_dropout = Dropout(attention_dropout, heads)
-        self.hidden_dropout = Dropout(hidden_dropout, (dp, 1, 1))
+        self.hidden_dropout = stream_dropout(hidden_dropout, parallel_config)
         if causal and not flash:
             self.causal_bias = causal_bias(max_seq_length)
             self.slice_causal = ops.StridedSlice().shard(((1, 1, 1, 1),))
@@ -577,21 +619,25 @@ class FeedForward(nn.Cell):
         self.project = Linear(ffn_hidden_size, hidden_size, split="row",
                               parallel_config=parallel_config, compute_dtype=compute_dtype,
                               init_std=output_init_std or init_std)
-        self.dropout = Dropout(hidden_dropout, (parallel_config.dp, 1, 1))
+        self.dropout = stream_dropout(hidden_dropout, parallel_config)
 
     def construct(self, x):
         return self.dropout(ops.cast(self.project(self.expand(x)), ms.float32))
 
 
 class ResidualAdd(nn.Cell):
-    """x + y for (batch, seq, hidden) activations, split by batch."""
+    """x + y for (batch, seq, hidden) activations, split like the residual stream
+    (`stream_strategy`)."""
 
     def __init__(self, *, parallel_config: ParallelConfig):
         super().__init__()
-        dp = parallel_config.dp
-        self.add = ops.Add().shard(((dp, 1, 1), (dp, 1, 1)))
+        strategy = stream_strategy(parallel_config)
+        self.tokens_view = len(strategy) == 2
+        self.add = ops.Add().shard((strategy, strategy))
 
     def construct(self, x, y):
+        if self.tokens_view:
+            return ops.reshape(self.add(as_tokens(x), as_tokens(y)), x.shape)
         return self.add(x, y)
 
 

@@ -91,9 +91,10 @@ def primitives(net: nn.Cell):
     return found
 
 
-def strategy_of(prim) -> Optional[tuple]:
-    """The strategy `.shard()` recorded: MindSpore 2.10 keeps it in the primitive's attrs."""
-    value = prim.attrs.get("in_strategy")
+def strategy_of(prim, attr: str = "in_strategy") -> Optional[tuple]:
+    """The strategy `.shard()` recorded (`attr="out_strategy"`: its output strategy):
+    MindSpore 2.10 keeps both in the primitive's attrs."""
+    value = prim.attrs.get(attr)
     if value is None:
         return None
     return tuple(tuple(int(v) for v in part) for part in value)
@@ -168,6 +169,11 @@ class OpCall:
     stage: int
     recompute_root: Optional[str]   # outermost recomputed cell this call runs in
     staged: bool = True       # the stage comes from an enclosing cell's pipeline_stage
+
+    @property
+    def out_strategy(self) -> Optional[tuple]:
+        """The output strategy given to `.shard()`, or None (rule G6)."""
+        return strategy_of(self.prim, "out_strategy")
 
     @property
     def tensors(self) -> List[TensorInfo]:
@@ -830,6 +836,8 @@ def _output_layout(call: OpCall, position: int, shape: tuple) -> Optional[tuple]
         return None
     name = call.name
     try:
+        if name == "MatMul" and call.out_strategy:   # checked by rule G6
+            return call.out_strategy[0]
         if name in ("MatMul", "BatchMatMul"):
             x, w = strategy[0], strategy[1]
             ta, tb = bool(call.attr("transpose_a", False)), bool(call.attr("transpose_b", False))
@@ -868,10 +876,14 @@ def _output_layout(call: OpCall, position: int, shape: tuple) -> Optional[tuple]
 def reshape_layout(in_shape, in_layout, out_shape) -> Optional[tuple]:
     """The layout a Reshape leaves, when MindSpore can keep the slices where they are.
 
-    Dimensions are matched in groups of equal products. Within a group only the outermost
-    dimension larger than 1 may be split (row-major order keeps its slices contiguous); the
-    split then goes to the group's outermost output dimension larger than 1, if it divides
-    it. Anything else needs a redistribution whose cost is not modelled: None (unknown).
+    Dimensions are matched in groups of equal products. A group's slices must be contiguous
+    chunks of its row-major order: every dimension before its innermost split one is split
+    into single indices (e.g. (batch, seq) split (batch, k): each device holds one sequence's
+    k-th part) or has size 1. The group's split P then goes to its output dimensions from
+    the outermost on: a dimension of size n takes all of P if P divides n, else n (one index
+    per device) when n divides P, leaving P / n for the next. This is how (tokens, hidden)
+    split (dp*mp, 1) reads as (batch, seq, hidden). Anything else needs a redistribution
+    whose cost is not modelled: None (unknown).
     """
     in_shape, out_shape = tuple(in_shape), tuple(out_shape)
     if len(in_layout) != len(in_shape) or math.prod(in_shape) != math.prod(out_shape):
@@ -898,16 +910,23 @@ def reshape_layout(in_shape, in_layout, out_shape) -> Optional[tuple]:
                 break
         if product_in != product_out:
             return None
-        big_in = [d for d in group_in if in_shape[d] > 1] or group_in[:1]
-        if any(in_layout[d] != 1 for d in group_in if d != big_in[0]):
+        split_dims = [d for d in group_in if in_layout[d] != 1]
+        if split_dims and any(in_layout[d] != in_shape[d] for d in group_in
+                              if d < split_dims[-1] and in_shape[d] > 1):
             return None
-        split = in_layout[big_in[0]] if group_in else 1
-        big_out = [d for d in group_out if out_shape[d] > 1] or group_out[:1]
+        split = math.prod(in_layout[d] for d in group_in)
         layout = [1] * len(group_out)
-        if split != 1:
-            if not big_out or out_shape[big_out[0]] % split:
+        for position, d in enumerate(group_out):
+            if split == 1:
+                break
+            if out_shape[d] % split == 0:
+                layout[position], split = split, 1
+            elif out_shape[d] > 1 and split % out_shape[d] == 0:
+                layout[position], split = out_shape[d], split // out_shape[d]
+            elif out_shape[d] > 1:
                 return None
-            layout[group_out.index(big_out[0])] = split
+        if split != 1:
+            return None
         out_layout.extend(layout)
     return tuple(out_layout) if len(out_layout) == len(out_shape) else None
 
@@ -1018,7 +1037,41 @@ def check_call(call: OpCall, devices_per_stage: int, device_num: int) -> List[Vi
         check = _check_broadcast
     if check is not None:
         check(call, shapes, violation, devices_per_stage)
+    if call.out_strategy is not None:
+        _check_output_strategy(call, shapes, violation)
     return found
+
+
+def _check_output_strategy(call, shapes, violation):
+    """Rule G6: only a 2-D MatMul takes an output strategy here (MindSpore also accepts one
+    for an axis-0 Gather, which no layer uses and the plan does not model). For x (a, b) and
+    a weight split c ways on n, it is (a, c) (all-reduce of the partial sums) or (a*b, c)
+    (reduce-scatter over the b group, the rows split a*b ways) [matmul_info.cc
+    CheckOutputStrategy]."""
+    out = call.out_strategy
+    if call.name != "MatMul":
+        violation("G6", f"output strategy {out}: MindSpore accepts output strategies only for "
+                        f"a 2-D MatMul (and an axis-0 Gather, not modelled by the plan)")
+        return
+    if any(len(shape) != 2 for shape in shapes):
+        violation("G6", f"output strategy {out} needs 2-D MatMul inputs, got shapes "
+                        f"{tuple(shapes)}")
+        return
+    if len(out) != 1 or len(out[0]) != 2:
+        violation("G6", f"output strategy {out} must be one tuple of 2 values")
+        return
+    _, m, k, _, n = matmul_dims(call)
+    rows, columns = out[0]
+    out_shape = call.outputs[0].shape if call.outputs else None
+    if columns != n:
+        violation("G6", f"output strategy {out}: the columns must be split {n} like the "
+                        f"weight's output features (strategy {call.strategy})", dim=1)
+    if rows not in (m, m * k):
+        violation("G6", f"output strategy {out}: the rows must be split {m} (all-reduce) or "
+                        f"{m * k} (reduce-scatter) for input strategy {call.strategy}", dim=0)
+    elif out_shape is not None and out_shape[0] % rows:
+        violation("G6", f"output strategy {out}: split {rows} does not divide the output's "
+                        f"{out_shape[0]} rows", dim=0)
 
 
 def _check_broadcast(call, shapes, violation, devices_per_stage):
@@ -1244,6 +1297,10 @@ def check_layout(parallel: ParallelConfig, device_num: int, num_layers: int,
         parallel.check_batch(global_batch_size, accumulation)
     except ConfigError as err:
         violation("batch", str(err))
+    try:
+        parallel.check_sequence_parallel()
+    except ConfigError as err:
+        violation("layout", str(err))
     return found
 
 
@@ -1461,7 +1518,8 @@ def format_report(plan: Plan, max_violations: int = 20) -> str:
                  f"({parallel.devices_per_stage} devices per stage)")
     lines.append(f"          micro batches {parallel.micro_batch_num}, optimizer shard "
                  f"{on[parallel.optimizer_shard]}, recompute {on[parallel.recompute]}, "
-                 f"vocab_emb_dp {on[parallel.vocab_emb_dp]}, precision {train.precision}")
+                 f"vocab_emb_dp {on[parallel.vocab_emb_dp]}, sequence parallel "
+                 f"{on[parallel.sequence_parallel]}, precision {train.precision}")
     lines.append(f"  batch: global {train.global_batch_size} = {train.grad_accumulation} "
                  f"accumulation x {parallel.micro_batch_num} micro batches x "
                  f"{plan.micro_batch} sequences; each operator sees {plan.micro_batch}")
@@ -1577,10 +1635,16 @@ def _layer_examples():
         ("Linear", 'split="column", activation="gelu"',
          lambda pc: L.Linear(h, ffn, split="column", activation="gelu", parallel_config=pc)),
         ("Linear", 'split="row"', lambda pc: L.Linear(ffn, h, split="row", parallel_config=pc)),
+        ("Linear", 'split="row", sequence_parallel', lambda pc: L.Linear(
+            ffn, h, split="row", parallel_config=_with(pc, sequence_parallel=True))),
         ("Linear", 'split="none"', lambda pc: L.Linear(h, h, parallel_config=pc)),
         ("ExactGELU", "strategy (dp, mp)", lambda pc: L.ExactGELU((pc.dp, pc.mp))),
         ("Dropout", "strategy (dp, 1, 1)", lambda pc: L.Dropout(0.1, (pc.dp, 1, 1))),
+        ("Dropout", "stream_dropout, sequence_parallel", lambda pc: L.stream_dropout(
+            0.1, _with(pc, sequence_parallel=True))),
         ("LayerNorm", "", lambda pc: L.LayerNorm(h, parallel_config=pc)),
+        ("LayerNorm", "sequence_parallel", lambda pc: L.LayerNorm(
+            h, parallel_config=_with(pc, sequence_parallel=True))),
         ("VocabEmbedding", "vocab_emb_dp: true", lambda pc: L.VocabEmbedding(
             vocab, h, parallel_config=_with(pc, vocab_emb_dp=True))),
         ("VocabEmbedding", "vocab_emb_dp: false", lambda pc: L.VocabEmbedding(
@@ -1598,6 +1662,8 @@ def _layer_examples():
         ("FeedForward", 'activation="gelu"', lambda pc: L.FeedForward(
             h, ffn, parallel_config=pc, hidden_dropout=0.1)),
         ("ResidualAdd", "", lambda pc: L.ResidualAdd(parallel_config=pc)),
+        ("ResidualAdd", "sequence_parallel", lambda pc: L.ResidualAdd(
+            parallel_config=_with(pc, sequence_parallel=True))),
         ("VocabProjection", "vocab_emb_dp: true", lambda pc: L.VocabProjection(
             h, parallel_config=_with(pc, vocab_emb_dp=True))),
         ("VocabProjection", "vocab_emb_dp: false", lambda pc: L.VocabProjection(
@@ -1648,7 +1714,12 @@ def _communication_note(prim, strategy) -> str:
             ta = bool(prim.attrs.get("transpose_a", False))
             k = x[-2] if ta else x[-1]
             n = w[-2] if tb else w[-1]
-            if k != 1:
+            m = x[-1] if ta else x[-2]
+            out = strategy_of(prim, "out_strategy")
+            if k != 1 and out and out[0][0] == m * k:
+                notes.append(f"forward reduce-scatter over {_symbol(k)} (output "
+                             f"`{_symbolic(out)}`), backward all-gather of its gradient")
+            elif k != 1:
                 notes.append(f"forward all-reduce over {_symbol(k)}")
             if n != 1:
                 notes.append(f"backward all-reduce of the input gradient over {_symbol(n)}")

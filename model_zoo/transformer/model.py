@@ -18,11 +18,11 @@ from mindspore import Tensor, nn, ops
 from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.parallel.layers import (MASK_VALUE, CrossEntropy, Dropout, FeedForward,
+from model_zoo.parallel.layers import (MASK_VALUE, CrossEntropy, FeedForward,
                                        LayerNorm, MultiHeadAttention, ResidualAdd,
                                        SinusoidalPositionEncoding, VocabEmbedding,
                                        VocabProjection, assign_pipeline_stages,
-                                       vocabulary_split)
+                                       stream_dropout, vocabulary_split)
 
 
 @dataclass
@@ -181,7 +181,7 @@ class Transformer(nn.Cell):
         self.positions = SinusoidalPositionEncoding(
             config.seq_length + config.max_decode_extra + 1, config.hidden_size,
             parallel_config=parallel_config)
-        self.dropout = Dropout(config.dropout, (dp, 1, 1))
+        self.dropout = stream_dropout(config.dropout, parallel_config)
         self.encoder_layers = nn.CellList([EncoderLayer(config, parallel_config, compute_dtype)
                                            for _ in range(config.num_layers)])
         self.encoder_norm = LayerNorm(config.hidden_size, parallel_config=parallel_config,
