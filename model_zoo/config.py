@@ -124,6 +124,10 @@ class Config:
         for section in SECTIONS:
             getattr(self, section).validate()
         self.parallel.check_batch(self.train.global_batch_size, self.train.grad_accumulation)
+        self.parallel.check_sequence_split(
+            self.parallel.micro_batch_size(self.train.global_batch_size,
+                                           self.train.grad_accumulation),
+            self.model.seq_length)
         self.parallel.check_divisible("model.num_layers", self.model.num_layers,
                                       by="pipeline_stage")
 

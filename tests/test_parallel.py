@@ -548,6 +548,19 @@ def test_sequence_parallel_strategies():
         ParallelConfig(sequence_parallel=True).validate()
 
 
+def test_training_config_refuses_a_micro_batch_sequence_parallel_cannot_cut():
+    from model_zoo.config import config_from_dict
+    raw = {"model": {"name": "gpt2", "num_layers": 2, "hidden_size": 64, "num_heads": 4,
+                     "seq_length": 16, "vocab_size": 256},
+           "parallel": {"data_parallel": 2, "model_parallel": 4, "full_batch": True,
+                        "sequence_parallel": True},
+           "train": {"global_batch_size": 6}, "data": {"dataset_dir": "unused"}}
+    with pytest.raises(ConfigError, match="a micro batch of 6 sequences of 16 tokens"):
+        config_from_dict(raw)
+    raw["train"]["global_batch_size"] = 4       # 8 pieces: each half a sequence
+    assert config_from_dict(raw).parallel.sequence_parallel
+
+
 @pytest.mark.parametrize("name", ["gpt2", "bert", "transformer"])
 def test_sequence_parallel_computes_the_same_loss_and_gradients(pynative, name):
     """Run stand-alone (strategies ignored), a model built with sequence parallel (its
@@ -586,7 +599,8 @@ def test_sequence_parallel_computes_the_same_loss_and_gradients(pynative, name):
 
 
 def test_stream_dropout_on_the_token_view(pynative):
-    """A 2-D strategy on a 3-D input drops elements of its (tokens, hidden) view."""
+    """A 2-D strategy on a 3-D input runs dropout on its (tokens, hidden) view and gives back
+    the input's shape (the plan's rank check, G1, sees that the view is what is split)."""
     from model_zoo.parallel.layers import Dropout
     dropout = Dropout(0.5, (4, 1))
     dropout.set_train(True)

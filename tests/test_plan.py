@@ -661,6 +661,45 @@ def test_sequence_parallel_rules():
     plan = build_plan(tiny(sequence_parallel=True))
     assert "sequence_parallel=true needs parallel.model_parallel > 1" in str(
         only(plan, "layout")[0])
+    # 3 sequences of 16 tokens do not cut into 4 whole sequences or equal parts of one
+    plan = build_plan(tiny(dp=2, mp=2, batch=3, sequence_parallel=True, full_batch=True))
+    assert "does not cut into data_parallel x model_parallel = 4" in str(only(plan, "layout")[0])
+    for batch in (2, 8):  # parts of sequences, whole sequences
+        assert build_plan(tiny(dp=2, mp=2, batch=batch, sequence_parallel=True,
+                               full_batch=True)).violations == []
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert", "transformer"])
+def test_sequence_parallel_moves_the_same_block_volume(name):
+    """dp 2 x mp 2, all three models: the rules pass with sequence parallel, and the
+    blocks' all-gathers and reduce-scatters add up to the all-reduces they replace (where
+    the stream only becomes more split, e.g. after the embedding, nothing moves)."""
+    def plan(sequence_parallel):
+        raw = {"model": {"name": name, "num_layers": 2, "hidden_size": 64, "num_heads": 4,
+                         "seq_length": 16, "vocab_size": 256, "dropout": 0.1,
+                         "attention_dropout": 0.1},
+               "parallel": {"data_parallel": 2, "model_parallel": 2, "vocab_emb_dp": False,
+                            "sequence_parallel": sequence_parallel},
+               "train": {"global_batch_size": 8, "precision": "fp16"},
+               "data": {"dataset_dir": "unused"}}
+        built = build_plan(plan_config_from_dict(raw))
+        assert built.violations == []
+        return built.communication[0]
+
+    plain, split = plan(False), plan(True)
+
+    def blocks(comm, kinds):
+        return sum(amount for (kind, what), (amount, _) in comm.details.items()
+                   if kind in kinds and (".layer." in what or ".blocks." in what
+                                         or "layers." in what))
+
+    assert blocks(split, ("all_reduce",)) == 0
+    assert blocks(split, ("all_gather", "reduce_scatter")) == pytest.approx(
+        blocks(plain, ("all_reduce",)))
+    assert not [what for kind, what in split.details
+                if kind == "all_gather" and "(2, 1) -> (4, 1)" in what]
+    if name == "gpt2":  # nothing outside the blocks takes whole sequences
+        assert split.total == pytest.approx(plain.total)
 
 
 @pytest.mark.parametrize("layout", [dict(dp=2, mp=2), dict(mp=2, pp=2, micro=2),

@@ -92,6 +92,27 @@ class ParallelConfig:
             return self.micro_batch_num * self.data_parallel
         return self.micro_batch_num * self.devices_per_stage
 
+    def micro_batch_size(self, global_batch_size: int, accumulation: int = 1) -> int:
+        """Sequences in one micro batch of the whole stage: what every operator sees."""
+        return max(1, global_batch_size // max(1, accumulation * self.micro_batch_num))
+
+    def check_sequence_split(self, micro_batch: int, seq_length: int):
+        """Raise ConfigError unless sequence parallel's dp x mp pieces of a micro batch's
+        tokens are whole sequences or equal parts of one: only then does the (tokens, hidden)
+        view the stream is split on read as (batch, seq, hidden) without moving data."""
+        if not self.sequence_parallel:
+            return
+        pieces = self.dp * self.mp
+        if micro_batch % pieces == 0 or (pieces % micro_batch == 0
+                                         and seq_length % (pieces // micro_batch) == 0):
+            return
+        raise ConfigError(
+            f"parallel.sequence_parallel: a micro batch of {micro_batch} sequences of "
+            f"{seq_length} tokens does not cut into data_parallel x model_parallel = {pieces} "
+            f"whole sequences or equal parts of one; make the micro batch (train."
+            f"global_batch_size / (train.grad_accumulation x parallel.micro_batch_num)) a "
+            f"multiple or a divisor of {pieces}")
+
     def check_batch(self, global_batch_size: int, accumulation: int = 1):
         """Raise ConfigError if the global batch cannot be cut evenly."""
         slices = self.batch_slices() * accumulation

@@ -91,8 +91,8 @@ reduce-scatter (n - 1) / n B of the full result.
   parallel), MindSpore all-gathers it; the backward pass is counted as a reduce-scatter of
   the same size (MindSpore's AllGather gradient). That reduce-scatter also sums the partial
   input gradients of a MatMul whose n dimension is split over the same group, so their
-  all-reduce is not counted again (as in Megatron's sequence parallel; how MindSpore
-  orders these collectives only a cluster's profile can show).
+  all-reduce is not counted again (MindSpore mirrors only parameters' gradients; Megatron's
+  sequence parallel does the same).
 - all-reduce, data parallel (G9): each parameter's gradient over its replica group r, once
   per step whatever micro_batch_num and grad_accumulation are (the train step accumulates
   micro batches first: MindSpore's Pipeline / GradAccumulation cells on Ascend); with the
@@ -420,7 +420,8 @@ def _gather_factor(have, wanted) -> int:
     (rule G8; 1 when it only takes a part of its slice, or the layout is unknown)."""
     if have is None or len(have) != len(wanted):
         return 1
-    return math.prod(max(1, h // w) if h % w == 0 else h for h, w in zip(have, wanted))
+    return math.prod(h // w if h % w == 0 else 1 if w % h == 0 else h
+                     for h, w in zip(have, wanted))
 
 
 def _generic(path: str) -> str:
@@ -461,9 +462,9 @@ def estimate_communication(rec, parallel: ParallelConfig,
                              forward * _ring(k) * _slice_bytes(out, out.layout))
                 x, w = tensors[0], tensors[1]
                 # an input all-gathered first (sequence parallel) gets its gradient
-                # reduce-scattered back, which sums the partial input gradients over that
-                # group too, so only the rest of the n split is all-reduced (as Megatron's
-                # sequence parallel does; assumed of MindSpore's redistribution)
+                # reduce-scattered back (AllGather's gradient in MindSpore's
+                # grad_comm_ops.py), which sums the partial input gradients over that group
+                # too, so only the rest of the n split is all-reduced
                 n_summed = n // math.gcd(n, _gather_factor(x.layout, call.strategy[0]))
                 if x.needs_grad:
                     comm.add("all_reduce", f"{where}: input gradient (n split {n})",

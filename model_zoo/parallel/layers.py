@@ -79,9 +79,10 @@ def stream_strategy(parallel_config: ParallelConfig) -> tuple:
     """Strategy of the residual stream's token-wise operators (layer norm, hidden dropout,
     residual add): (dp, 1, 1) on (batch, seq, hidden); with `parallel.sequence_parallel`
     (dp * mp, 1) on its (tokens, hidden) view (`as_tokens`), so each device of a stage keeps
-    1 / (dp mp) of the tokens. The 2-D view is the layout the row-split linear's
-    reduce-scatter leaves whatever the micro batch, as in MindFormers' 2-D sequence parallel
-    (its 3-D (dp, mp, 1) layout matches that only with one sequence per dp rank)."""
+    1 / (dp mp) of the tokens, the layout the row-split linear's reduce-scatter leaves (as
+    in MindFormers' 2-D sequence parallel). Between these operators the stream is
+    (batch, seq, hidden) again, which holds the same slices when the dp x mp pieces are
+    whole sequences or equal parts of one (`ParallelConfig.check_sequence_split`)."""
     if parallel_config.sequence_parallel:
         return (parallel_config.dp * parallel_config.mp, 1)
     return (parallel_config.dp, 1, 1)

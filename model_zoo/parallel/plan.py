@@ -1043,15 +1043,16 @@ def check_call(call: OpCall, devices_per_stage: int, device_num: int) -> List[Vi
 
 
 def _check_output_strategy(call, shapes, violation):
-    """Rule G6: only a 2-D MatMul takes an output strategy here (MindSpore also accepts one
-    for an axis-0 Gather, which no layer uses and the plan does not model). For x (a, b) and
+    """Rule G6: only a 2-D MatMul takes an output strategy here (MindSpore accepts one for
+    a few other operators, e.g. an axis-0 Gather, which no layer uses and the plan does not
+    model). For x (a, b) and
     a weight split c ways on n, it is (a, c) (all-reduce of the partial sums) or (a*b, c)
     (reduce-scatter over the b group, the rows split a*b ways) [matmul_info.cc
     CheckOutputStrategy]."""
     out = call.out_strategy
     if call.name != "MatMul":
-        violation("G6", f"output strategy {out}: MindSpore accepts output strategies only for "
-                        f"a 2-D MatMul (and an axis-0 Gather, not modelled by the plan)")
+        violation("G6", f"output strategy {out}: the plan models output strategies only for "
+                        f"a 2-D MatMul (MindSpore rejects them for most operators)")
         return
     if any(len(shape) != 2 for shape in shapes):
         violation("G6", f"output strategy {out} needs 2-D MatMul inputs, got shapes "
@@ -1266,7 +1267,8 @@ def check_recording(rec: Recording, parallel: ParallelConfig, device_num: int) -
 
 
 def check_layout(parallel: ParallelConfig, device_num: int, num_layers: int,
-                 global_batch_size: int, accumulation: int) -> List[Violation]:
+                 global_batch_size: int, accumulation: int,
+                 seq_length: int) -> List[Violation]:
     """The layout's own rules: device number (G10), product, stages, micro batches, batch."""
     found = []
 
@@ -1299,6 +1301,8 @@ def check_layout(parallel: ParallelConfig, device_num: int, num_layers: int,
         violation("batch", str(err))
     try:
         parallel.check_sequence_parallel()
+        parallel.check_sequence_split(parallel.micro_batch_size(global_batch_size, accumulation),
+                                      seq_length)
     except ConfigError as err:
         violation("layout", str(err))
     return found
@@ -1419,8 +1423,8 @@ def network_inputs(module, config, network, batch_size: int):
 
 def micro_batch_size(config) -> int:
     """Sequences of the global batch in one micro batch: what every operator sees."""
-    slices = max(1, config.train.grad_accumulation * max(1, config.parallel.micro_batch_num))
-    return max(1, config.train.global_batch_size // slices)
+    return config.parallel.micro_batch_size(config.train.global_batch_size,
+                                            config.train.grad_accumulation)
 
 
 def record_training_network(config, network) -> Recording:
@@ -1463,7 +1467,8 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
     if device_num < 1:
         raise UserInputError(f"--device-num must be >= 1, got {device_num}")
     violations = check_layout(parallel, device_num, config.model.num_layers,
-                              train.global_batch_size, train.grad_accumulation)
+                              train.global_batch_size, train.grad_accumulation,
+                              config.model.seq_length)
     micro_batch = micro_batch_size(config)
     if getattr(config.model, "flash_attention", False) and device != "ascend910b":
         violations.append(Violation(
@@ -1722,7 +1727,9 @@ def _communication_note(prim, strategy) -> str:
             elif k != 1:
                 notes.append(f"forward all-reduce over {_symbol(k)}")
             if n != 1:
-                notes.append(f"backward all-reduce of the input gradient over {_symbol(n)}")
+                notes.append(f"backward all-reduce of the input gradient over {_symbol(n)} "
+                             f"(with sequence parallel: the reduce-scatter of its gathered "
+                             f"input)")
             return "; ".join(notes) or "none"
         if name == "Gather" and strategy[0][0] != 1:
             return f"vocabulary split: masked lookup, all-reduce over {_symbol(strategy[0][0])}"
