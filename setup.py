@@ -11,8 +11,8 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.9",
     packages=find_packages(include=["model_zoo", "model_zoo.*"]),
-    package_data={"model_zoo": ["*/configs/*.yaml", "*/configs/*/*.yaml", "*/README.md",
-                                "parallel/cpu_kernels.cc"]},
+    package_data={"model_zoo": ["models/*/configs/*.yaml", "models/*/configs/*/*.yaml",
+                                "models/*/README.md", "nn/cpu_kernels.cc"]},
     install_requires=[
         "mindspore==2.10.0",
         "numpy<2",

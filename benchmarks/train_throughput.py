@@ -58,7 +58,8 @@ SIZE_OVERRIDES = {
 
 def load_benchmark_config(args):
     from model_zoo.config import load_config
-    path = args.config or os.path.join(ROOT, "model_zoo", args.model, "configs", "tiny.yaml")
+    path = args.config or os.path.join(ROOT, "model_zoo", "models", args.model, "configs",
+                                       "tiny.yaml")
     overrides = [] if args.config else list(SIZE_OVERRIDES[args.size][args.model]) + [
         f"data.dataset_dir=datasets/benchmark-{args.model}-{args.size}"]
     # no warmup, and a cosine decay over the config's steps: the learning rate stays within
@@ -164,7 +165,7 @@ def run_ours(config, batch, steps, warmup, profile_dir=None):
     import mindspore as ms
     from model_zoo.config import import_model
     from model_zoo.parallel.context import init_parallel
-    from model_zoo.parallel.layers import dtype_of
+    from model_zoo.nn.layers import dtype_of
     from model_zoo.train.trainer import build_train_step
 
     context = init_parallel(config.parallel, "CPU")
@@ -283,7 +284,7 @@ def ReferenceTranslationModel(model_config):
     """torch.nn.Transformer with a shared, sqrt(d)-scaled embedding, sinusoidal positions
     and the output projection tied to the embedding: the translation model's structure."""
     import torch
-    from model_zoo.parallel.layers import sinusoid_table
+    from model_zoo.nn.layers import sinusoid_table
 
     class Translation(torch.nn.Module):
         def __init__(self, config):

@@ -1,18 +1,45 @@
-"""The `model-zoo` command: train, eval, generate, fill-mask, translate, data, convert, rank-table.
+"""The `model-zoo` command: train, eval, plan, rank-table, data, convert, and the verbs the
+model folders add (generate, fill-mask, translate).
 
-Model-specific subcommands are served by the model folder named in the config (or on the
-command line): `model-zoo eval CONFIG` calls the folder's `run_eval`, and so on, so a
-copied folder brings its commands with it.
+Commands that take a config are served by the model folder the config names: `model-zoo
+eval CONFIG` calls that folder's `run_eval`, `model-zoo generate CONFIG` its
+`run_generate`, so a copied folder brings its commands with it (model_zoo/models/base.py).
+Building the parser imports only the folders' light `__init__` and `commands` modules; a
+model's code, MindSpore and the plan are imported when a command that needs them runs, so
+`model-zoo rank-table ...` (run by the launch scripts on every server) starts at once.
 """
 
 import argparse
 import json
 import sys
+from typing import Optional
 
 from model_zoo.config import available_models, import_model, load_config
 from model_zoo.errors import UserInputError
-from model_zoo.parallel.plan import add_plan_arguments, run_plan_command
-from model_zoo.parallel.rank_table import add_rank_table_arguments, run_rank_table_command
+from model_zoo.launch.rank_table import add_rank_table_arguments, run_rank_table_command
+from model_zoo.plan.command import add_plan_arguments
+
+MODEL_SUBCOMMANDS = {"data": "build a model's dataset from text files",
+                     "convert": "import a Hugging Face checkpoint"}
+
+
+class Commands:
+    """What a model folder's `add_commands` adds to: verbs that take a config."""
+
+    def __init__(self, subparsers):
+        self.subparsers = subparsers
+        self.verbs = set()
+
+    def verb(self, name: str, help_text: str) -> Optional[argparse.ArgumentParser]:
+        """`model-zoo NAME CONFIG ...`, served by `run_<name>` of the config's model folder
+        (dashes become underscores). None when another folder added it already: folders
+        that share a verb (a copied folder and its original) take the same arguments."""
+        if name in self.verbs:
+            return None
+        self.verbs.add(name)
+        parser = self.subparsers.add_parser(name, help=help_text)
+        add_config_arguments(parser)
+        return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,44 +65,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(evaluate)
     evaluate.add_argument("--ckpt", required=True, help="checkpoint file")
 
-    generate = commands.add_parser("generate", help="continue a prompt (language models)")
-    add_config_arguments(generate)
-    generate.add_argument("--ckpt", required=True, help="checkpoint file")
-    prompt = generate.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt", help="prompt text (needs the dataset's tokenizer)")
-    prompt.add_argument("--prompt-ids", help='prompt token ids, e.g. "1 2 3"')
-    generate.add_argument("--max-new-tokens", type=int, default=32)
-    generate.add_argument("--greedy", action="store_true", help="take the most likely token")
-    generate.add_argument("--top-k", type=int, default=0, help="sample among the k most likely")
-    generate.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
-    generate.add_argument("--temperature", type=float, default=1.0)
-    generate.add_argument("--seed", type=int, default=0, help="sampling seed")
+    registry = Commands(commands)
+    models = {name: import_model(name) for name in available_models()}
+    for module in models.values():
+        module.add_commands(registry)
 
-    fill_mask = commands.add_parser("fill-mask", help="predict masked tokens (masked LMs)")
-    add_config_arguments(fill_mask)
-    fill_mask.add_argument("--ckpt", required=True, help="checkpoint file")
-    text = fill_mask.add_mutually_exclusive_group(required=True)
-    text.add_argument("--text", help="text with [MASK] tokens (needs the dataset's tokenizer)")
-    text.add_argument("--ids", help='token ids including the mask id, e.g. "4 17 6 9 5"')
-    fill_mask.add_argument("--mask-id", type=int, help="mask token id (default: the config's)")
-    fill_mask.add_argument("--top-k", type=int, default=5, help="ids to print per mask")
-
-    translate = commands.add_parser("translate", help="translate lines of text")
-    add_config_arguments(translate)
-    translate.add_argument("--ckpt", required=True, help="checkpoint file")
-    translate.add_argument("--input", help="text file, one sentence per line (default: stdin)")
-    translate.add_argument("--beam", type=int, help="beam size (default: the config's; 1 = greedy)")
-
-    for name, help_text, hook in (("data", "build a model's dataset from text files",
-                                   "add_data_arguments"),
-                                  ("convert", "import a Hugging Face checkpoint",
-                                   "add_convert_arguments")):
-        command = commands.add_parser(name, help=help_text)
-        models = command.add_subparsers(dest="model", required=True, metavar="MODEL")
-        for model in available_models():
-            module = import_model(model)
-            if hasattr(module, hook):
-                getattr(module, hook)(models.add_parser(model, help=f"{name} for {model}"))
+    for name, help_text in MODEL_SUBCOMMANDS.items():
+        serving = [model for model, module in models.items()
+                   if f"run_{name}_command" in dir(module)]
+        command = commands.add_parser(
+            name, help=help_text,
+            description=f"{help_text}; `model-zoo {name} MODEL --help` lists the model's "
+                        f"arguments")
+        command.add_argument("model", choices=serving, metavar="MODEL",
+                             help=f"one of: {', '.join(serving)}")
+        command.add_argument("arguments", nargs=argparse.REMAINDER,
+                             help="the model's own arguments")
 
     add_rank_table_arguments(commands.add_parser(
         "rank-table", help="generate, validate and merge HCCL rank tables (no config needed)"))
@@ -86,29 +91,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_config_arguments(parser):
-    parser.add_argument("config", help="YAML config, e.g. model_zoo/gpt2/configs/tiny.yaml")
+    parser.add_argument("config", help="YAML config, e.g. model_zoo/models/gpt2/configs/tiny.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
 
 
 def model_command(module, name: str, command: str):
-    function = getattr(module, name, None)
-    if function is None:
+    if name not in dir(module):
         raise UserInputError(f"model {module.__name__.split('.')[-1]!r} has no `{command}` "
                              f"command")
-    return function
+    return getattr(module, name)
+
+
+def run_model_subcommand(command: str, model: str, arguments) -> int:
+    """`model-zoo data|convert MODEL ...`: the model folder parses its own arguments."""
+    module = import_model(model)
+    parser = argparse.ArgumentParser(prog=f"model-zoo {command} {model}",
+                                     description=MODEL_SUBCOMMANDS[command])
+    model_command(module, f"add_{command}_arguments", command)(parser)
+    model_command(module, f"run_{command}_command", command)(parser.parse_args(arguments))
+    return 0
 
 
 def run(args) -> int:
     if args.command == "rank-table":
         return run_rank_table_command(args)
     if args.command == "plan":
+        from model_zoo.plan.command import run_plan_command
         return run_plan_command(args)
-    if args.command in ("data", "convert"):
-        module = import_model(args.model)
-        hook = "run_data_command" if args.command == "data" else "run_convert_command"
-        model_command(module, hook, args.command)(args)
-        return 0
+    if args.command in MODEL_SUBCOMMANDS:
+        return run_model_subcommand(args.command, args.model, args.arguments)
     config = load_config(args.config, args.overrides)
     module = import_model(config.model.name)
     if args.command == "train":
@@ -122,12 +134,9 @@ def run(args) -> int:
         train(config, output_dir, resume=args.resume, on_save=storage.upload)
     elif args.command == "eval":
         print(json.dumps(model_command(module, "run_eval", "eval")(config, args.ckpt)))
-    elif args.command == "generate":
-        print(model_command(module, "run_generate", "generate")(config, args.ckpt, args))
-    elif args.command == "translate":
-        print(model_command(module, "run_translate", "translate")(config, args.ckpt, args))
-    elif args.command == "fill-mask":
-        print(model_command(module, "run_fill_mask", "fill-mask")(config, args.ckpt, args))
+    else:
+        hook = "run_" + args.command.replace("-", "_")
+        print(model_command(module, hook, args.command)(config, args.ckpt, args))
     return 0
 
 

@@ -136,23 +136,21 @@ class Config:
 
 
 def available_models() -> List[str]:
-    """Model folders inside the package: every sub-package with a `ModelConfig`."""
-    import model_zoo
-    names = []
-    for info in pkgutil.iter_modules(model_zoo.__path__):
-        if info.ispkg and os.path.exists(
-                os.path.join(model_zoo.__path__[0], info.name, "model.py")):
-            names.append(info.name)
-    return sorted(names)
+    """Model folders: every sub-package of model_zoo/models with a model.py (found without
+    importing them)."""
+    import model_zoo.models
+    root = model_zoo.models.__path__[0]
+    return sorted(info.name for info in pkgutil.iter_modules(model_zoo.models.__path__)
+                  if info.ispkg and os.path.exists(os.path.join(root, info.name, "model.py")))
 
 
 def import_model(name: str):
-    """Import the model folder `model_zoo/<name>`; ConfigError if there is none."""
+    """Import the model folder `model_zoo/models/<name>`; ConfigError if there is none."""
     known = available_models()
     if name not in known:
-        raise ConfigError(f"model.name={name!r} is not a model folder under model_zoo/ "
+        raise ConfigError(f"model.name={name!r} is not a model folder under model_zoo/models/ "
                           f"(found: {', '.join(known) or 'none'})")
-    return importlib.import_module(f"model_zoo.{name}")
+    return importlib.import_module(f"model_zoo.models.{name}")
 
 
 def load_config(path: str, overrides: Optional[List[str]] = None) -> Config:

@@ -1,7 +1,7 @@
 # Helpers shared by the launch scripts (sourced, not run).
 
 PYTHON=${PYTHON:-python3}
-DEFAULT_CONFIG=model_zoo/gpt2/configs/tiny.yaml
+DEFAULT_CONFIG=model_zoo/models/gpt2/configs/tiny.yaml
 export GLOG_v=${GLOG_v:-3}
 
 # The script's banner: its leading comment block.

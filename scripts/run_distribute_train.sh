@@ -4,10 +4,10 @@
 # Usage: bash scripts/run_distribute_train.sh DEVICE_NUM RANK_TABLE_FILE [CONFIG] [args for `model-zoo train`]
 #   DEVICE_NUM       devices of the whole job (all servers): 1, 2, 4, 8, 16, ...
 #   RANK_TABLE_FILE  HCCL rank table (JSON v1.0) listing them; see rank_tables/
-#   CONFIG           YAML config (default: model_zoo/gpt2/configs/tiny.yaml); on Ascend its
+#   CONFIG           YAML config (default: model_zoo/models/gpt2/configs/tiny.yaml); on Ascend its
 #                    layout data_parallel x model_parallel x pipeline_stage must equal DEVICE_NUM
 #   e.g. bash scripts/run_distribute_train.sh 8 rank_tables/rank_table_8p.json \
-#            model_zoo/gpt2/configs/gpt2-small.yaml --output-dir outputs/small
+#            model_zoo/models/gpt2/configs/gpt2-small.yaml --output-dir outputs/small
 #
 # Ascend: the rank table is validated first; each of this server's devices gets a working
 # folder OUTPUT_DIR/rank_<RANK_ID>/ with env.txt and train.log, and its process starts in
@@ -45,7 +45,7 @@ TARGET=$(device_target)
 if [ "$TARGET" != "Ascend" ]; then
     echo "no Ascend device: starting $DEVICE_NUM data-parallel CPU workers (logs in $OUTPUT_DIR/rank_<i>/train.log)"
     export DEVICE_TARGET=CPU
-    exec "$PYTHON" -m model_zoo.parallel.launch --workers "$DEVICE_NUM" --output-dir "$OUTPUT_DIR" \
+    exec "$PYTHON" -m model_zoo.launch --workers "$DEVICE_NUM" --output-dir "$OUTPUT_DIR" \
         --grace "${FAILURE_GRACE_SECONDS:-10}" --timeout "${JOB_TIMEOUT_SECONDS:-0}" -- \
         "$PYTHON" -m model_zoo train "$CONFIG" --set "parallel.data_parallel=$DEVICE_NUM" "$@"
 fi

@@ -3,9 +3,9 @@
 #
 # Usage: bash scripts/run_distribute_train_msrun.sh WORKER_NUM [CONFIG] [args for `model-zoo train`]
 #   WORKER_NUM  processes of the whole job (all nodes)
-#   CONFIG      YAML config (default: model_zoo/gpt2/configs/tiny.yaml); on Ascend its layout
+#   CONFIG      YAML config (default: model_zoo/models/gpt2/configs/tiny.yaml); on Ascend its layout
 #               data_parallel x model_parallel x pipeline_stage must equal WORKER_NUM
-#   e.g. one node:  bash scripts/run_distribute_train_msrun.sh 8 model_zoo/gpt2/configs/gpt2-small.yaml
+#   e.g. one node:  bash scripts/run_distribute_train_msrun.sh 8 model_zoo/models/gpt2/configs/gpt2-small.yaml
 #        two nodes: on node 0: MASTER_ADDR=10.0.0.1 NODE_RANK=0 LOCAL_WORKER_NUM=8 bash ... 16 CONFIG
 #                   on node 1: MASTER_ADDR=10.0.0.1 NODE_RANK=1 LOCAL_WORKER_NUM=8 bash ... 16 CONFIG
 #

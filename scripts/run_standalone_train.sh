@@ -2,7 +2,7 @@
 # Train one model in one process (a CPU, or one Ascend device).
 #
 # Usage: bash scripts/run_standalone_train.sh CONFIG [args for `model-zoo train`]
-#   e.g. bash scripts/run_standalone_train.sh model_zoo/gpt2/configs/tiny.yaml \
+#   e.g. bash scripts/run_standalone_train.sh model_zoo/models/gpt2/configs/tiny.yaml \
 #            --output-dir outputs/tiny --set train.steps=500
 # Environment: DEVICE_TARGET=CPU|Ascend (default: Ascend when its backend loads),
 #              DEVICE_ID (Ascend device to use), PYTHON (default python3).

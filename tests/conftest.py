@@ -33,7 +33,7 @@ TINY_CONFIG = {
 def tiny_dataset(tmp_path_factory):
     """Directory of a complete GPT-2 dataset: vocab 400, seq_length 16, about 700 samples."""
     from model_zoo.data import python_docstrings_corpus
-    from model_zoo.gpt2.data import build_dataset
+    from model_zoo.models.gpt2.data import build_dataset
 
     directory = tmp_path_factory.mktemp("gpt2_data") / "tiny"
     documents = python_docstrings_corpus()[:TINY_DOCUMENTS]

@@ -23,7 +23,7 @@ LAYOUTS = {
 
 
 def layout_params(parallel_section):
-    from model_zoo.parallel.plan import build_plan, plan_config_from_dict
+    from model_zoo.plan.report import build_plan, plan_config_from_dict
     raw = {"model": {"name": "gpt2", "num_layers": 2, "hidden_size": 256, "num_heads": 4,
                      "seq_length": 16, "vocab_size": 512},
            "parallel": {"vocab_emb_dp": False, **parallel_section},

@@ -13,7 +13,7 @@ import mindspore as ms
 from mindspore.nn.utils import no_init_parameters
 
 from model_zoo.config import import_model
-from model_zoo.parallel.layers import Linear, dtype_of
+from model_zoo.nn.layers import Linear, dtype_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "train_throughput.py")

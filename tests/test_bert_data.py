@@ -12,8 +12,8 @@ import json
 import numpy as np
 import pytest
 
-from model_zoo.bert import data as bert_data
-from model_zoo.bert.data import (
+from model_zoo.models.bert import data as bert_data
+from model_zoo.models.bert.data import (
     CLASSIFICATION_COLUMNS,
     CLASSIFICATION_LABELS,
     CLS_ID,

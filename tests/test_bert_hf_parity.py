@@ -14,9 +14,9 @@ transformers = pytest.importorskip("transformers")
 
 import mindspore as ms  # noqa: E402
 
-from model_zoo.bert.convert import convert_hf_bert  # noqa: E402
-from model_zoo.bert.fill_mask import fill_mask, format_fill_mask  # noqa: E402
-from model_zoo.bert.model import BertForPreTraining, LogitsCell  # noqa: E402
+from model_zoo.models.bert.convert import convert_hf_bert  # noqa: E402
+from model_zoo.models.bert.fill_mask import fill_mask, format_fill_mask  # noqa: E402
+from model_zoo.models.bert.model import BertForPreTraining, LogitsCell  # noqa: E402
 from model_zoo.config import load_config  # noqa: E402
 from model_zoo.errors import CheckpointError, DataError  # noqa: E402
 from model_zoo.train.checkpoint import load_weights, read_checkpoint  # noqa: E402

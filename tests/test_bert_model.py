@@ -3,7 +3,7 @@
 Numerical parity with Hugging Face (post-LN structure, exact GELU, heads) is in
 test_bert_hf_parity.py; here the losses are checked against their definitions, a few
 optimizer steps must lower the loss, and the strategies of the BERT-large shape are read
-from cells built without weights and checked against MINDSPORE_PARALLEL_RULES.md.
+from cells built without weights and checked against docs/mindspore-parallel-rules.md.
 """
 
 import math
@@ -17,13 +17,14 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.nn.utils import no_init_parameters
 
-from model_zoo.parallel.layers import kernels_for
-from model_zoo.bert.model import (BertConfig, BertForPreTraining, BertForSequenceClassification,
-                                  BertLayer, LogitsCell, build_bert_network)
+from model_zoo.nn.layers import kernels_for
+from model_zoo.models.bert.model import (BertConfig, BertForPreTraining,
+                                         BertForSequenceClassification, BertLayer, LogitsCell,
+                                         build_bert_network)
 from model_zoo.config import TrainConfig
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.parallel.layers import ExactGELU, LayerNorm, MultiHeadAttention
+from model_zoo.nn.layers import ExactGELU, LayerNorm, MultiHeadAttention
 from model_zoo.train.schedule import WarmupCosineSchedule
 from model_zoo.train.step import TrainStep, build_optimizer
 

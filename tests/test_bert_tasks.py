@@ -14,7 +14,7 @@ VOCAB = 300
 
 @pytest.fixture(scope="module")
 def pretraining_dir(tmp_path_factory):
-    from model_zoo.bert.data import build_pretraining_dataset
+    from model_zoo.models.bert.data import build_pretraining_dataset
     from model_zoo.data import python_docstrings_corpus
     directory = tmp_path_factory.mktemp("bert") / "pretrain"
     build_pretraining_dataset(directory, python_docstrings_corpus()[:150], vocab_size=VOCAB,

@@ -7,11 +7,12 @@ import pytest
 from model_zoo import cli
 from model_zoo.config import Config, TrainConfig, load_config, save_config
 from model_zoo.errors import ConfigError
-from model_zoo.gpt2.model import GPT2Config
-from model_zoo.gpt2.tasks import GPT2DataConfig
+from model_zoo.models.gpt2.model import GPT2Config
+from model_zoo.models.gpt2.tasks import GPT2DataConfig
 from model_zoo.parallel.config import ParallelConfig
 
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "model_zoo", "gpt2", "configs")
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "model_zoo", "models", "gpt2",
+                          "configs")
 TINY = os.path.join(CONFIG_DIR, "tiny.yaml")
 MINIMAL = "model:\n  name: gpt2\ndata:\n  dataset_dir: datasets/x\n"
 

@@ -19,7 +19,7 @@ from model_zoo.data import (
     write_mindrecord,
 )
 from model_zoo.errors import DataError
-from model_zoo.gpt2 import data as gpt2_data
+from model_zoo.models.gpt2 import data as gpt2_data
 
 SCHEMA = {"input_ids": {"type": "int32", "shape": [-1]}}
 SAMPLE_COUNT = 20

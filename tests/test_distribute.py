@@ -134,7 +134,7 @@ def test_wrong_argument_count_prints_the_usage(args):
     result = run_script(args)
     assert result.returncode == 1
     assert "Usage: bash scripts/run_distribute_train.sh DEVICE_NUM RANK_TABLE_FILE" in result.stdout
-    assert "default: model_zoo/gpt2/configs/tiny.yaml" in result.stdout
+    assert "default: model_zoo/models/gpt2/configs/tiny.yaml" in result.stdout
 
 
 def test_msrun_launcher_trains_two_cpu_workers(tmp_path, write_config):

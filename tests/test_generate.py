@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import mindspore as ms
 
-from model_zoo.gpt2.generate import filter_logits, generate
-from model_zoo.gpt2.model import GPT2Config, GPT2ForTraining
+from model_zoo.models.gpt2.generate import filter_logits, generate
+from model_zoo.models.gpt2.model import GPT2Config, GPT2ForTraining
 
 SEQ, VOCAB = 8, 23
 

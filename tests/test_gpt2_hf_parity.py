@@ -16,9 +16,9 @@ import mindspore as ms  # noqa: E402
 
 from model_zoo.config import load_config  # noqa: E402
 from model_zoo.errors import CheckpointError, DataError  # noqa: E402
-from model_zoo.gpt2.convert import convert_hf_gpt2  # noqa: E402
-from model_zoo.gpt2.generate import generate  # noqa: E402
-from model_zoo.gpt2.model import GPT2ForTraining  # noqa: E402
+from model_zoo.models.gpt2.convert import convert_hf_gpt2  # noqa: E402
+from model_zoo.models.gpt2.generate import generate  # noqa: E402
+from model_zoo.models.gpt2.model import GPT2ForTraining  # noqa: E402
 from model_zoo.train.checkpoint import load_weights, read_checkpoint  # noqa: E402
 
 SEQ, VOCAB = 32, 101

@@ -3,7 +3,7 @@ pipeline stages and recomputation.
 
 Operator strategies are read from the built cells (built without allocating weights, so the
 benchmark-size GPT-2 costs nothing) and checked against MindSpore's rules as summarised in
-`MINDSPORE_PARALLEL_RULES.md`; a tiny model's forward pass checks them against real shapes.
+`docs/mindspore-parallel-rules.md`; a tiny model's forward pass checks them against real shapes.
 """
 
 import math
@@ -17,14 +17,15 @@ from mindspore.nn.utils import no_init_parameters
 
 from model_zoo.config import load_config
 from model_zoo.errors import ConfigError
-from model_zoo.gpt2.model import GPT2Block, GPT2Config, GPT2ForTraining
+from model_zoo.models.gpt2.model import GPT2Block, GPT2Config, GPT2ForTraining
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.parallel.context import (check_layout, data_shard, detect_device_target,
                                         launched_ranks)
-from model_zoo.parallel.layers import CrossEntropy, LayerNorm, MultiHeadAttention, kernels_for
-from model_zoo.parallel.plan import primitives, record
+from model_zoo.nn.layers import CrossEntropy, LayerNorm, MultiHeadAttention, kernels_for
+from model_zoo.plan.trace import primitives, record
 
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "model_zoo", "gpt2", "configs")
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "model_zoo", "models", "gpt2",
+                          "configs")
 BENCHMARK = os.path.join(CONFIG_DIR, "gpt2-1024.yaml")
 
 
@@ -567,7 +568,7 @@ def test_sequence_parallel_computes_the_same_loss_and_gradients(pynative, name):
     token-wise operators on the (tokens, hidden) view) gives the loss and gradients of the
     same model without it, to float32 rounding."""
     from model_zoo.config import config_from_dict, import_model
-    from model_zoo.parallel.plan import network_inputs
+    from model_zoo.plan.report import network_inputs
     raw = {"model": {"name": name, "num_layers": 2, "hidden_size": 32, "num_heads": 4,
                      "seq_length": 16, "vocab_size": 64, "dropout": 0.0,
                      "attention_dropout": 0.0},
@@ -601,7 +602,7 @@ def test_sequence_parallel_computes_the_same_loss_and_gradients(pynative, name):
 def test_stream_dropout_on_the_token_view(pynative):
     """A 2-D strategy on a 3-D input runs dropout on its (tokens, hidden) view and gives back
     the input's shape (the plan's rank check, G1, sees that the view is what is split)."""
-    from model_zoo.parallel.layers import Dropout
+    from model_zoo.nn.layers import Dropout
     dropout = Dropout(0.5, (4, 1))
     dropout.set_train(True)
     x = np.arange(1, 25, dtype=np.float32).reshape(2, 3, 4)

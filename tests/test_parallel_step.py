@@ -30,7 +30,7 @@ def test_gradient_norm_over_four_cpu_ranks(tmp_path):
     rank gets numpy's norm of the whole set, and an inf on one rank stops every rank."""
     out = tmp_path / "job"
     result = subprocess.run(
-        [sys.executable, "-m", "model_zoo.parallel.launch", "--workers", "4", "--output-dir",
+        [sys.executable, "-m", "model_zoo.launch", "--workers", "4", "--output-dir",
          str(out), "--timeout", "400", "--", sys.executable, WORKER],
         cwd=ROOT, capture_output=True, text=True, timeout=450,
         env=dict(os.environ, GLOG_v="3", OMP_NUM_THREADS="1"))
@@ -105,7 +105,7 @@ BUILD_100B = r'''
 import json, sys
 from model_zoo.config import import_model
 from model_zoo.parallel.context import RunContext
-from model_zoo.parallel.plan import load_plan_config
+from model_zoo.plan.report import load_plan_config
 from model_zoo.train.trainer import build_model
 config = load_plan_config(sys.argv[1])
 def build(rank):
@@ -134,7 +134,8 @@ def test_100b_train_step_builds_without_allocating():
     builds gpt-100b-d1m8p16's network, optimizer and step under deferred initialisation:
     no parameter, moment or accumulation buffer is allocated, and the process stays
     under 1 GB (about 0.5 GB here, MindSpore's import included; the issue's bound is 2 GB)."""
-    config = os.path.join(ROOT, "model_zoo", "gpt2", "configs", "plan", "gpt-100b-d1m8p16.yaml")
+    config = os.path.join(ROOT, "model_zoo", "models", "gpt2", "configs", "plan",
+                          "gpt-100b-d1m8p16.yaml")
     result = subprocess.run([sys.executable, "-c", BUILD_100B, config], cwd=ROOT,
                             capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, GLOG_v="3"))

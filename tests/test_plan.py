@@ -22,14 +22,16 @@ from mindspore.nn.utils import no_init_parameters
 from conftest import run_cli
 from model_zoo.config import load_config
 from model_zoo.errors import ConfigError
-from model_zoo.gpt2.model import GPT2Config, GPT2ForTraining
-from model_zoo.parallel import cost
+from model_zoo.models.gpt2.model import GPT2Config, GPT2ForTraining
+from model_zoo.plan import cost
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.parallel.layers import check_flash_attention_device, kernels_for
-from model_zoo.parallel.plan import (DOC_PATH, PlanError, build_plan, format_report,
-                                     generated_sections, load_plan_config,
-                                     plan_config_files, plan_config_from_dict, record,
-                                     render_doc, sharded_layer_names, _layer_examples)
+from model_zoo.nn.layers import check_flash_attention_device, kernels_for
+from model_zoo.plan.command import DOC_PATH
+from model_zoo.plan.docs import (_layer_examples, generated_sections, plan_config_files,
+                                 render_doc, sharded_layer_names)
+from model_zoo.plan.report import (build_plan, format_report, load_plan_config,
+                                   plan_config_from_dict)
+from model_zoo.plan.trace import PlanError, record
 from model_zoo.parallel.replication import (device_piece, norm_weights, optimizer_shard_size,
                                             stage_of_rank)
 
@@ -62,8 +64,8 @@ def rss(field):
 import mindspore as ms
 from mindspore import Tensor
 from model_zoo.config import config_from_dict
-from model_zoo.gpt2 import build_train_network
-from model_zoo.parallel.layers import dtype_of
+from model_zoo.models.gpt2 import build_train_network
+from model_zoo.nn.layers import dtype_of
 from model_zoo.train.step import build_optimizer
 
 ms.set_context(mode=ms.PYNATIVE_MODE, device_target="CPU", runtime_num_threads=1)
@@ -383,7 +385,7 @@ def test_shape_rules_agree_with_the_kernels(dtype, recompute):
 
 
 def test_model_without_plan_inputs_hook():
-    from model_zoo.parallel.plan import network_inputs
+    from model_zoo.plan.report import network_inputs
 
     class TwoInputs(ms.nn.Cell):
         def construct(self, a, b):
@@ -577,7 +579,8 @@ NORM_REASON = "gradient norm and overflow flag (all devices)"
 def test_data_parallel_gradient_reduction_once_per_step(accumulation):
     """gpt2-1024-d8m1p1: one gradient's worth of data-parallel all-reduce per step, however
     many accumulation micro steps make it (MindSpore's GradAccumulation on Ascend)."""
-    relative = os.path.join("model_zoo", "gpt2", "configs", "plan", "gpt2-1024-d8m1p1.yaml")
+    relative = os.path.join("model_zoo", "models", "gpt2", "configs", "plan",
+                            "gpt2-1024-d8m1p1.yaml")
     config = load_plan_config(os.path.join(ROOT, relative),
                               [f"train.grad_accumulation={accumulation}"])
     plan = build_plan(config, relative)
@@ -617,7 +620,8 @@ def test_sequence_parallel_splits_the_stream_at_the_same_volume():
     inputs of the 24 recomputed blocks (4 T h bytes each), the final layer norm's input and
     statistics (4 T h + 8 T) and the embedding dropout's bit mask (T h / 8) are split over
     mp = 8, and one recomputed block's own activations fall by what the closed form says."""
-    path = os.path.join(ROOT, "model_zoo", "gpt2", "configs", "plan", "gpt2-1024-d1m8p1.yaml")
+    path = os.path.join(ROOT, "model_zoo", "models", "gpt2", "configs", "plan",
+                        "gpt2-1024-d1m8p1.yaml")
     plain = shipped(os.path.relpath(path, ROOT))
     split = build_plan(load_plan_config(path, ["parallel.sequence_parallel=true"]))
     assert split.violations == []
@@ -728,7 +732,8 @@ def test_weighted_local_norms_sum_to_the_full_norm(layout):
 def test_vocabulary_parallel_loss_gathers_no_logits():
     """gpt2-1024-d1m8p1 (vocabulary split 8 ways): the logits are never all-gathered (they
     were 86 GiB of all-gather and as much reduce-scatter per device per step)."""
-    plan = shipped(os.path.join("model_zoo", "gpt2", "configs", "plan", "gpt2-1024-d1m8p1.yaml"))
+    plan = shipped(os.path.join("model_zoo", "models", "gpt2", "configs", "plan",
+                                "gpt2-1024-d1m8p1.yaml"))
     (comm,) = plan.communication
     gathers = [what for kind, what in comm.details if kind == "all_gather"]
     assert gathers == ["slice: input 0 redistributed (8, 1) -> (1, 1)"]  # the token ids
@@ -782,7 +787,7 @@ def test_model_parallel_communication():
 
 # --- the command ------------------------------------------------------------------------------
 
-D2M2P4 = "model_zoo/gpt2/configs/plan/gpt2-1024-d2m2p4.yaml"
+D2M2P4 = "model_zoo/models/gpt2/configs/plan/gpt2-1024-d2m2p4.yaml"
 
 
 def test_cli_table(tmp_path):
@@ -825,7 +830,7 @@ def test_report_names_violations_and_memory_overflow():
     assert "lm.transformer.blocks.1.attention.softmax (Softmax) input 0 dimension 3" in text
     assert text.rstrip().endswith("FAILED: 1 violation(s)")
     big = build_plan(load_plan_config(
-        os.path.join(ROOT, "model_zoo/gpt2/configs/plan/gpt2-1024-d1m1p1.yaml"),
+        os.path.join(ROOT, "model_zoo/models/gpt2/configs/plan/gpt2-1024-d1m1p1.yaml"),
         ["train.grad_accumulation=1"]))  # 512 sequences at once on one device
     assert not big.fits and "DOES NOT FIT" in format_report(big)
 
@@ -836,17 +841,16 @@ def test_every_sharded_layer_is_documented():
     documented = {layer for layer, _, _ in _layer_examples()}
     missing = set(sharded_layer_names()) - documented
     assert not missing, (f"add {sorted(missing)} to _layer_examples in "
-                         f"model_zoo/parallel/plan.py, then run "
-                         f"`python3 -m model_zoo.parallel.plan --update-docs`")
+                         f"model_zoo/plan/docs.py, then run "
+                         f"`model-zoo plan --update-docs`")
 
 
 def test_doc_is_generated_from_the_code():
-    with open(DOC_PATH, encoding="utf-8") as handle:
+    with open(os.path.join(ROOT, DOC_PATH), encoding="utf-8") as handle:
         text = handle.read()
     plans = {relative: shipped(relative) for relative in CONFIGS}
-    assert render_doc(text, generated_sections(plans)) == text, (
-        "docs/parallelism.md is out of date: run `python3 -m model_zoo.parallel.plan "
-        "--update-docs`")
+    assert render_doc(text, generated_sections(plans), DOC_PATH) == text, (
+        "docs/parallelism.md is out of date: run `model-zoo plan --update-docs`")
     assert "| `Linear` | split=\"row\" | MatMul (`matmul`) | `((dp, mp), (1, mp))` |" in text
 
 

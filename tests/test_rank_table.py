@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from model_zoo.cli import main
-from model_zoo.parallel import rank_table as rt
-from model_zoo.parallel.rank_table import (RankTableError, generate_rank_table, load_rank_table,
-                                           local_devices, merge_rank_tables, validate_rank_table,
-                                           write_rank_table)
+from model_zoo.launch import rank_table as rt
+from model_zoo.launch.rank_table import (RankTableError, generate_rank_table, load_rank_table,
+                                         local_devices, merge_rank_tables, validate_rank_table,
+                                         write_rank_table)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "rank_tables"
 EXAMPLE_SIZES = {"rank_table_1p.json": (1, 1), "rank_table_2p.json": (1, 2),

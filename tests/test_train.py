@@ -9,7 +9,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from model_zoo.config import TrainConfig, load_config
-from model_zoo.gpt2.model import GPT2Config, GPT2ForTraining
+from model_zoo.models.gpt2.model import GPT2Config, GPT2ForTraining
 from model_zoo.train.checkpoint import list_checkpoints, read_checkpoint
 from model_zoo.train.metrics import read_metrics
 from model_zoo.train.schedule import WarmupCosineSchedule

@@ -23,20 +23,21 @@ from mindspore import Tensor, nn
 from mindspore.nn.utils import no_init_parameters
 
 from conftest import run_cli
-from model_zoo.parallel.layers import kernels_for
+from model_zoo.nn.layers import kernels_for
 from model_zoo.config import TrainConfig, load_config
-from model_zoo.parallel.layers import (CrossEntropy, MultiHeadAttention, fuse_head_projections,
-                                       sinusoid_table)
-from model_zoo.parallel.plan import check_recording, record
+from model_zoo.nn.layers import (CrossEntropy, MultiHeadAttention, fuse_head_projections,
+                                 sinusoid_table)
+from model_zoo.plan.rules import check_recording
+from model_zoo.plan.trace import record
 from model_zoo.train.schedule import build_schedule
 from model_zoo.train.step import TrainStep, build_optimizer
-from model_zoo.transformer import data as tdata
-from model_zoo.transformer.decode import Translator
-from model_zoo.transformer.model import (Transformer, TransformerConfig,
-                                         TransformerForTraining)
+from model_zoo.models.transformer import data as tdata
+from model_zoo.models.transformer.decode import Translator
+from model_zoo.models.transformer.model import (Transformer, TransformerConfig,
+                                                TransformerForTraining)
 
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "model_zoo", "transformer",
-                          "configs")
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "model_zoo", "models",
+                          "transformer", "configs")
 LAYOUT_DIR = os.path.join(CONFIG_DIR, "plan")
 LAYOUT_CONFIGS = sorted(os.path.basename(path)
                         for path in glob.glob(os.path.join(LAYOUT_DIR, "transformer-*.yaml")))

@@ -13,7 +13,7 @@ import pytest
 from model_zoo.data import Tokenizer, bucket_boundaries, bucket_counts, global_batches
 from model_zoo.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from model_zoo.errors import DataError
-from model_zoo.transformer import data as tdata
+from model_zoo.models.transformer import data as tdata
 
 CATALOGS = Path(tdata.CATALOG_ROOT, "de", "LC_MESSAGES")
 needs_catalogs = pytest.mark.skipif(not any(CATALOGS.glob("*.mo")),

@@ -10,9 +10,9 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from model_zoo.parallel import cpu_kernels
+from model_zoo.nn import cpu_kernels
 from model_zoo.parallel.context import ascend_supports, is_ascend_910b
-from model_zoo.parallel.layers import use_cpu_kernels
+from model_zoo.nn.layers import use_cpu_kernels
 
 
 class GradientNorm(nn.Cell):

@@ -1,0 +1,205 @@
+"""Start a multi-process job on one machine through MindSpore's dynamic cluster, and watch it.
+
+    python3 -m model_zoo.launch --workers 2 --output-dir OUT -- \\
+        python3 -m model_zoo train CONFIG --output-dir OUT
+
+One scheduler and `--workers` workers run the same command on loopback, told their roles
+by MindSpore's dynamic-cluster variables (MS_ROLE, MS_SCHED_HOST, MS_SCHED_PORT,
+MS_WORKER_NUM, MS_NODE_ID). Worker i logs to OUT/rank_<i>/train.log (appended, so an
+earlier run's log is kept) and the scheduler to OUT/scheduler.log.
+
+The launcher exits 0 when every worker succeeds. When one fails, the others get
+`--grace` seconds to finish, then are stopped; the launcher names the failed rank, prints
+the end of its log and exits 1. A worker that dies therefore ends the job within the grace
+period plus a few seconds, instead of leaving the others waiting in a collective forever.
+"""
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+POLL_SECONDS = 0.5
+STOP_SECONDS = 5.0
+LOG_TAIL_LINES = 20
+
+
+@dataclass
+class Process:
+    """A started process of the job: its role, rank (None for the scheduler) and log."""
+
+    name: str
+    rank: int
+    popen: subprocess.Popen
+    log_path: str
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def rank_log_path(output_dir: str, rank: int) -> str:
+    return os.path.join(output_dir, f"rank_{rank}", "train.log")
+
+
+def start(command, env, log_path, name, rank=None) -> Process:
+    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"=== {name} started {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                  f"{' '.join(command)}\n")
+        log.flush()
+        popen = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    return Process(name, rank, popen, log_path)
+
+
+def cluster_env(role: str, port: int, workers: int, cluster_timeout: int, rank=None) -> dict:
+    env = dict(os.environ)
+    env.update({"MS_ROLE": role, "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": str(port),
+                "MS_WORKER_NUM": str(workers), "MS_TOPO_TIMEOUT": str(cluster_timeout),
+                "DEVICE_TARGET": env.get("DEVICE_TARGET", "CPU")})
+    if rank is not None:
+        env.update({"MS_NODE_ID": str(rank), "RANK_ID": str(rank)})
+    return env
+
+
+def stop(processes):
+    """SIGTERM the process groups still running, then SIGKILL what is left."""
+    running = [p for p in processes if p.popen.poll() is None]
+    for process in running:
+        _signal_group(process, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_SECONDS
+    while time.monotonic() < deadline and any(p.popen.poll() is None for p in running):
+        time.sleep(0.1)
+    for process in running:
+        if process.popen.poll() is None:
+            _signal_group(process, signal.SIGKILL)
+            process.popen.wait()
+
+
+def _signal_group(process, sig):
+    try:
+        os.killpg(process.popen.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait(process, seconds):
+    try:
+        process.popen.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return "".join(handle.readlines()[-lines:])
+    except OSError:
+        return "(no log)\n"
+
+
+def watch(workers, scheduler, grace: float, timeout: float) -> int:
+    """Wait for the job; returns the exit status of the whole job."""
+    started = time.monotonic()
+    failed = None
+    failed_at = None
+    while True:
+        codes = [w.popen.poll() for w in workers]
+        if failed is None:
+            for worker, code in zip(workers + [scheduler], codes + [scheduler.popen.poll()]):
+                if code not in (None, 0):
+                    failed, failed_at = worker, time.monotonic()
+                    print(f"{worker.name} {describe_exit(code)}; stopping the job "
+                          f"within {grace:g} s", file=sys.stderr, flush=True)
+                    break
+        if all(code is not None for code in codes):
+            break
+        if failed is not None and time.monotonic() - failed_at >= grace:
+            break
+        if timeout and time.monotonic() - started >= timeout:
+            print(f"the job ran longer than --timeout {timeout:g} s; stopping it",
+                  file=sys.stderr, flush=True)
+            stop(workers + [scheduler])
+            return 1
+        time.sleep(POLL_SECONDS)
+    if failed is None:
+        _wait(scheduler, STOP_SECONDS)
+    stop(workers + [scheduler])
+    if failed is None:
+        failed = next((w for w in workers if w.popen.returncode != 0), None)
+    if failed is None:
+        return 0
+    print(f"{failed.name} failed ({describe_exit(failed.popen.returncode)}); "
+          f"last lines of {failed.log_path}:\n{log_tail(failed.log_path)}",
+          file=sys.stderr, flush=True)
+    return 1
+
+
+def launch(command, workers: int, output_dir: str, grace: float = 10.0,
+           cluster_timeout: int = 120, timeout: float = 0.0, port: int = 0) -> int:
+    """Run `command` as a scheduler plus `workers` ranks on loopback; returns the exit status."""
+    port = port or free_port()
+    scheduler = start(command, cluster_env("MS_SCHED", port, workers, cluster_timeout),
+                      os.path.join(output_dir, "scheduler.log"), "scheduler")
+    processes = [scheduler]
+    try:
+        ranks = []
+        for rank in range(workers):
+            ranks.append(start(command,
+                               cluster_env("MS_WORKER", port, workers, cluster_timeout, rank),
+                               rank_log_path(output_dir, rank), f"rank {rank}", rank))
+            processes.append(ranks[-1])
+            print(f"rank {rank}: pid {ranks[-1].popen.pid}, log {ranks[-1].log_path}", flush=True)
+        return watch(ranks, scheduler, grace, timeout)
+    except KeyboardInterrupt:
+        print("interrupted; stopping the job", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        stop(processes)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m model_zoo.launch",
+        description="Run a command as a MindSpore dynamic cluster on this machine.")
+    parser.add_argument("--workers", type=int, required=True, help="number of ranks")
+    parser.add_argument("--output-dir", required=True,
+                        help="logs go to OUTPUT_DIR/rank_<i>/train.log and scheduler.log")
+    parser.add_argument("--grace", type=float, default=10.0,
+                        help="seconds the other ranks get after one fails (default 10)")
+    parser.add_argument("--cluster-timeout", type=int, default=120,
+                        help="seconds to wait for all ranks to join (default 120)")
+    parser.add_argument("--timeout", type=float, default=0.0,
+                        help="stop the job after this many seconds (default: no limit)")
+    parser.add_argument("--port", type=int, default=0, help="scheduler port (default: a free one)")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the command every process runs, after --")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to run after --")
+    if args.workers < 1:
+        parser.error("--workers must be >= 1")
+    return launch(command, args.workers, args.output_dir, args.grace, args.cluster_timeout,
+                  args.timeout, args.port)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,225 @@
+"""BERT's user paths: data, the training networks, evaluation and fill-mask.
+
+`model.task` picks the path: "pretrain" (masked LM + next sentence prediction on raw text)
+or "classify" (fine-tuning on the docstring-topic task; see data.py for why that task).
+The trainer and the command line reach the model only through the names exported by this
+folder's `__init__.py`.
+"""
+
+import os
+from dataclasses import dataclass, field
+from typing import List
+
+
+from model_zoo.config import Config, DataConfig
+from model_zoo.data import create_dataset, parse_token_ids
+from model_zoo.errors import ConfigError, DataError, UserInputError
+from model_zoo.nn.layers import dtype_of
+from model_zoo.train.checkpoint import load_for_evaluation
+
+from .data import (BUILTIN_PYTHON_DOCS, CLASSIFICATION_COLUMNS, CLASSIFICATION_FILES,
+                   PRETRAINING_COLUMNS, PRETRAINING_FILES, TOKENIZER_FILE,
+                   build_classification_dataset, build_pretraining_dataset,
+                   classification_dataset_ready, encode_text, load_bert_tokenizer,
+                   load_documents, pretraining_dataset_ready, read_manifest)
+from .fill_mask import fill_mask, format_fill_mask
+from .model import LogitsCell, build_bert_network
+
+
+@dataclass
+class BertDataConfig(DataConfig):
+    """BERT's `data` section.
+
+    Pretraining: `sources` (text files or `builtin:python-docs`) are turned into masked
+    sentence pairs on first use. Fine-tuning (model.task: classify): the topic dataset is
+    built on first use with the pretraining dataset's `tokenizer`.
+    """
+
+    dataset_dir: str = "datasets/bert"
+    sources: List[str] = field(default_factory=lambda: [BUILTIN_PYTHON_DOCS])
+    tokenizer: str = ""
+    max_predictions_per_seq: int = 20
+    masked_lm_prob: float = 0.15
+    whole_word_mask: bool = False
+    dupe_factor: int = 2
+    heldout_fraction: float = 0.05
+    seed: int = 1
+
+
+def _pretraining(config: Config) -> bool:
+    return config.model.task == "pretrain"
+
+
+def prepare_data(config: Config):
+    """Build the task's dataset in data.dataset_dir unless it is already there."""
+    data, model = config.data, config.model
+    if _pretraining(config):
+        if pretraining_dataset_ready(data.dataset_dir, model.vocab_size, model.seq_length,
+                                     data.max_predictions_per_seq):
+            return
+        print(f"building the pretraining dataset in {data.dataset_dir} from "
+              f"{' '.join(data.sources)} ...", flush=True)
+        manifest = build_pretraining_dataset(
+            data.dataset_dir, load_documents(data.sources), vocab_size=model.vocab_size,
+            seq_length=model.seq_length, max_predictions_per_seq=data.max_predictions_per_seq,
+            masked_lm_prob=data.masked_lm_prob, whole_word_mask=data.whole_word_mask,
+            dupe_factor=data.dupe_factor, heldout_fraction=data.heldout_fraction,
+            seed=data.seed, source=" ".join(data.sources))
+        print(f"dataset: {manifest['splits']['train']['examples']} train / "
+              f"{manifest['splits']['heldout']['examples']} held-out sentence pairs", flush=True)
+        return
+    if not data.tokenizer:
+        raise ConfigError("data.tokenizer is empty: fine-tuning needs the pretraining "
+                          "dataset's tokenizer.model")
+    if not os.path.isfile(data.tokenizer):
+        raise DataError(f"data.tokenizer: {data.tokenizer} does not exist (pretrain first)")
+    if not classification_dataset_ready(data.dataset_dir, model.vocab_size, model.seq_length,
+                                        tokenizer_path=data.tokenizer):
+        print(f"building the classification dataset in {data.dataset_dir} ...", flush=True)
+        build_classification_dataset(data.dataset_dir, data.tokenizer,
+                                     seq_length=model.seq_length, seed=data.seed)
+    labels = read_manifest(data.dataset_dir)["labels"]
+    if len(labels) != model.num_labels:
+        raise ConfigError(f"model.num_labels={model.num_labels} but the dataset in "
+                          f"{data.dataset_dir} has {len(labels)} labels ({', '.join(labels)})")
+
+
+def _split(config: Config, split: str):
+    files = PRETRAINING_FILES if _pretraining(config) else CLASSIFICATION_FILES
+    columns = PRETRAINING_COLUMNS if _pretraining(config) else CLASSIFICATION_COLUMNS
+    return os.path.join(config.data.dataset_dir, files[split]), columns
+
+
+def build_train_network(config: Config, compute_dtype):
+    """BertForPreTraining or BertForSequenceClassification, by model.task."""
+    return build_bert_network(config.model, config.parallel, compute_dtype)
+
+
+def plan_inputs(config: Config, batch_size: int):
+    """The training network's inputs for the plan check, in the dataset's column order."""
+    import mindspore as ms
+    seq, predictions = config.model.seq_length, config.data.max_predictions_per_seq
+    if _pretraining(config):
+        return [((batch_size, seq), ms.int32)] * 3 + [
+            ((batch_size, predictions), ms.int32), ((batch_size, predictions), ms.int32),
+            ((batch_size, predictions), ms.float32), ((batch_size,), ms.int32)]
+    return [((batch_size, seq), ms.int32)] * 3 + [((batch_size,), ms.int32)]
+
+
+def create_train_dataset(config: Config, shard, skip_batches: int = 0):
+    path, columns = _split(config, "train")
+    return create_dataset(path, columns, shard.batch_size, num_shards=shard.num_shards,
+                          shard_id=shard.shard_id, shuffle=config.data.shuffle,
+                          seed=config.train.seed, skip_batches=skip_batches)
+
+
+def _batches(config: Config, split: str):
+    """Every example of a held-out split once, in order (the last short batch included)."""
+    path, columns = _split(config, split)
+    return create_dataset(path, columns, 32, shuffle=False, repeat=False,
+                          drop_remainder=False).create_tuple_iterator(output_numpy=True)
+
+
+def evaluate(config: Config, network) -> dict:
+    """Pretraining: masked-LM and next-sentence accuracy on the held-out pairs.
+    Fine-tuning: accuracy on the dev split against the majority-class baseline."""
+    from mindspore import Tensor
+    logits = LogitsCell(network)
+    logits.set_train(False)
+    if _pretraining(config):
+        mlm_correct = mlm_total = nsp_correct = examples = 0
+        for ids, types, mask, positions, labels, weights, next_label in _batches(config,
+                                                                                 "heldout"):
+            mlm, nsp = logits(Tensor(ids), Tensor(types), Tensor(mask), Tensor(positions))
+            predicted = mlm.asnumpy().argmax(-1).reshape(labels.shape)
+            mlm_correct += float(((predicted == labels) * weights).sum())
+            mlm_total += float(weights.sum())
+            nsp_correct += int((nsp.asnumpy().argmax(-1) == next_label).sum())
+            examples += len(ids)
+        return {"split": "heldout", "examples": examples, "predictions": int(mlm_total),
+                "mlm_accuracy": round(mlm_correct / max(mlm_total, 1), 4),
+                "nsp_accuracy": round(nsp_correct / max(examples, 1), 4)}
+    correct = examples = 0
+    for ids, types, mask, label in _batches(config, "dev"):
+        scores = logits(Tensor(ids), Tensor(types), Tensor(mask)).asnumpy()
+        correct += int((scores.argmax(-1) == label).sum())
+        examples += len(ids)
+    baseline = read_manifest(config.data.dataset_dir)["majority_baseline"]
+    return {"split": "dev", "examples": examples, "accuracy": round(correct / max(examples, 1), 4),
+            "majority_baseline": baseline["dev_accuracy"],
+            "majority_label": baseline["label"]}
+
+
+def _tokenizer(config: Config):
+    path = config.data.tokenizer or os.path.join(config.data.dataset_dir, TOKENIZER_FILE)
+    return load_bert_tokenizer(path) if os.path.isfile(path) else None
+
+
+def sample_text(config: Config, network) -> str:
+    """Fill-mask on a held-out sentence, printed after pretraining."""
+    if not _pretraining(config):
+        return "(classification)"
+    tokenizer = _tokenizer(config)
+    text = "Return the [MASK] of the file."
+    ids = _encode_with_masks(config, tokenizer, text)
+    results = fill_mask(network, ids, mask_id=config.model.mask_token_id, top_k=5,
+                        seq_length=config.model.seq_length)
+    return text + "\n" + format_fill_mask(results, tokenizer)
+
+
+def _encode_with_masks(config: Config, tokenizer, text: str) -> list:
+    """[CLS] text [SEP] with every literal [MASK] as the mask id."""
+    model = config.model
+    ids = [model.cls_token_id]
+    for index, piece in enumerate(text.split("[MASK]")):
+        if index:
+            ids.append(model.mask_token_id)
+        if piece.strip():
+            ids.extend(encode_text(tokenizer, piece))
+    return ids[:model.seq_length - 1] + [model.sep_token_id]
+
+
+def load_network(config: Config, ckpt: str):
+    return load_for_evaluation(build_train_network(config, dtype_of(config.train.precision)),
+                               ckpt)
+
+
+def run_eval(config: Config, ckpt: str) -> dict:
+    prepare_ready = (pretraining_dataset_ready(config.data.dataset_dir, config.model.vocab_size,
+                                               config.model.seq_length,
+                                               config.data.max_predictions_per_seq)
+                     if _pretraining(config) else
+                     classification_dataset_ready(config.data.dataset_dir,
+                                                  config.model.vocab_size,
+                                                  config.model.seq_length))
+    if not prepare_ready:
+        raise DataError(f"no held-out data in {config.data.dataset_dir}: train once, or build "
+                        f"it with `model-zoo data bert`")
+    return evaluate(config, load_network(config, ckpt))
+
+
+def run_fill_mask(config: Config, ckpt: str, args) -> str:
+    """`model-zoo fill-mask`: a line `mask <position>: <ids>` per masked position."""
+    if not _pretraining(config):
+        raise UserInputError("fill-mask needs a pretraining config (model.task: pretrain)")
+    mask_id = config.model.mask_token_id if args.mask_id is None else args.mask_id
+    tokenizer = _tokenizer(config)
+    if args.ids is not None:
+        ids = parse_token_ids(args.ids, "--ids", config.model.vocab_size)
+    elif tokenizer is None:
+        raise UserInputError(f"no tokenizer for {config.data.dataset_dir} to encode --text; "
+                             f"give token ids with --ids")
+    else:
+        ids = _encode_with_masks(config, tokenizer, args.text)
+    if mask_id not in ids:
+        raise UserInputError(f"no mask token (id {mask_id}) in the input: put [MASK] in --text "
+                             f"or the mask id in --ids")
+    if len(ids) > config.model.seq_length:
+        raise UserInputError(f"the input has {len(ids)} tokens, more than model.seq_length="
+                             f"{config.model.seq_length}")
+    if args.top_k < 1:
+        raise UserInputError(f"--top-k must be >= 1, got {args.top_k}")
+    network = load_network(config, ckpt)
+    results = fill_mask(network, ids, mask_id=mask_id, top_k=args.top_k,
+                        seq_length=config.model.seq_length)
+    return format_fill_mask(results, tokenizer)

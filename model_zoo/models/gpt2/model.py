@@ -1,0 +1,161 @@
+"""GPT-2 (Radford et al., 2019) as MindSpore cells with sharding strategies.
+
+Pre-LayerNorm decoder blocks, learned positions, tanh-approximated GELU, and an output
+projection tied to the token embedding. Parameter names follow the paper's structure so a
+Hugging Face checkpoint maps onto them one to one (see convert.py).
+"""
+
+import math
+from dataclasses import dataclass
+
+import mindspore as ms
+from mindspore import nn, ops
+
+from model_zoo.models.base import folder_name
+from model_zoo.config import ModelConfig
+from model_zoo.errors import ConfigError
+from model_zoo.parallel.config import ParallelConfig
+from model_zoo.nn.layers import (CrossEntropy, FeedForward, LayerNorm,
+                                 MultiHeadAttention, PositionEmbedding, ResidualAdd,
+                                 VocabEmbedding, VocabProjection, assign_pipeline_stages,
+                                 stream_dropout, vocabulary_split)
+
+
+@dataclass
+class GPT2Config(ModelConfig):
+    """GPT-2's `model` section.
+
+    ffn_hidden_size 0 means 4 x hidden_size; `seq_length` is both the training length and
+    the number of learned positions.
+    """
+
+    name: str = folder_name(__name__)
+    ffn_hidden_size: int = 0
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    layer_norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    def validate(self):
+        super().validate()
+        if self.ffn_hidden_size < 0:
+            raise ConfigError(f"model.ffn_hidden_size must be >= 0, got {self.ffn_hidden_size}")
+        self.check_fractions("dropout", "attention_dropout")
+
+
+class GPT2Block(nn.Cell):
+    """x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+
+    def __init__(self, config: GPT2Config, parallel_config: ParallelConfig, compute_dtype):
+        super().__init__()
+        output_std = config.init_std / math.sqrt(2 * config.num_layers)
+        self.ln_1 = LayerNorm(config.hidden_size, parallel_config=parallel_config,
+                              eps=config.layer_norm_eps)
+        self.attention = MultiHeadAttention(
+            config.hidden_size, config.num_heads, parallel_config=parallel_config, causal=True,
+            max_seq_length=config.seq_length, attention_dropout=config.attention_dropout,
+            hidden_dropout=config.dropout, compute_dtype=compute_dtype,
+            init_std=config.init_std, output_init_std=output_std, flash=config.flash_attention)
+        self.ln_2 = LayerNorm(config.hidden_size, parallel_config=parallel_config,
+                              eps=config.layer_norm_eps)
+        self.mlp = FeedForward(config.hidden_size, config.ffn_size,
+                               parallel_config=parallel_config, activation="gelu",
+                               hidden_dropout=config.dropout, compute_dtype=compute_dtype,
+                               init_std=config.init_std, output_init_std=output_std)
+        self.residual_1 = ResidualAdd(parallel_config=parallel_config)
+        self.residual_2 = ResidualAdd(parallel_config=parallel_config)
+
+    def construct(self, x):
+        normed = self.ln_1(x)
+        x = self.residual_1(x, self.attention(normed))
+        return self.residual_2(x, self.mlp(self.ln_2(x)))
+
+
+class GPT2Model(nn.Cell):
+    """Embeddings, blocks and the final layer norm.
+
+    Inputs:
+        input_ids: int32 (batch, seq), seq <= config.seq_length.
+    Outputs:
+        float32 hidden states (batch, seq, hidden).
+    """
+
+    def __init__(self, config: GPT2Config, parallel_config: ParallelConfig,
+                 compute_dtype=ms.float32):
+        super().__init__()
+        self.wte = VocabEmbedding(config.vocab_size, config.hidden_size,
+                                  parallel_config=parallel_config, init_std=config.init_std)
+        self.wpe = PositionEmbedding(config.seq_length, config.hidden_size,
+                                     parallel_config=parallel_config, init_std=0.01)
+        self.dropout = stream_dropout(config.dropout, parallel_config)
+        self.blocks = nn.CellList([GPT2Block(config, parallel_config, compute_dtype)
+                                   for _ in range(config.num_layers)])
+        self.ln_f = LayerNorm(config.hidden_size, parallel_config=parallel_config,
+                              eps=config.layer_norm_eps)
+        assign_pipeline_stages(list(self.blocks), parallel_config)
+        for cell in (self.wte, self.wpe, self.dropout):
+            cell.pipeline_stage = 0
+        self.ln_f.pipeline_stage = parallel_config.pipeline_stage - 1
+
+    def construct(self, input_ids):
+        x = self.dropout(self.wpe(self.wte(input_ids)))
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x)
+
+
+class GPT2LMHeadModel(nn.Cell):
+    """GPT-2 with its tied language-model head.
+
+    Inputs:
+        input_ids: int32 (batch, seq).
+    Outputs:
+        float32 logits (batch * seq, vocab).
+    """
+
+    def __init__(self, config: GPT2Config, parallel_config: ParallelConfig = None,
+                 compute_dtype=ms.float32):
+        super().__init__()
+        parallel_config = parallel_config or ParallelConfig()
+        self.config = config
+        self.transformer = GPT2Model(config, parallel_config, compute_dtype)
+        self.head = VocabProjection(config.hidden_size, parallel_config=parallel_config,
+                                    compute_dtype=compute_dtype)
+        self.head.pipeline_stage = parallel_config.pipeline_stage - 1
+
+    def construct(self, input_ids):
+        hidden = self.transformer(input_ids)
+        return self.head(hidden, self.transformer.wte.embedding_table)
+
+
+class GPT2ForTraining(nn.Cell):
+    """Next-token loss: a sample of seq_length + 1 tokens gives inputs and shifted labels.
+
+    Inputs:
+        input_ids: int32 (batch, seq_length + 1).
+    Outputs:
+        float32 scalar, the mean cross-entropy.
+    """
+
+    def __init__(self, config: GPT2Config, parallel_config: ParallelConfig = None,
+                 compute_dtype=ms.float32):
+        super().__init__()
+        parallel_config = parallel_config or ParallelConfig()
+        dp = parallel_config.dp
+        self.lm = GPT2LMHeadModel(config, parallel_config, compute_dtype)
+        self.slice = ops.StridedSlice().shard(((dp, 1),))
+        self.loss = CrossEntropy(parallel_config=parallel_config,
+                                 class_split=vocabulary_split(parallel_config))
+        self.loss.pipeline_stage = parallel_config.pipeline_stage - 1
+
+    def construct(self, input_ids):
+        batch, length = input_ids.shape
+        inputs = self.slice(input_ids, (0, 0), (batch, length - 1), (1, 1))
+        labels = self.slice(input_ids, (0, 1), (batch, length), (1, 1))
+        logits = self.lm(inputs)
+        labels = ops.reshape(labels, (-1,))
+        return self.loss(logits, labels, ops.ones(labels.shape, ms.float32))

@@ -1,0 +1,147 @@
+"""GPT-2's user paths: data preparation, the training network, evaluation, generation.
+
+The trainer and the command line reach a model only through the names exported by the
+model folder's `__init__.py`, so a copy of this folder is a new model.
+"""
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import List
+
+import mindspore as ms
+import numpy as np
+
+from model_zoo.config import Config, DataConfig
+from model_zoo.data import Tokenizer, count_samples, create_dataset, parse_token_ids
+from model_zoo.errors import DataError, UserInputError
+from model_zoo.nn.layers import dtype_of
+from model_zoo.train.checkpoint import load_for_evaluation
+
+from .data import (BUILTIN_PYTHON_DOCS, SPLIT_FILES, TOKENIZER_FILE, build_dataset,
+                   dataset_ready, load_documents)
+from .generate import generate
+from .model import GPT2ForTraining
+
+
+@dataclass
+class GPT2DataConfig(DataConfig):
+    """GPT-2's `data` section.
+
+    sources: text files (documents separated by blank lines) or `builtin:python-docs`, the
+    docstrings of Python's standard library, used to build the dataset on first use.
+    """
+
+    dataset_dir: str = "datasets/gpt2"
+    sources: List[str] = field(default_factory=lambda: [BUILTIN_PYTHON_DOCS])
+    heldout_fraction: float = 0.05
+    seed: int = 1
+
+
+def prepare_data(config: Config):
+    """Build the dataset in data.dataset_dir from data.sources unless it is already there."""
+    data, model = config.data, config.model
+    if dataset_ready(data.dataset_dir, model.vocab_size, model.seq_length):
+        return
+    print(f"building the dataset in {data.dataset_dir} from {' '.join(data.sources)} ...",
+          flush=True)
+    documents = load_documents(data.sources)
+    manifest = build_dataset(data.dataset_dir, documents, vocab_size=model.vocab_size,
+                             seq_length=model.seq_length, heldout_fraction=data.heldout_fraction,
+                             seed=data.seed, source=" ".join(data.sources))
+    splits = manifest["splits"]
+    print(f"dataset: {len(documents)} documents, {splits['train']['samples']} train / "
+          f"{splits['heldout']['samples']} held-out samples of {model.seq_length + 1} tokens",
+          flush=True)
+
+
+def build_train_network(config: Config, compute_dtype):
+    """The cell the trainer optimises: token ids (batch, seq_length + 1) -> mean loss."""
+    return GPT2ForTraining(config.model, config.parallel, compute_dtype)
+
+
+def plan_inputs(config: Config, batch_size: int):
+    """The training network's inputs for the plan check: token ids (batch, seq_length + 1)."""
+    return [((batch_size, config.model.seq_length + 1), ms.int32)]
+
+
+def create_train_dataset(config: Config, shard, skip_batches: int = 0):
+    """This rank's batches of the train split, resumable at `skip_batches`."""
+    return create_dataset(split_path(config, "train"), ["input_ids"], shard.batch_size,
+                          num_shards=shard.num_shards, shard_id=shard.shard_id,
+                          shuffle=config.data.shuffle, seed=config.train.seed,
+                          skip_batches=skip_batches)
+
+
+def split_path(config: Config, split: str) -> str:
+    return os.path.join(config.data.dataset_dir, SPLIT_FILES[split])
+
+
+def evaluate(config: Config, network) -> dict:
+    """Mean next-token loss and perplexity of `network` (a GPT2ForTraining) on held-out data."""
+    path = split_path(config, "heldout")
+    samples = count_samples(path)
+    batch_size = max(1, min(config.train.global_batch_size, samples))
+    dataset = create_dataset(path, ["input_ids"], batch_size, shuffle=False, repeat=False)
+    network.set_train(False)
+    losses = [float(network(ids).asnumpy()) for (ids,) in dataset.create_tuple_iterator()]
+    loss = float(np.mean(losses))
+    evaluated = len(losses) * batch_size
+    return {"split": "heldout", "samples": evaluated,
+            "tokens": evaluated * config.model.seq_length, "loss": round(loss, 4),
+            "perplexity": round(math.exp(min(loss, 50.0)), 2)}
+
+
+def tokenizer_for(config: Config):
+    """The dataset's tokenizer, or None when the model came without one (e.g. converted)."""
+    path = os.path.join(config.data.dataset_dir, TOKENIZER_FILE)
+    return Tokenizer(path) if os.path.isfile(path) else None
+
+
+def sample_text(config: Config, network, prompt: str = "Return the") -> str:
+    """A short sampled continuation, printed after training to show what the model learnt."""
+    tokenizer = tokenizer_for(config)
+    if tokenizer is None:
+        return "(no tokenizer)"
+    ids = generate(network.lm, tokenizer.encode(prompt), 40, seq_length=config.model.seq_length,
+                   greedy=False, top_k=20, seed=config.train.seed, eos_id=tokenizer.eos_id)
+    return prompt + tokenizer.decode(ids)
+
+
+def load_network(config: Config, ckpt: str):
+    """A GPT2ForTraining in eval mode with the weights of `ckpt`."""
+    return load_for_evaluation(build_train_network(config, dtype_of(config.train.precision)),
+                               ckpt)
+
+
+def run_eval(config: Config, ckpt: str) -> dict:
+    if not dataset_ready(config.data.dataset_dir, config.model.vocab_size, config.model.seq_length):
+        raise DataError(f"no held-out data in {config.data.dataset_dir}: train once, or build it "
+                        f"with `model-zoo data gpt2`")
+    return evaluate(config, load_network(config, ckpt))
+
+
+def run_generate(config: Config, ckpt: str, args) -> str:
+    """`model-zoo generate`: a line `ids: ...` with the new ids, then the text if known."""
+    tokenizer = tokenizer_for(config)
+    if args.prompt_ids is not None:
+        prompt = parse_token_ids(args.prompt_ids, "--prompt-ids", config.model.vocab_size)
+    elif tokenizer is None:
+        raise UserInputError(f"no tokenizer in {config.data.dataset_dir} to encode --prompt; "
+                             f"give token ids with --prompt-ids")
+    else:
+        prompt = tokenizer.encode(args.prompt)
+    if not prompt:
+        raise UserInputError("the prompt is empty")
+    network = load_network(config, ckpt)
+    try:
+        ids = generate(network.lm, prompt, args.max_new_tokens,
+                       seq_length=config.model.seq_length, greedy=args.greedy,
+                       top_k=args.top_k, top_p=args.top_p, temperature=args.temperature,
+                       seed=args.seed)
+    except ValueError as err:
+        raise UserInputError(str(err)) from None
+    lines = ["ids: " + " ".join(str(i) for i in ids)]
+    if tokenizer is not None:
+        lines.append(tokenizer.decode(prompt + ids))
+    return "\n".join(lines)

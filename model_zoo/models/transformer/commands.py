@@ -1,0 +1,13 @@
+"""The Transformer's verbs on the command line (argument definitions only: imported for
+`--help`)."""
+
+
+def add_commands(commands):
+    """`model-zoo translate CONFIG --ckpt FILE`, served by `run_translate`."""
+    translate = commands.verb("translate", "translate lines of text")
+    if translate is None:
+        return
+    translate.add_argument("--ckpt", required=True, help="checkpoint file")
+    translate.add_argument("--input", help="text file, one sentence per line (default: stdin)")
+    translate.add_argument("--beam", type=int,
+                           help="beam size (default: the config's; 1 = greedy)")

@@ -1,0 +1,185 @@
+"""The Transformer's user paths: data, the training network, sacreBLEU evaluation, translation.
+
+The trainer and the command line reach the model only through the names exported by this
+folder's `__init__.py`.
+"""
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import List
+
+import numpy as np
+
+from model_zoo.config import Config, DataConfig
+from model_zoo.data import Tokenizer
+from model_zoo.errors import DataError, UserInputError
+from model_zoo.nn.layers import dtype_of
+from model_zoo.train.checkpoint import load_for_evaluation
+
+from .data import (BUILTIN_LOCALE_DE, TOKENIZER_FILE, build_translation_dataset,
+                   create_translation_dataset, load_pairs, read_examples, split_path,
+                   translation_dataset_ready)
+from .decode import Translator
+from .model import TransformerForTraining
+
+EVAL_BATCH = 32
+
+
+@dataclass
+class TransformerDataConfig(DataConfig):
+    """The Transformer's `data` section.
+
+    sources: `builtin:locale-de` (English-German pairs of the system's message catalogs) or
+    `SOURCE_FILE:TARGET_FILE` pairs (one sentence per line), built on first use.
+    """
+
+    dataset_dir: str = "datasets/transformer"
+    sources: List[str] = field(default_factory=lambda: [BUILTIN_LOCALE_DE])
+    dev_size: int = 1000
+    test_size: int = 1000
+    seed: int = 1
+
+
+def prepare_data(config: Config):
+    """Build the dataset in data.dataset_dir from data.sources unless it is already there."""
+    data, model = config.data, config.model
+    if translation_dataset_ready(data.dataset_dir, model.vocab_size, model.seq_length):
+        return
+    print(f"building the dataset in {data.dataset_dir} from {' '.join(data.sources)} ...",
+          flush=True)
+    pairs = load_pairs(data.sources)
+    manifest = build_translation_dataset(
+        data.dataset_dir, pairs, vocab_size=model.vocab_size, seq_length=model.seq_length,
+        dev_size=data.dev_size, test_size=data.test_size, seed=data.seed,
+        source=" ".join(data.sources))
+    splits = manifest["splits"]
+    print(f"dataset: {manifest['pairs']['found']} sentence pairs found; train "
+          f"{splits['train']['kept']}, dev {splits['dev']['kept']}, test {splits['test']['kept']}; "
+          f"padding {manifest['padding_ratio']['bucketed']:.1%} with length buckets "
+          f"({manifest['padding_ratio']['full_length']:.1%} without)", flush=True)
+
+
+def build_train_network(config: Config, compute_dtype):
+    """The cell the trainer optimises: the five batch columns -> label-smoothed loss."""
+    return TransformerForTraining(config.model, config.parallel, compute_dtype)
+
+
+def plan_inputs(config: Config, batch_size: int):
+    """The training network's inputs for the plan check: the five batch columns at the
+    longest bucket."""
+    import mindspore as ms
+    return [((batch_size, config.model.seq_length), ms.int32)] * 5
+
+
+def create_train_dataset(config: Config, shard, skip_batches: int = 0):
+    """This rank's length-bucketed batches of the train split, resumable at `skip_batches`."""
+    return create_translation_dataset(
+        split_path(config.data.dataset_dir, "train"), shard.batch_size,
+        num_shards=shard.num_shards, shard_id=shard.shard_id, seed=config.train.seed,
+        shuffle=config.data.shuffle, skip_batches=skip_batches)
+
+
+def batch_tokens(batch) -> int:
+    """Real (unpadded) source plus target tokens of one batch."""
+    source_mask, decoder_mask = batch[1], batch[3]
+    return int(source_mask.asnumpy().sum() + decoder_mask.asnumpy().sum())
+
+
+def _tokenizer(config: Config) -> Tokenizer:
+    path = os.path.join(config.data.dataset_dir, TOKENIZER_FILE)
+    if not os.path.isfile(path):
+        raise DataError(f"no tokenizer at {path}: train once, or build the dataset with "
+                        f"`model-zoo data transformer`")
+    return Tokenizer(path)
+
+
+def _padded_batches(source_ids: list, length_of, batch_size: int):
+    """Sentences grouped by padded length (few shapes to compile), in fixed-size batches
+    (the last one filled with copies); yields (indices, ids, mask)."""
+    order = sorted(range(len(source_ids)), key=lambda i: (length_of(len(source_ids[i])), i))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        length = max(length_of(len(source_ids[i])) for i in chunk)
+        rows = chunk + [chunk[-1]] * (batch_size - len(chunk))
+        ids = np.zeros((batch_size, length), np.int32)
+        for row, index in enumerate(rows):
+            ids[row, :len(source_ids[index])] = source_ids[index]
+        yield chunk, ids, (ids != 0).astype(np.int32)
+
+
+def translate_ids(config: Config, transformer, source_ids: list, beam_size: int,
+                  batch_size: int = EVAL_BATCH) -> list:
+    """Translations (id lists) of tokenized sources (each ending with eos), in input order."""
+    translator = Translator(transformer)
+    buckets = [8, 16, 24, 32, 48, 64, 96, 128, 256]
+
+    def length_of(n):
+        return next((b for b in buckets if b >= n), n)
+
+    results = [None] * len(source_ids)
+    for indices, ids, mask in _padded_batches(source_ids, length_of, batch_size):
+        if beam_size > 1:
+            outputs = translator.beam_search(ids, mask, beam_size)
+        else:
+            outputs = translator.greedy(ids, mask)
+        for index, output in zip(indices, outputs):
+            results[index] = output
+    return results
+
+
+def evaluate(config: Config, network, split: str = "test", beam_size: int = None) -> dict:
+    """sacreBLEU of `network`'s translations of a held-out split against its references."""
+    import sacrebleu
+    tokenizer = _tokenizer(config)
+    examples = read_examples(split_path(config.data.dataset_dir, split))
+    with open(os.path.join(config.data.dataset_dir, f"{split}.de"), encoding="utf-8") as handle:
+        references = handle.read().splitlines()
+    beam = beam_size or config.model.beam_size
+    hypotheses_ids = translate_ids(config, network.transformer, examples.source_ids, beam)
+    hypotheses = [tokenizer.decode(ids) for ids in hypotheses_ids]
+    wanted = [references[i] for i in examples.indices]
+    bleu = sacrebleu.corpus_bleu(hypotheses, [wanted])
+    return {"split": split, "sentences": len(hypotheses), "beam": beam,
+            "bleu": round(bleu.score, 2), "signature": str(bleu.format(signature=True))}
+
+
+def sample_text(config: Config, network) -> str:
+    """A few held-out translations, printed after training."""
+    tokenizer = _tokenizer(config)
+    examples = read_examples(split_path(config.data.dataset_dir, "test"))
+    ids = translate_ids(config, network.transformer, examples.source_ids[:3], 1, batch_size=3)
+    return " | ".join(f"{tokenizer.decode(s[:-1])} -> {tokenizer.decode(t)}"
+                      for s, t in zip(examples.source_ids[:3], ids))
+
+
+def load_network(config: Config, ckpt: str):
+    return load_for_evaluation(build_train_network(config, dtype_of(config.train.precision)),
+                               ckpt)
+
+
+def run_eval(config: Config, ckpt: str) -> dict:
+    if not translation_dataset_ready(config.data.dataset_dir, config.model.vocab_size,
+                                     config.model.seq_length):
+        raise DataError(f"no test data in {config.data.dataset_dir}: train once, or build it "
+                        f"with `model-zoo data transformer`")
+    return evaluate(config, load_network(config, ckpt))
+
+
+def run_translate(config: Config, ckpt: str, args) -> str:
+    """`model-zoo translate`: one translation per input line (a file or standard input)."""
+    tokenizer = _tokenizer(config)
+    if args.input:
+        if not os.path.isfile(args.input):
+            raise UserInputError(f"--input {args.input}: no such file")
+        with open(args.input, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    else:
+        lines = sys.stdin.read().splitlines()
+    limit = config.model.seq_length
+    source_ids = [tokenizer.encode(line)[:limit - 1] + [tokenizer.eos_id] for line in lines]
+    network = load_network(config, ckpt)
+    beam = args.beam or config.model.beam_size
+    translations = translate_ids(config, network.transformer, source_ids, beam)
+    return "\n".join(tokenizer.decode(ids) if line.strip() else ""
+                     for line, ids in zip(lines, translations))

@@ -1,0 +1,772 @@
+"""Sharded building blocks.
+
+Every primitive that touches activations or weights gets its `.shard(...)` strategy in
+`__init__`, derived from a ParallelConfig, as MindSpore's semi-auto parallel mode expects on
+Ascend; `construct` only does the math. Strategies follow `docs/mindspore-parallel-rules.md`
+(dp = data_parallel, mp = model_parallel):
+
+- column-split linear: MatMul ((dp,1),(mp,1)), bias ((dp,mp),(mp,)), no communication;
+- row-split linear:    MatMul ((dp,mp),(1,mp)), bias ((dp,1),(1,)), all-reduce over mp;
+- attention: one fused QKV column-split linear (heads split by mp, laid out head by head);
+  scores, softmax and context carry (dp,mp,1,1);
+- layer norm: ((dp,1,1),(1,),(1,)), the normalised axis is never split;
+- sequence parallel (`parallel.sequence_parallel`): the residual stream's token-wise
+  operators (layer norm, hidden dropout, residual add) see (batch, seq, hidden) as
+  (tokens, hidden) split (dp*mp, 1), and the row-split linear reduce-scatters its partial
+  sums into that layout (out_strategy ((dp*mp, 1),)); a column-split linear all-gathers its
+  input over mp first (MindSpore inserts it: rule G8);
+- activations (GELU, exact GELU, ReLU, tanh): element-wise, the input's strategy;
+- vocabulary embedding: Gather ((1,1),(dp,1)) when vocab_emb_dp, else ((mp,1),(dp,1));
+- cross-entropy: OneHot and SoftmaxCrossEntropyWithLogits with the class dimension whole, or,
+  under a vocabulary-split head, a log-softmax whose class axis stays split (dp, mp).
+
+Stand-alone and data-parallel runs ignore the strategies; the plan check verifies them.
+Activations are (batch, seq, hidden); a linear layer flattens them to 2-D for MatMul.
+
+CPU kernels: MindSpore's CPU kernels for layer norm, GELU and softmax cross-entropy are
+several times slower than one pass over memory, so CPU builds use the fused kernels of
+`cpu_kernels` for them (same math, no strategies: CPU runs ignore strategies anyway). The
+choice follows the device target; the plan check, which models Ascend, builds under
+`kernels_for("Ascend")` and so sees MindSpore's operators.
+"""
+
+import functools
+import math
+from contextlib import contextmanager
+
+import numpy as np
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, One, Zero, initializer
+
+from model_zoo.nn import cpu_kernels
+from model_zoo.errors import ConfigError
+from model_zoo.parallel.config import ParallelConfig
+
+MASK_VALUE = -1e9
+
+
+def dtype_of(precision: str):
+    """MindSpore compute dtype for a `train.precision` value."""
+    return ms.float16 if precision == "fp16" else ms.float32
+
+
+_KERNEL_TARGETS = []
+
+
+@contextmanager
+def kernels_for(device_target: str):
+    """Build layers with the kernels of `device_target` instead of the current one's."""
+    _KERNEL_TARGETS.append(device_target)
+    try:
+        yield
+    finally:
+        _KERNEL_TARGETS.pop()
+
+
+def kernel_target() -> str:
+    """The device whose operators layers built now use (`kernels_for`, else the context's)."""
+    return _KERNEL_TARGETS[-1] if _KERNEL_TARGETS else ms.get_context("device_target")
+
+
+def use_cpu_kernels() -> bool:
+    """Whether layers built now use the fused kernels of `cpu_kernels` (CPU target, and the
+    kernels could be compiled) instead of MindSpore's operators."""
+    return kernel_target() == "CPU" and cpu_kernels.available()
+
+
+def stream_strategy(parallel_config: ParallelConfig) -> tuple:
+    """Strategy of the residual stream's token-wise operators (layer norm, hidden dropout,
+    residual add): (dp, 1, 1) on (batch, seq, hidden); with `parallel.sequence_parallel`
+    (dp * mp, 1) on its (tokens, hidden) view (`as_tokens`), so each device of a stage keeps
+    1 / (dp mp) of the tokens, the layout the row-split linear's reduce-scatter leaves (as
+    in MindFormers' 2-D sequence parallel). Between these operators the stream is
+    (batch, seq, hidden) again, which holds the same slices when the dp x mp pieces are
+    whole sequences or equal parts of one (`ParallelConfig.check_sequence_split`)."""
+    if parallel_config.sequence_parallel:
+        return (parallel_config.dp * parallel_config.mp, 1)
+    return (parallel_config.dp, 1, 1)
+
+
+def as_tokens(x):
+    """(batch, seq, hidden) -> (batch * seq, hidden), the view sequence parallel splits."""
+    return ops.reshape(x, (-1, x.shape[-1]))
+
+
+class Dropout(nn.Cell):
+    """Dropout with a strategy; an identity when the rate is 0 or the cell is not training.
+
+    Args:
+        rate: probability of dropping an element.
+        strategy: the input's strategy, e.g. (dp, 1, 1); a 2-D strategy on a 3-D input
+            applies to its (tokens, hidden) view (`stream_strategy`).
+    """
+
+    def __init__(self, rate: float, strategy: tuple):
+        super().__init__()
+        self.rate = rate
+        self.rank = len(strategy)
+        self.dropout = ops.Dropout(keep_prob=1.0 - rate).shard((tuple(strategy),))
+
+    def construct(self, x):
+        if self.rate == 0.0 or not self.training:
+            return x
+        if len(x.shape) == self.rank:
+            return self.dropout(x)[0]
+        return ops.reshape(self.dropout(as_tokens(x))[0], x.shape)
+
+
+def stream_dropout(rate: float, parallel_config: ParallelConfig) -> Dropout:
+    """Dropout on (batch, seq, hidden) activations of the residual stream."""
+    return Dropout(rate, stream_strategy(parallel_config))
+
+
+class ExactGELU(nn.Cell):
+    """GELU with the Gauss error function: x * 0.5 * (1 + erf(x / sqrt(2))).
+
+    This is BERT's (and Hugging Face's `hidden_act="gelu"`) activation; `ops.GeLU` is the
+    tanh approximation. Every primitive is element-wise (MindSpore's ErfInfo is an
+    ActivationOther, like GeLU; Mul/Add with a scalar get `()` for it, rule G1), so each
+    takes the input's strategy and no communication is inserted.
+
+    Args:
+        strategy: the input's strategy, e.g. (dp, mp) for a column-split linear's output.
+
+    Inputs:
+        x: a tensor whose rank is len(strategy).
+    Outputs:
+        a tensor of x's shape and dtype.
+    """
+
+    def __init__(self, strategy: tuple):
+        super().__init__()
+        strategy = tuple(strategy)
+        self.scale = ops.Mul().shard((strategy, ()))
+        self.erf = ops.Erf().shard((strategy,))
+        self.add_one = ops.Add().shard((strategy, ()))
+        self.half = ops.Mul().shard((strategy, ()))
+        self.mul = ops.Mul().shard((strategy, strategy))
+        self.inv_sqrt_2 = 1.0 / math.sqrt(2.0)
+
+    def construct(self, x):
+        erf = self.erf(self.scale(x, ops.cast(self.inv_sqrt_2, x.dtype)))
+        cdf = self.half(self.add_one(erf, ops.cast(1.0, x.dtype)), ops.cast(0.5, x.dtype))
+        return self.mul(x, cdf)
+
+
+class Linear(nn.Cell):
+    """y = x W^T + b over the last axis, with the weight split by columns or rows.
+
+    Args:
+        in_features, out_features: sizes of the last axis before and after.
+        split: "column" splits the output features over mp (no communication), "row" splits
+            the input features over mp (MindSpore all-reduces the partial sums; with
+            `parallel.sequence_parallel` it reduce-scatters them over the tokens instead,
+            leaving the output (dp*mp, 1)), "none" keeps the weight whole.
+        parallel_config: the layout; dp splits the rows (tokens).
+        activation: optional activation applied on the output, sharded like it: "gelu"
+            (tanh approximation, `ops.GeLU`), "gelu_exact" (erf form, `ExactGELU`), "relu"
+            or "tanh".
+        has_bias: add a bias.
+        compute_dtype: dtype of the matmul (weights are stored in float32).
+        init_std: standard deviation of the normal weight init.
+
+    Inputs:
+        x: (..., in_features).
+    Outputs:
+        (..., out_features) in compute_dtype.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, split: str = "none",
+                 parallel_config: ParallelConfig, activation: str = None, has_bias: bool = True,
+                 compute_dtype=ms.float32, init_std: float = 0.02):
+        super().__init__()
+        dp, mp = parallel_config.dp, parallel_config.mp
+        if split == "column":
+            parallel_config.check_divisible(f"output features of a {in_features}->"
+                                            f"{out_features} linear layer", out_features)
+            matmul_strategy, out_strategy = ((dp, 1), (mp, 1)), (dp, mp)
+        elif split == "row":
+            parallel_config.check_divisible(f"input features of a {in_features}->"
+                                            f"{out_features} linear layer", in_features)
+            matmul_strategy, out_strategy = ((dp, mp), (1, mp)), (dp, 1)
+            if parallel_config.sequence_parallel:
+                out_strategy = stream_strategy(parallel_config)
+        elif split == "none":
+            matmul_strategy, out_strategy = ((dp, 1), (1, 1)), (dp, 1)
+        else:
+            raise ValueError(f"split must be column, row or none, got {split!r}")
+        self.in_features, self.out_features = in_features, out_features
+        self.compute_dtype = compute_dtype
+        self.weight = Parameter(initializer(Normal(init_std), (out_features, in_features),
+                                            ms.float32), name="weight")
+        if out_strategy != (dp, matmul_strategy[1][0]):
+            # MatMul's output strategy (rule G6): rows split by dp x mp = a reduce-scatter
+            self.matmul = ops.MatMul(transpose_b=True).shard(matmul_strategy, (out_strategy,))
+        else:
+            self.matmul = ops.MatMul(transpose_b=True).shard(matmul_strategy)
+        self.has_bias = has_bias
+        if has_bias:
+            self.bias = Parameter(initializer(Zero(), (out_features,), ms.float32), name="bias")
+            self.bias_add = ops.Add().shard((out_strategy, (out_strategy[1],)))
+            if use_cpu_kernels() and compute_dtype == ms.float32:
+                self.bias_add = cpu_kernels.bias_add()
+        self.activation = None
+        if activation in ("gelu", "gelu_exact") and use_cpu_kernels():
+            self.activation = cpu_kernels.GELU(exact=activation == "gelu_exact")
+        elif activation == "gelu":
+            self.activation = ops.GeLU().shard((out_strategy,))
+        elif activation == "gelu_exact":
+            self.activation = ExactGELU(out_strategy)
+        elif activation == "relu":
+            self.activation = ops.ReLU().shard((out_strategy,))
+        elif activation == "tanh":
+            self.activation = ops.Tanh().shard((out_strategy,))
+        elif activation is not None:
+            raise ValueError("activation must be gelu, gelu_exact, relu, tanh or None, "
+                             f"got {activation!r}")
+
+    def construct(self, x):
+        lead_shape = x.shape[:-1]
+        x = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.in_features))
+        y = self.matmul(x, ops.cast(self.weight, self.compute_dtype))
+        if self.has_bias:
+            y = self.bias_add(y, ops.cast(self.bias, self.compute_dtype))
+        if self.activation is not None:
+            y = self.activation(y)
+        return ops.reshape(y, lead_shape + (self.out_features,))
+
+
+class LayerNorm(nn.Cell):
+    """Layer normalisation over the last axis, computed in float32; that axis is never split.
+    Split like the residual stream (`stream_strategy`).
+
+    Inputs:
+        x: (batch, seq, hidden).
+    Outputs:
+        float32 tensor of the same shape.
+    """
+
+    def __init__(self, hidden_size: int, *, parallel_config: ParallelConfig, eps: float = 1e-5):
+        super().__init__()
+        self.gamma = Parameter(initializer(One(), (hidden_size,), ms.float32), name="gamma")
+        self.beta = Parameter(initializer(Zero(), (hidden_size,), ms.float32), name="beta")
+        strategy = stream_strategy(parallel_config)
+        self.tokens_view = len(strategy) == 2
+        self.norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1,
+                                  epsilon=eps).shard((strategy, (1,), (1,)))
+        self.kernel = cpu_kernels.layer_norm() if use_cpu_kernels() else None
+        self.eps = Tensor(eps, ms.float32)
+
+    def construct(self, x):
+        x = ops.cast(x, ms.float32)
+        if self.kernel is not None:
+            return self.kernel(x, self.gamma, self.beta, self.eps)[0]
+        if self.tokens_view:
+            return ops.reshape(self.norm(as_tokens(x), self.gamma, self.beta)[0], x.shape)
+        return self.norm(x, self.gamma, self.beta)[0]
+
+
+class VocabEmbedding(nn.Cell):
+    """Token embedding lookup.
+
+    With `parallel_config.vocab_emb_dp` every device keeps the whole table and the lookup is
+    split by batch; otherwise the table is split by vocabulary over mp and the ids by batch
+    over dp, ((mp,1),(dp,1)) as MindSpore's and MindFormers' VocabEmbedding do: each device
+    looks up its own batch slice in its vocabulary slice (out-of-slice ids give zeros) and
+    MindSpore sums the partial lookups over mp. (MindSpore's "batch and axis" Gather mode:
+    mp x dp must be the whole stage; with dp = 1 it is the plain vocabulary split.)
+
+    Inputs:
+        input_ids: int32 (batch, seq).
+    Outputs:
+        float32 (batch, seq, hidden).
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int, *, parallel_config: ParallelConfig,
+                 init_std: float = 0.02):
+        super().__init__()
+        dp, mp = parallel_config.dp, parallel_config.mp
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
+        self.embedding_table = Parameter(
+            initializer(Normal(init_std), (vocab_size, hidden_size), ms.float32),
+            name="embedding_table")
+        if parallel_config.vocab_emb_dp:
+            self.gather = ops.Gather().shard(((1, 1), (dp, 1)))
+        else:
+            parallel_config.check_divisible("model.vocab_size", vocab_size)
+            self.gather = ops.Gather().shard(((mp, 1), (dp, 1)))
+
+    def construct(self, input_ids):
+        return self.gather(self.embedding_table, input_ids, 0)
+
+
+class PositionEmbedding(nn.Cell):
+    """Learned absolute positions added to (batch, seq, hidden) activations.
+
+    Inputs:
+        x: float32 (batch, seq, hidden), seq <= max_positions.
+    Outputs:
+        float32 (batch, seq, hidden).
+    """
+
+    def __init__(self, max_positions: int, hidden_size: int, *,
+                 parallel_config: ParallelConfig, init_std: float = 0.02):
+        super().__init__()
+        dp = parallel_config.dp
+        self.embedding_table = Parameter(
+            initializer(Normal(init_std), (max_positions, hidden_size), ms.float32),
+            name="embedding_table")
+        self.slice = ops.StridedSlice().shard(((1, 1),))
+        self.add = ops.Add().shard(((dp, 1, 1), (1, 1)))
+
+    def construct(self, x):
+        seq, hidden = x.shape[1], x.shape[2]
+        positions = self.slice(self.embedding_table, (0, 0), (seq, hidden), (1, 1))
+        return self.add(x, positions)
+
+
+def sinusoid_table(max_positions: int, hidden_size: int) -> np.ndarray:
+    """The fixed position encodings of Vaswani et al. (2017): sin on even, cos on odd features."""
+    positions = np.arange(max_positions, dtype=np.float64)[:, None]
+    rates = np.exp(-math.log(10000.0) * np.arange(0, hidden_size, 2) / hidden_size)
+    table = np.zeros((max_positions, hidden_size))
+    table[:, 0::2] = np.sin(positions * rates)
+    table[:, 1::2] = np.cos(positions * rates[: hidden_size // 2])
+    return table.astype(np.float32)
+
+
+class SinusoidalPositionEncoding(nn.Cell):
+    """Adds fixed sinusoidal positions to (batch, seq, hidden) activations.
+
+    Inputs:
+        x: float32 (batch, seq, hidden); offset (optional): int, the position of x's first
+            element (incremental decoding feeds one position at a time).
+    Outputs:
+        float32 (batch, seq, hidden).
+    """
+
+    def __init__(self, max_positions: int, hidden_size: int, *, parallel_config: ParallelConfig):
+        super().__init__()
+        dp = parallel_config.dp
+        self.table = Tensor(sinusoid_table(max_positions, hidden_size))
+        self.hidden_size = hidden_size
+        self.slice = ops.StridedSlice().shard(((1, 1),))
+        self.add = ops.Add().shard(((dp, 1, 1), (1, 1)))
+
+    def construct(self, x):
+        positions = self.slice(self.table, (0, 0), (x.shape[1], self.hidden_size), (1, 1))
+        return self.add(x, positions)
+
+
+@functools.lru_cache(maxsize=None)
+def causal_bias(max_seq_length: int) -> Tensor:
+    """float32 (1, 1, max_len, max_len): 0 where a query may attend (key <= query), else
+    MASK_VALUE. One tensor per length, shared by every causal attention layer (a per-layer
+    copy costs 16 MB a layer at length 2048: 1.3 GB for 80 layers)."""
+    allowed = np.tril(np.ones((max_seq_length, max_seq_length), dtype=bool))
+    return Tensor(np.where(allowed, 0.0, MASK_VALUE)[None, None], ms.float32)
+
+
+def check_flash_attention_device(device_target: str, is_910b: bool = True):
+    """ConfigError unless FlashAttentionScore can run on `device_target` (Ascend 910B)."""
+    if device_target != "Ascend" or not is_910b:
+        device = device_target if device_target != "Ascend" else "Ascend 910"
+        raise ConfigError(f"model.flash_attention=true: FlashAttentionScore runs only on "
+                          f"Ascend 910B; set model.flash_attention=false on {device}")
+
+
+@functools.lru_cache(maxsize=None)
+def compressed_causal_mask() -> Tensor:
+    """uint8 (2048, 2048), 1 above the diagonal: FlashAttentionScore's compressed causal mask
+    (sparse_mode 2; 1 means masked), one tensor shared by every layer."""
+    return Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
+
+
+def fuse_head_projections(parts, num_heads: int) -> np.ndarray:
+    """Separate projections (q, k, v or k, v: weights (hidden, in) or biases (hidden,)) as
+    one fused projection laid out head by head: rows [q_0, k_0, v_0, q_1, k_1, v_1, ...],
+    each head_dim long. Split by columns over mp, each device then holds whole heads with
+    all their parts (see MultiHeadAttention)."""
+    parts = [np.asarray(part) for part in parts]
+    hidden = parts[0].shape[0]
+    per_head = [part.reshape((num_heads, hidden // num_heads) + part.shape[1:])
+                for part in parts]
+    stacked = np.stack(per_head, axis=1)              # (heads, parts, head_dim, ...)
+    return np.ascontiguousarray(stacked.reshape((len(parts) * hidden,) + parts[0].shape[1:]))
+
+
+class MultiHeadAttention(nn.Cell):
+    """Multi-head attention: self attention (causal or not) or cross attention.
+
+    Self attention projects Q, K and V with one column-split linear layer `qkv` (hidden ->
+    3 hidden, laid out head by head: `fuse_head_projections`), so each device computes whole
+    heads and the backward pass all-reduces the input's gradient once instead of three
+    times. Cross attention has `query` (hidden -> hidden) and a fused `key_value` (hidden ->
+    2 hidden) for the memory. The output projection is row-split: one all-reduce over mp in
+    the forward pass.
+
+    Args:
+        hidden_size, num_heads: model width and heads (both divisible by mp).
+        parallel_config: the layout.
+        causal: mask future positions (decoder self attention).
+        cross: attend over another sequence (the encoder's memory) instead of the input.
+        max_seq_length: longest sequence, for the causal mask.
+        attention_dropout, hidden_dropout: dropout on the probabilities and on the output.
+        compute_dtype: dtype of the matmuls; softmax runs in float32.
+        init_std, output_init_std: init of the projections and of the output projection.
+        flash: compute scores, softmax and context in one FlashAttentionScore (Ascend 910B,
+            `model.flash_attention`), which keeps no (seq, seq) tensor for the backward pass:
+            BNSD layout, q/k/v (dp, mp, 1, 1), the causal mask as MindSpore's compressed
+            2048 x 2048 lower triangle (sparse_mode 2), a padding mask as (batch, 1, seq_q,
+            seq_k) booleans (dp, 1, 1, 1), as MindFormers' FlashAttention does. Needs a
+            float16 compute dtype, a head size that is a multiple of 16, and no attention
+            dropout (its bit mask would be a (seq, seq) tensor again). Causal flash attention
+            takes no padding bias (no model passes one). Incremental decoding keeps the plain
+            path.
+
+    Inputs:
+        query: (batch, seq_q, hidden).
+        memory: cross attention only: (batch, seq_k, hidden).
+        attention_bias: None or float32 additive bias (batch, 1, 1, seq_k), 0 to keep and a
+            large negative number to mask (padding).
+    Outputs:
+        float32 (batch, seq_q, hidden).
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, *, parallel_config: ParallelConfig,
+                 causal: bool = False, cross: bool = False, max_seq_length: int = 1024,
+                 attention_dropout: float = 0.0, hidden_dropout: float = 0.0,
+                 compute_dtype=ms.float32, init_std: float = 0.02,
+                 output_init_std: float = None, flash: bool = False):
+        super().__init__()
+        dp, mp = parallel_config.dp, parallel_config.mp
+        parallel_config.check_divisible("model.num_heads", num_heads)
+        parallel_config.check_divisible("model.hidden_size", hidden_size)
+        self.num_heads = num_heads
+        self.head_dim = hidden_size // num_heads
+        self.hidden_size = hidden_size
+        self.compute_dtype = compute_dtype
+        self.causal = causal
+        self.cross = cross
+        linear = dict(split="column", parallel_config=parallel_config,
+                      compute_dtype=compute_dtype, init_std=init_std)
+        if cross:
+            self.query = Linear(hidden_size, hidden_size, **linear)
+            self.key_value = Linear(hidden_size, 2 * hidden_size, **linear)
+        else:
+            self.qkv = Linear(hidden_size, 3 * hidden_size, **linear)
+        self.output = Linear(hidden_size, hidden_size, split="row",
+                             parallel_config=parallel_config, compute_dtype=compute_dtype,
+                             init_std=output_init_std or init_std)
+        heads = (dp, mp, 1, 1)
+        # (batch, seq, heads, parts x head_dim) -> one part: heads split, parts whole
+        self.take_part = ops.StridedSlice().shard(((dp, 1, mp, 1),))
+        self.split_heads = ops.Transpose().shard(((dp, 1, mp, 1),))
+        self.merge_heads = ops.Transpose().shard((heads,))
+        self.scale = ops.Mul().shard((heads, ()))
+        self.scores = ops.BatchMatMul(transpose_b=True).shard((heads, heads))
+        self.add_causal = ops.Add().shard((heads, (1, 1, 1, 1)))
+        self.cache_keep = ops.Mul().shard((heads, (1, 1, 1, 1)))
+        self.cache_write = ops.Mul().shard((heads, (1, 1, 1, 1)))
+        self.cache_add = ops.Add().shard((heads, heads))
+        self.add_bias = ops.Add().shard((heads, (dp, 1, 1, 1)))
+        self.softmax = ops.Softmax(axis=-1).shard((heads,))
+        self.context = ops.BatchMatMul().shard((heads, heads))
+        self.attention_dropout = Dropout(attention_dropout, heads)
+        self.hidden_dropout = stream_dropout(hidden_dropout, parallel_config)
+        if causal and not flash:
+            self.causal_bias = causal_bias(max_seq_length)
+            self.slice_causal = ops.StridedSlice().shard(((1, 1, 1, 1),))
+        self.inv_sqrt_head_dim = 1.0 / math.sqrt(self.head_dim)
+        self.use_flash = flash
+        if flash:
+            self._check_flash(attention_dropout, compute_dtype)
+            strategy = (heads, heads, heads) + (((1, 1),) if causal else ((dp, 1, 1, 1),))
+            from mindspore.ops.operations.nn_ops import FlashAttentionScore
+            self.flash = FlashAttentionScore(
+                head_num=num_heads, scale_value=self.inv_sqrt_head_dim, input_layout="BNSD",
+                sparse_mode=2 if causal else 0).shard(strategy)
+            if causal:
+                self.flash_causal_mask = compressed_causal_mask()
+            else:
+                self.padding_mask = ops.Less().shard(((dp, 1, 1, 1), ()))
+                self.masked_below = Tensor(MASK_VALUE / 2, ms.float32)
+                self.expand_mask = ops.Tile().shard(((dp, 1, 1, 1),))
+
+    def _check_flash(self, attention_dropout, compute_dtype):
+        """Refuse what FlashAttentionScore cannot run, naming the config key."""
+        check_flash_attention_device(kernel_target())
+        if compute_dtype != ms.float16:
+            raise ConfigError("model.flash_attention needs train.precision=fp16")
+        if attention_dropout:
+            raise ConfigError(f"model.flash_attention needs model.attention_dropout=0 (got "
+                              f"{attention_dropout}): the dropout mask would be a (seq, seq) "
+                              f"tensor again")
+        if self.head_dim % 16 or self.head_dim > 512:
+            raise ConfigError(f"model.flash_attention needs a head size (hidden_size / "
+                              f"num_heads) that is a multiple of 16 up to 512, got "
+                              f"{self.head_dim}")
+
+    def _heads(self, projected, parts: int):
+        """(batch, seq, parts x hidden) laid out head by head -> `parts` tensors
+        (batch, heads, seq, head_dim)."""
+        batch, seq = projected.shape[0], projected.shape[1]
+        x = ops.reshape(projected, (batch, seq, self.num_heads, parts * self.head_dim))
+        found = ()
+        for part in range(parts):
+            piece = self.take_part(x, (0, 0, 0, part * self.head_dim),
+                                   (batch, seq, self.num_heads, (part + 1) * self.head_dim),
+                                   (1, 1, 1, 1))
+            found += (self.split_heads(piece, (0, 2, 1, 3)),)
+        return found
+
+    def construct(self, query, memory=None, attention_bias=None):
+        if self.cross:
+            (q,) = self._heads(self.query(query), 1)
+            k, v = self.project_key_value(memory)
+        else:
+            q, k, v = self._heads(self.qkv(query), 3)
+        if self.use_flash:
+            return self._flash_attend(query.shape[0], q, k, v, attention_bias)
+        if self.cross:
+            return self._attend(query.shape[0], q, k, v, None, attention_bias)
+        causal_bias = None
+        if self.causal:
+            seq = query.shape[1]
+            causal_bias = self.slice_causal(self.causal_bias, (0, 0, 0, 0), (1, 1, seq, seq),
+                                            (1, 1, 1, 1))
+        return self._attend(query.shape[0], q, k, v, causal_bias, attention_bias)
+
+    def project_key_value(self, memory):
+        """Cross attention: keys and values (batch, heads, seq_k, head_dim) of the memory;
+        incremental decoding computes them once."""
+        return self._heads(self.key_value(memory), 2)
+
+    def attend(self, query, key, value, attention_bias=None):
+        """Cross attention of `query` over precomputed keys and values."""
+        (q,) = self._heads(self.query(query), 1)
+        return self._attend(query.shape[0], q, key, value, None, attention_bias)
+
+    def decode_step(self, query, cache_key, cache_value, write, step_bias):
+        """One incremental self-attention step: no recomputation of past positions.
+
+        Args:
+            query: (batch, 1, hidden), the newest position.
+            cache_key, cache_value: (batch, heads, max_len, head_dim), the keys and values of
+                the positions decoded so far (zeros elsewhere).
+            write: float32 (1, 1, max_len, 1), one-hot at the newest position.
+            step_bias: float32 (1, 1, 1, max_len), 0 up to the newest position, else masked.
+        Returns:
+            (output (batch, 1, hidden), cache_key, cache_value) with the newest position
+            written into the caches.
+        """
+        q, k, v = self._heads(self.qkv(query), 3)
+        write = ops.cast(write, cache_key.dtype)
+        keep = 1.0 - write
+        cache_key = self.cache_add(self.cache_keep(cache_key, keep), self.cache_write(k, write))
+        cache_value = self.cache_add(self.cache_keep(cache_value, keep),
+                                     self.cache_write(v, write))
+        output = self._attend(query.shape[0], q, cache_key, cache_value, step_bias, None)
+        return output, cache_key, cache_value
+
+    def _attend(self, batch, q, k, v, causal_bias, attention_bias):
+        """q (batch, heads, seq_q, head_dim) over k, v (batch, heads, seq_k, head_dim)."""
+        seq_q = q.shape[2]
+        q = self.scale(q, ops.cast(self.inv_sqrt_head_dim, self.compute_dtype))
+        scores = ops.cast(self.scores(q, k), ms.float32)
+        if causal_bias is not None:
+            scores = self.add_causal(scores, causal_bias)
+        if attention_bias is not None:
+            scores = self.add_bias(scores, attention_bias)
+        probs = self.attention_dropout(ops.cast(self.softmax(scores), self.compute_dtype))
+        context = self.merge_heads(self.context(probs, v), (0, 2, 1, 3))
+        context = ops.reshape(context, (batch, seq_q, self.hidden_size))
+        return self.hidden_dropout(ops.cast(self.output(context), ms.float32))
+
+    def _flash_attend(self, batch, q, k, v, attention_bias):
+        seq_q, seq_k = q.shape[2], k.shape[2]
+        if self.causal:
+            mask = self.flash_causal_mask
+        elif attention_bias is None:  # nothing masked (the models always pass a padding bias)
+            mask = ops.zeros((batch, 1, seq_q, seq_k), ms.uint8)
+        else:  # additive padding bias (batch, 1, 1, seq_k) -> (batch, 1, seq_q, seq_k), 1 = masked
+            masked = self.padding_mask(attention_bias, self.masked_below)
+            mask = self.expand_mask(ops.cast(masked, ms.uint8), (1, 1, seq_q, 1))
+        context = self.flash(q, k, v, None, None, None, mask)[3]      # (batch, heads, seq_q, hd)
+        context = self.merge_heads(context, (0, 2, 1, 3))
+        context = ops.reshape(context, (batch, seq_q, self.hidden_size))
+        return self.hidden_dropout(ops.cast(self.output(context), ms.float32))
+
+
+class FeedForward(nn.Cell):
+    """Position-wise feed-forward: column-split expansion with activation, row-split back.
+
+    Inputs:
+        x: (batch, seq, hidden).
+    Outputs:
+        float32 (batch, seq, hidden).
+    """
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, *,
+                 parallel_config: ParallelConfig, activation: str = "gelu",
+                 hidden_dropout: float = 0.0, compute_dtype=ms.float32, init_std: float = 0.02,
+                 output_init_std: float = None):
+        super().__init__()
+        parallel_config.check_divisible("model.ffn_hidden_size", ffn_hidden_size)
+        self.expand = Linear(hidden_size, ffn_hidden_size, split="column",
+                             activation=activation, parallel_config=parallel_config,
+                             compute_dtype=compute_dtype, init_std=init_std)
+        self.project = Linear(ffn_hidden_size, hidden_size, split="row",
+                              parallel_config=parallel_config, compute_dtype=compute_dtype,
+                              init_std=output_init_std or init_std)
+        self.dropout = stream_dropout(hidden_dropout, parallel_config)
+
+    def construct(self, x):
+        return self.dropout(ops.cast(self.project(self.expand(x)), ms.float32))
+
+
+class ResidualAdd(nn.Cell):
+    """x + y for (batch, seq, hidden) activations, split like the residual stream
+    (`stream_strategy`)."""
+
+    def __init__(self, *, parallel_config: ParallelConfig):
+        super().__init__()
+        strategy = stream_strategy(parallel_config)
+        self.tokens_view = len(strategy) == 2
+        self.add = ops.Add().shard((strategy, strategy))
+
+    def construct(self, x, y):
+        if self.tokens_view:
+            return ops.reshape(self.add(as_tokens(x), as_tokens(y)), x.shape)
+        return self.add(x, y)
+
+
+class VocabProjection(nn.Cell):
+    """Logits over the vocabulary from hidden states and a (tied) embedding table.
+
+    The vocabulary axis is split over mp when the embedding is (vocab_emb_dp False), else whole.
+
+    Inputs:
+        x: (batch, seq, hidden); embedding_table: (vocab, hidden).
+    Outputs:
+        float32 (batch * seq, vocab).
+    """
+
+    def __init__(self, hidden_size: int, *, parallel_config: ParallelConfig,
+                 compute_dtype=ms.float32):
+        super().__init__()
+        dp = parallel_config.dp
+        vocab_split = vocabulary_split(parallel_config)
+        self.hidden_size = hidden_size
+        self.compute_dtype = compute_dtype
+        self.matmul = ops.MatMul(transpose_b=True).shard(((dp, 1), (vocab_split, 1)))
+
+    def construct(self, x, embedding_table):
+        x = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.hidden_size))
+        logits = self.matmul(x, ops.cast(embedding_table, self.compute_dtype))
+        return ops.cast(logits, ms.float32)
+
+
+def vocabulary_split(parallel_config: ParallelConfig) -> int:
+    """How many ways a vocabulary axis (embedding table, head logits, loss) is split."""
+    return 1 if parallel_config.vocab_emb_dp else parallel_config.mp
+
+
+class CrossEntropy(nn.Cell):
+    """Mean cross-entropy over the positions whose mask is 1.
+
+    Whole classes (class_split 1): OneHot and SoftmaxCrossEntropyWithLogits split the tokens
+    by dp and keep the class dimension whole, as MindSpore requires.
+
+    Vocabulary-parallel (class_split > 1, the logits of a vocabulary-split head): the
+    log-softmax is composed of operators that keep the class axis split (dp, class_split),
+    as MindFormers' CrossEntropyLoss and MindSpore r1.8's `nn/transformer/loss.py` do, so
+    the logits are never gathered: per token only the maximum, the sum of exponentials and
+    the target's log-probability cross the mp group (an all-reduce of one value each, and
+    the same in the backward pass), instead of all-gathering (tokens, vocab) float32 logits
+    over mp. The maximum is a constant of the backward pass (stop_gradient), which leaves
+    the gradient unchanged (softmax - target) and saves its backward all-reduce.
+
+    The masked mean reduces over dp. CPU builds use the fused kernel of `cpu_kernels`
+    instead of either (CPU runs ignore strategies).
+
+    Args:
+        parallel_config: the layout; dp splits the tokens.
+        label_smoothing: spread this much of the target mass evenly over the classes.
+        num_classes: the number of classes (needed with label smoothing).
+        class_split: the split of the logits' class axis (`vocabulary_split` for a
+            vocabulary-sized head, else 1).
+
+    Inputs:
+        logits: float32 (tokens, classes); labels: int32 (tokens,); mask: float32 (tokens,).
+    Outputs:
+        float32 scalar.
+    """
+
+    def __init__(self, *, parallel_config: ParallelConfig, label_smoothing: float = 0.0,
+                 num_classes: int = None, class_split: int = 1):
+        super().__init__()
+        dp = parallel_config.dp
+        if label_smoothing and not num_classes:
+            raise ValueError("label smoothing needs num_classes")
+        self.kernel = cpu_kernels.cross_entropy() if use_cpu_kernels() else None
+        self.vocabulary_parallel = class_split > 1 and self.kernel is None
+        classes = (dp, class_split)                      # (tokens, classes) split
+        self.one_hot = ops.OneHot().shard((classes, (), ()))
+        if self.vocabulary_parallel:
+            self.max = ops.ReduceMax(keep_dims=True).shard((classes,))
+            self.shift = ops.Sub().shard((classes, (dp, 1)))
+            self.exp = ops.Exp().shard((classes,))
+            self.sum_exp = ops.ReduceSum(keep_dims=True).shard((classes,))
+            self.log = ops.Log().shard(((dp, 1),))
+            self.normalise = ops.Sub().shard((classes, (dp, 1)))
+            self.weigh = ops.Mul().shard((classes, classes))
+            self.sum_classes = ops.ReduceSum().shard((classes,))
+            self.neg = ops.Neg().shard(((dp,),))
+        else:
+            self.softmax_cross_entropy = ops.SoftmaxCrossEntropyWithLogits().shard(
+                ((dp, 1), (dp, 1)))
+        self.mul = ops.Mul().shard(((dp,), (dp,)))
+        self.sum = ops.ReduceSum().shard(((dp,),))
+        # Label smoothing spreads `label_smoothing` of the target mass evenly over all
+        # classes, so the one-hot target becomes (1 - e + e/V, e/V): the same loss as
+        # (1 - e) * NLL + e * mean over classes of -log p, without extra operators.
+        off = label_smoothing / num_classes if label_smoothing else 0.0
+        self.on_value = Tensor(1.0 - label_smoothing + off, ms.float32)
+        self.off_value = Tensor(off, ms.float32)
+
+    def construct(self, logits, labels, mask):
+        if self.kernel is not None:
+            loss = self.kernel(logits, ops.cast(labels, ms.int32), self.on_value,
+                               self.off_value)[0]
+        else:
+            target = self.one_hot(labels, logits.shape[-1], self.on_value, self.off_value)
+            if self.vocabulary_parallel:
+                loss = self._split_cross_entropy(logits, target)
+            else:
+                loss = self.softmax_cross_entropy(logits, target)[0]
+        total = self.sum(self.mul(loss, mask), ())
+        return total / ops.maximum(self.sum(mask, ()), 1.0)
+
+    def _split_cross_entropy(self, logits, target):
+        """-sum_c target_c log softmax(logits)_c per token, the class axis staying split."""
+        shifted = self.shift(logits, ops.stop_gradient(self.max(logits, -1)))  # (tokens, V)
+        log_norm = self.log(self.sum_exp(self.exp(shifted), -1))             # (tokens, 1)
+        log_probs = self.normalise(shifted, log_norm)
+        return self.neg(self.sum_classes(self.weigh(log_probs, target), -1))  # (tokens,)
+
+
+def assign_pipeline_stages(blocks, parallel_config: ParallelConfig):
+    """Give each block a pipeline stage: equal contiguous groups, in order.
+
+    Cells before the first block belong to stage 0 and cells after the last to the final
+    stage; the model sets those itself.
+    """
+    parallel_config.check_divisible("model.num_layers", len(blocks), by="pipeline_stage")
+    stages = parallel_config.pipeline_stage
+    per_stage = len(blocks) // stages
+    for index, block in enumerate(blocks):
+        block.pipeline_stage = min(index // per_stage, stages - 1)
+        if parallel_config.recompute:
+            block.recompute()

@@ -1,0 +1,77 @@
+"""`model-zoo plan`: the command line of the plan and of the docs it generates.
+
+Light to import (the CLI builds its parser from it); the plan itself is imported when the
+command runs."""
+
+import argparse
+import json
+import os
+
+from model_zoo.errors import UserInputError
+from model_zoo.plan.devices import DEVICES
+
+DOC_PATH = os.path.join("docs", "parallelism.md")   # the guide, from the repository root
+
+# --- the command ------------------------------------------------------------------------------
+
+def add_plan_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("config", nargs="?", help="YAML config, e.g. "
+                        "model_zoo/models/gpt2/configs/plan/gpt2-1024-d2m2p4.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
+    parser.add_argument("--device-num", type=int, default=None,
+                        help="devices the job will have (default: dp x mp x pp of the config)")
+    parser.add_argument("--device", choices=sorted(DEVICES), default="ascend910",
+                        help="device whose memory the estimate is held against "
+                             "(ascend910: 32 GiB, ascend910b: 64 GiB)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    docs = parser.add_mutually_exclusive_group()
+    docs.add_argument("--update-docs", nargs="?", const=DOC_PATH, metavar="DOC",
+                      help=f"instead of a plan: rewrite the generated sections of DOC "
+                           f"(default {DOC_PATH}, from the repository root)")
+    docs.add_argument("--strategy-table", action="store_true",
+                      help="instead of a plan: print every sharded layer's operators and "
+                           "strategies (markdown)")
+    docs.add_argument("--layout-table", action="store_true",
+                      help="instead of a plan: print the shipped layouts with their memory "
+                           "(markdown)")
+    parser.epilog = ("Exit status: 0 when every rule holds and the worst stage fits in the "
+                     "device's memory, 1 otherwise, 2 for a bad config or argument.")
+
+
+def run_plan_command(args) -> int:
+    from model_zoo.plan.docs import layout_table, strategy_table
+    from model_zoo.plan.report import build_plan, format_report, load_plan_config
+    if args.strategy_table:
+        print(strategy_table())
+        return 0
+    if args.layout_table:
+        print(layout_table())
+        return 0
+    if args.update_docs:
+        return update_docs(args.update_docs)
+    if not args.config:
+        raise UserInputError("model-zoo plan needs a CONFIG (or --update-docs, "
+                             "--strategy-table, --layout-table)")
+    config = load_plan_config(args.config, args.overrides)
+    plan = build_plan(config, args.config, args.device_num, args.device)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(format_report(plan))
+    return 0 if plan.ok else 1
+
+
+def update_docs(path: str) -> int:
+    """Rewrite the generated sections of the parallelism guide at `path`."""
+    from model_zoo.plan.docs import generated_sections, render_doc
+    if not os.path.isfile(path):
+        raise UserInputError(f"--update-docs: {path!r} does not exist (run from the "
+                             f"repository root, or give the guide's path)")
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    text = render_doc(text, generated_sections(), path)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    print(f"updated {path}")
+    return 0

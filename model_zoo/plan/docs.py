@@ -1,0 +1,208 @@
+"""The generated sections of docs/parallelism.md: every sharded layer's strategies in terms
+of dp and mp, and every shipped layout with its memory (`model-zoo plan --update-docs`)."""
+
+import os
+from typing import Dict, List, Optional
+
+import mindspore as ms
+from mindspore import nn
+
+from model_zoo.parallel.config import ParallelConfig
+from model_zoo.plan.report import Plan, _count, _gib, build_plan, load_plan_config
+from model_zoo.plan.trace import PlanError, primitives, strategy_of
+
+MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
+
+# --- the strategy table of docs/parallelism.md (generated, so it cannot drift) ---------------
+
+SYMBOL_DP, SYMBOL_MP = 3, 5     # distinct primes: every strategy value decodes to dp/mp
+
+
+def _layer_examples():
+    """(layer, variant, factory(parallel_config)) for every sharded layer in layers.py.
+
+    Sizes are multiples of SYMBOL_MP so that every layer builds with mp = 5; the table shows
+    the layers as Ascend builds them (`layers.kernels_for`).
+    """
+    from model_zoo.nn import layers as L
+    h, heads, ffn, vocab, seq = 60, 5, 120, 60, 8
+    return [
+        ("Linear", 'split="column"', lambda pc: L.Linear(h, ffn, split="column",
+                                                           parallel_config=pc)),
+        ("Linear", 'split="column", activation="gelu"',
+         lambda pc: L.Linear(h, ffn, split="column", activation="gelu", parallel_config=pc)),
+        ("Linear", 'split="row"', lambda pc: L.Linear(ffn, h, split="row", parallel_config=pc)),
+        ("Linear", 'split="row", sequence_parallel', lambda pc: L.Linear(
+            ffn, h, split="row", parallel_config=_with(pc, sequence_parallel=True))),
+        ("Linear", 'split="none"', lambda pc: L.Linear(h, h, parallel_config=pc)),
+        ("ExactGELU", "strategy (dp, mp)", lambda pc: L.ExactGELU((pc.dp, pc.mp))),
+        ("Dropout", "strategy (dp, 1, 1)", lambda pc: L.Dropout(0.1, (pc.dp, 1, 1))),
+        ("Dropout", "stream_dropout, sequence_parallel", lambda pc: L.stream_dropout(
+            0.1, _with(pc, sequence_parallel=True))),
+        ("LayerNorm", "", lambda pc: L.LayerNorm(h, parallel_config=pc)),
+        ("LayerNorm", "sequence_parallel", lambda pc: L.LayerNorm(
+            h, parallel_config=_with(pc, sequence_parallel=True))),
+        ("VocabEmbedding", "vocab_emb_dp: true", lambda pc: L.VocabEmbedding(
+            vocab, h, parallel_config=_with(pc, vocab_emb_dp=True))),
+        ("VocabEmbedding", "vocab_emb_dp: false", lambda pc: L.VocabEmbedding(
+            vocab, h, parallel_config=_with(pc, vocab_emb_dp=False))),
+        ("PositionEmbedding", "", lambda pc: L.PositionEmbedding(seq, h, parallel_config=pc)),
+        ("SinusoidalPositionEncoding", "",
+         lambda pc: L.SinusoidalPositionEncoding(seq, h, parallel_config=pc)),
+        ("MultiHeadAttention", "causal=True", lambda pc: L.MultiHeadAttention(
+            h, heads, parallel_config=pc, causal=True, max_seq_length=seq,
+            attention_dropout=0.1, hidden_dropout=0.1)),
+        ("MultiHeadAttention", "causal=True, flash=True (910B)",
+         lambda pc: L.MultiHeadAttention(80, heads, parallel_config=pc, causal=True,
+                                         max_seq_length=seq, compute_dtype=ms.float16,
+                                         flash=True)),
+        ("FeedForward", 'activation="gelu"', lambda pc: L.FeedForward(
+            h, ffn, parallel_config=pc, hidden_dropout=0.1)),
+        ("ResidualAdd", "", lambda pc: L.ResidualAdd(parallel_config=pc)),
+        ("ResidualAdd", "sequence_parallel", lambda pc: L.ResidualAdd(
+            parallel_config=_with(pc, sequence_parallel=True))),
+        ("VocabProjection", "vocab_emb_dp: true", lambda pc: L.VocabProjection(
+            h, parallel_config=_with(pc, vocab_emb_dp=True))),
+        ("VocabProjection", "vocab_emb_dp: false", lambda pc: L.VocabProjection(
+            h, parallel_config=_with(pc, vocab_emb_dp=False))),
+        ("CrossEntropy", "class_split=1", lambda pc: L.CrossEntropy(parallel_config=pc)),
+        ("CrossEntropy", "class_split=mp (vocabulary-split head)",
+         lambda pc: L.CrossEntropy(parallel_config=pc, class_split=pc.mp)),
+    ]
+
+
+def _with(parallel: ParallelConfig, **changes) -> ParallelConfig:
+    import dataclasses
+    return dataclasses.replace(parallel, **changes)
+
+
+def sharded_layer_names() -> List[str]:
+    """Every nn.Cell subclass defined in model_zoo/nn/layers.py."""
+    from model_zoo.nn import layers as L
+    return sorted(name for name, value in vars(L).items()
+                  if isinstance(value, type) and issubclass(value, nn.Cell)
+                  and value.__module__ == L.__name__)
+
+
+def _symbol(value: int) -> str:
+    names = []
+    for prime, name in ((SYMBOL_DP, "dp"), (SYMBOL_MP, "mp")):
+        while value % prime == 0:
+            names.append(name)
+            value //= prime
+    if value != 1:
+        names.append(str(value))
+    return "·".join(names) or "1"
+
+
+def _symbolic(strategy) -> str:
+    parts = ["(" + ", ".join(_symbol(v) for v in part) + ("," if len(part) == 1 else "") + ")"
+             for part in strategy]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def _communication_note(prim, strategy) -> str:
+    name = prim.name
+    try:
+        if name in ("MatMul", "BatchMatMul"):
+            notes = []
+            x, w = strategy
+            tb = bool(prim.attrs.get("transpose_b", False))
+            ta = bool(prim.attrs.get("transpose_a", False))
+            k = x[-2] if ta else x[-1]
+            n = w[-2] if tb else w[-1]
+            m = x[-1] if ta else x[-2]
+            out = strategy_of(prim, "out_strategy")
+            if k != 1 and out and out[0][0] == m * k:
+                notes.append(f"forward reduce-scatter over {_symbol(k)} (output "
+                             f"`{_symbolic(out)}`), backward all-gather of its gradient")
+            elif k != 1:
+                notes.append(f"forward all-reduce over {_symbol(k)}")
+            if n != 1:
+                notes.append(f"backward all-reduce of the input gradient over {_symbol(n)} "
+                             f"(with sequence parallel: the reduce-scatter of its gathered "
+                             f"input)")
+            return "; ".join(notes) or "none"
+        if name == "Gather" and strategy[0][0] != 1:
+            return f"vocabulary split: masked lookup, all-reduce over {_symbol(strategy[0][0])}"
+        if name in ("ReduceSum", "ReduceMean") and any(v != 1 for v in strategy[0]):
+            return "all-reduce of the partial sums when a reduced axis is split"
+        if name in ("ReduceMax", "ReduceMin") and any(v != 1 for v in strategy[0]):
+            return "all-reduce (max / min) when a reduced axis is split"
+    except (IndexError, TypeError, ValueError):
+        pass
+    return "none"
+
+
+def strategy_table() -> str:
+    """Markdown: every sharded layer's operators and strategies in terms of dp and mp."""
+    from model_zoo.nn.layers import kernels_for
+    parallel = ParallelConfig(data_parallel=SYMBOL_DP, model_parallel=SYMBOL_MP,
+                              vocab_emb_dp=False)
+    lines = ["| layer | variant | operator (attribute) | strategy | communication |",
+             "|---|---|---|---|---|"]
+    for layer, variant, factory in _layer_examples():
+        with kernels_for("Ascend"):
+            cell = factory(parallel)
+        for name, _, attr, prim in primitives(cell):
+            strategy = strategy_of(prim)
+            if strategy is None:
+                continue
+            where = f"{name}.{attr}" if name else attr
+            lines.append(f"| `{layer}` | {variant} | {prim.name} (`{where}`) | "
+                         f"`{_symbolic(strategy)}` | {_communication_note(prim, strategy)} |")
+    return "\n".join(lines)
+
+
+def plan_config_files() -> List[str]:
+    """Every shipped layout config: model_zoo/models/<model>/configs/plan/*.yaml, sorted."""
+    import glob
+    return sorted(glob.glob(os.path.join(MODELS_DIR, "*", "configs", "plan", "*.yaml")))
+
+
+def shown_path(path: str) -> str:
+    """A shipped config's path as the docs show it: model_zoo/models/<model>/configs/..."""
+    return os.path.relpath(path, os.path.dirname(os.path.dirname(MODELS_DIR)))
+
+
+def layout_table(plans: Optional[Dict[str, Plan]] = None) -> str:
+    """Markdown: every shipped layout config with its devices and estimated memory."""
+    lines = ["| config | parameters | dp x mp x pp | devices | micro batches x accumulation | "
+             "memory per device (worst stage, Ascend 910) | fits 32 GiB | pipeline bubble |",
+             "|---|---|---|---|---|---|---|---|"]
+    for path in plan_config_files():
+        relative = shown_path(path)
+        plan = (plans or {}).get(relative)
+        if plan is None:
+            plan = build_plan(load_plan_config(path), relative)
+        p, accumulation = plan.config.parallel, plan.config.train.grad_accumulation
+        lines.append(f"| `{relative}` | {_count(plan.parameter_count)} | "
+                     f"{p.dp} x {p.mp} x {p.pipeline_stage} | {plan.device_num} | "
+                     f"{p.micro_batch_num} x {accumulation} | "
+                     f"{_gib(plan.worst_stage.total)} GiB (stage {plan.worst_stage.stage}) | "
+                     f"{'yes' if plan.fits else 'NO'} | {100 * plan.bubble:.0f}% |")
+    return "\n".join(lines)
+
+
+def _marker(name: str, end: bool = False) -> str:
+    if end:
+        return f"<!-- END GENERATED {name} -->"
+    return (f"<!-- BEGIN GENERATED {name}: `model-zoo plan --update-docs` writes this "
+            f"section; do not edit it by hand -->")
+
+
+def generated_sections(plans=None) -> Dict[str, str]:
+    return {"strategies": strategy_table(), "layouts": layout_table(plans)}
+
+
+def render_doc(text: str, sections: Dict[str, str], path: str) -> str:
+    """`text` (the file at `path`) with every generated section replaced by its current
+    content."""
+    for name, body in sections.items():
+        begin, end = _marker(name), _marker(name, end=True)
+        if begin not in text or end not in text:
+            raise PlanError(f"{path} lacks the markers of the generated section {name!r}")
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = f"{head}{begin}\n{body}\n{end}{tail}"
+    return text
