@@ -2,7 +2,7 @@
 model folders add (generate, fill-mask, translate).
 
 Commands that take a config are served by the model folder the config names: `model-zoo
-eval CONFIG` calls that folder's `run_eval`, `model-zoo generate CONFIG` its
+eval CONFIG` runs that folder's `evaluate`, `model-zoo generate CONFIG` its
 `run_generate`, so a copied folder brings its commands with it (model_zoo/models/base.py).
 Building the parser imports only the folders' light `__init__` and `commands` modules; a
 model's code, MindSpore and the plan are imported when a command that needs them runs, so
@@ -133,7 +133,8 @@ def run(args) -> int:
                                      args.resume)
         train(config, output_dir, resume=args.resume, on_save=storage.upload)
     elif args.command == "eval":
-        print(json.dumps(model_command(module, "run_eval", "eval")(config, args.ckpt)))
+        from model_zoo.train.checkpoint import evaluate_checkpoint
+        print(json.dumps(evaluate_checkpoint(config, args.ckpt)))
     else:
         hook = "run_" + args.command.replace("-", "_")
         print(model_command(module, hook, args.command)(config, args.ckpt, args))

@@ -81,6 +81,49 @@ def write_checkpoint(params: dict, ckpt_path: str):
             os.remove(tmp)
 
 
+class TensorSource:
+    """A Hugging Face checkpoint's tensors as a converter takes them one by one: `take`
+    checks each name and shape, `check_all_used` that no tensor the config does not account
+    for is left over. Errors name tensors as `display(name)` (Hugging Face's own names)."""
+
+    def __init__(self, tensors: dict, weight_file: str, display=lambda name: name):
+        self.tensors, self.weight_file, self.display = tensors, weight_file, display
+        self.used = set()
+
+    def __contains__(self, name) -> bool:
+        return name in self.tensors
+
+    def __getitem__(self, name):
+        return self.tensors[name]
+
+    def take(self, name: str, shape) -> np.ndarray:
+        """The tensor `name`, which must have `shape`; CheckpointError otherwise."""
+        if name not in self.tensors:
+            raise CheckpointError(f"weight file {self.weight_file!r} lacks the tensor "
+                                  f"{self.display(name)!r}")
+        value = self.tensors[name]
+        if tuple(value.shape) != tuple(shape):
+            raise CheckpointError(f"tensor {self.display(name)!r} in {self.weight_file!r} has "
+                                  f"shape {tuple(value.shape)}, expected {tuple(shape)} from "
+                                  f"{CONFIG_FILE}")
+        self.used.add(name)
+        return value
+
+    def mark_used(self, name: str):
+        """Count `name` as converted (a tied copy checked by hand)."""
+        self.used.add(name)
+
+    def check_all_used(self, prefixes: tuple, layers: str):
+        """CheckpointError naming the first tensor under `prefixes` nothing took; `layers`
+        names the config's layer count (the usual cause)."""
+        unexpected = sorted(name for name in self.tensors
+                            if name.startswith(prefixes) and name not in self.used)
+        if unexpected:
+            raise CheckpointError(f"weight file {self.weight_file!r} has tensors {CONFIG_FILE} "
+                                  f"does not account for, e.g. {self.display(unexpected[0])!r} "
+                                  f"({layers})")
+
+
 def read_weights(hf_dir: str, floating_only: bool = False):
     """All tensors of the folder as float32 numpy arrays, and the file (or index) read.
 

@@ -324,7 +324,7 @@ def test_hybrid_layout_strategies():
     assert strategy(net.bert.embeddings.token_type_embeddings.gather) == ((1, 1), (2, 1))
     assert strategy(net.gather_positions.one_hot) == ((2, 1, 1), (), ())
     assert strategy(net.gather_positions.matmul) == ((2, 1, 1), (2, 1, 1))
-    assert strategy(net.bert.invert_mask) == ((), (2, 1))
+    assert strategy(net.bert.padding_bias.invert) == ((), (2, 1))
     # vocabulary-parallel MLM loss; the 2-class NSP loss keeps its classes whole
     assert strategy(net.mlm_loss.exp) == ((2, 4),)
     assert strategy(net.mlm_loss.one_hot) == ((2, 4), (), ())

@@ -253,10 +253,10 @@ def test_gpt2_build_dataset(small_corpus, tmp_path):
         assert count_samples(output_dir / f"{split}.mindrecord") == splits[split]["samples"]
     assert Tokenizer(output_dir / "tokenizer.model").vocab_size == 300
 
-    assert gpt2_data.dataset_ready(output_dir, 300, 32)
-    assert not gpt2_data.dataset_ready(tmp_path / "empty", 300, 32)
+    assert gpt2_data.lm_dataset_ready(output_dir, 300, 32)
+    assert not gpt2_data.lm_dataset_ready(tmp_path / "empty", 300, 32)
     with pytest.raises(DataError, match="built with vocab_size=300, seq_length=32"):
-        gpt2_data.dataset_ready(output_dir, 300, 64)
+        gpt2_data.lm_dataset_ready(output_dir, 300, 64)
     with pytest.raises(DataError, match="already holds a dataset"):
         gpt2_data.build_dataset(output_dir, small_corpus, vocab_size=300, seq_length=32)
 
@@ -277,4 +277,4 @@ def test_gpt2_data_command(small_corpus, tmp_path, capsys):
     gpt2_data.run_data_command(args)
     summary = capsys.readouterr().out.strip()
     assert len(summary.splitlines()) == 1 and "train" in summary and "out" in summary
-    assert gpt2_data.dataset_ready(tmp_path / "out", 300, 16)
+    assert gpt2_data.lm_dataset_ready(tmp_path / "out", 300, 16)

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model_zoo.data import Tokenizer, bucket_boundaries, bucket_counts, global_batches
+from model_zoo.data import (Tokenizer, bucket_boundaries, bucket_counts, global_batches,
+                            read_manifest)
 from model_zoo.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from model_zoo.errors import DataError
 from model_zoo.models.transformer import data as tdata
@@ -347,7 +348,7 @@ def test_data_command_from_parallel_files(small_pairs, tmp_path, capsys):
                               "--dev-size", "50", "--test-size", "50"])
     tdata.run_data_command(args)
     printed = capsys.readouterr().out
-    manifest = tdata.read_manifest(tmp_path / "out")
+    manifest = read_manifest(tmp_path / "out")
     splits = manifest["splits"]
     assert "1500 pairs found" in printed and f"dev {splits['dev']['kept']}/50" in printed
     assert f"{manifest['pairs']['dropped_too_long']} dropped" in printed and "padding" in printed

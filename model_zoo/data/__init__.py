@@ -25,6 +25,7 @@ from model_zoo.data.manifest import (
     check_built_with,
     check_files,
     check_no_dataset,
+    dataset_ready,
     read_manifest,
 )
 from model_zoo.data.mindrecord import (
@@ -52,6 +53,7 @@ __all__ = [
     "check_no_dataset",
     "count_samples",
     "create_dataset",
+    "dataset_ready",
     "global_batches",
     "load_documents",
     "pack_token_stream",

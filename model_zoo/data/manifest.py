@@ -22,6 +22,23 @@ def read_manifest(output_dir):
     return manifest
 
 
+def dataset_ready(output_dir, built_with: dict, files, check_kind=None) -> bool:
+    """True if `output_dir` holds a complete dataset built with `built_with` (e.g.
+    {"vocab_size": 2048, "seq_length": 64}); False if it holds no dataset.json. DataError if
+    `check_kind(manifest)` refuses it (another kind of dataset), if it was built with other
+    settings, or if one of `files` (names, or a function of the manifest giving them) is
+    missing."""
+    output_dir = Path(output_dir)
+    manifest = read_manifest(output_dir)
+    if manifest is None:
+        return False
+    if check_kind is not None:
+        check_kind(manifest)
+    check_built_with(output_dir, manifest, built_with)
+    check_files(output_dir, files(manifest) if callable(files) else files)
+    return True
+
+
 def check_no_dataset(output_dir):
     """DataError if `output_dir` already holds a complete dataset (a dataset.json)."""
     output_dir = Path(output_dir)

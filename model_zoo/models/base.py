@@ -35,8 +35,9 @@ class ModelFolder(Protocol):
     def evaluate(self, config, network) -> dict:
         """Held-out metrics of a trained network (JSON-serialisable)."""
 
-    def run_eval(self, config, ckpt: str) -> dict:
-        """`model-zoo eval CONFIG --ckpt FILE`: load the checkpoint and `evaluate`."""
+    def dataset_ready(self, config) -> bool:
+        """Whether `config.data.dataset_dir` holds the dataset this config trains and
+        evaluates on (False: none yet; DataError: one built with other settings)."""
 
     def plan_inputs(self, config, batch_size: int):
         """The training network's inputs for one micro batch as [(shape, dtype), ...], for

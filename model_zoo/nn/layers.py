@@ -642,6 +642,31 @@ class ResidualAdd(nn.Cell):
         return self.add(x, y)
 
 
+class PaddingBias(nn.Cell):
+    """The additive attention bias of a padding mask: (1 - mask) x MASK_VALUE, split by
+    batch. The scalar operands get () (rule G1); the Cast to float32 takes no strategy
+    (ignored in semi-auto parallel).
+
+    Inputs:
+        mask: int or float (batch, seq), 1 for tokens, 0 for padding.
+    Outputs:
+        float32 (batch, 1, 1, seq), 0 to keep and MASK_VALUE to mask, for the attention's
+        Add ((dp,mp,1,1),(dp,1,1,1)).
+    """
+
+    def __init__(self, *, parallel_config: ParallelConfig):
+        super().__init__()
+        dp = parallel_config.dp
+        self.invert = ops.Sub().shard(((), (dp, 1)))
+        self.scale = ops.Mul().shard(((dp, 1), ()))
+
+    def construct(self, mask):
+        batch, seq = mask.shape
+        padding = self.invert(ops.cast(1.0, ms.float32), ops.cast(mask, ms.float32))
+        bias = self.scale(padding, ops.cast(MASK_VALUE, ms.float32))
+        return ops.reshape(bias, (batch, 1, 1, seq))
+
+
 class VocabProjection(nn.Cell):
     """Logits over the vocabulary from hidden states and a (tied) embedding table.
 

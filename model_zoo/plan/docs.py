@@ -58,6 +58,7 @@ def _layer_examples():
                                          flash=True)),
         ("FeedForward", 'activation="gelu"', lambda pc: L.FeedForward(
             h, ffn, parallel_config=pc, hidden_dropout=0.1)),
+        ("PaddingBias", "", lambda pc: L.PaddingBias(parallel_config=pc)),
         ("ResidualAdd", "", lambda pc: L.ResidualAdd(parallel_config=pc)),
         ("ResidualAdd", "sequence_parallel", lambda pc: L.ResidualAdd(
             parallel_config=_with(pc, sequence_parallel=True))),

@@ -10,7 +10,9 @@ import re
 
 import mindspore as ms
 
-from model_zoo.errors import CheckpointError
+from model_zoo.config import import_model
+from model_zoo.errors import CheckpointError, DataError
+from model_zoo.nn.layers import dtype_of
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)\.ckpt$")
 
@@ -82,6 +84,23 @@ def load_weights(network, path: str, strict: bool = True) -> list:
     ms.load_param_into_net(network, {k: v for k, v in values.items() if k in expected},
                            strict_load=False)
     return missing
+
+
+def load_network(config, ckpt: str):
+    """The training network of the config's model folder with the weights of checkpoint
+    `ckpt`, in eval mode (what `eval` and the folders' verbs run)."""
+    module = import_model(config.model.name)
+    return load_for_evaluation(module.build_train_network(config, dtype_of(config.train.precision)),
+                               ckpt)
+
+
+def evaluate_checkpoint(config, ckpt: str) -> dict:
+    """`model-zoo eval CONFIG --ckpt FILE`: the model folder's held-out metrics of `ckpt`."""
+    module = import_model(config.model.name)
+    if not module.dataset_ready(config):
+        raise DataError(f"no held-out data in {config.data.dataset_dir}: train once, or build "
+                        f"it with `model-zoo data {config.model.name}`")
+    return module.evaluate(config, load_network(config, ckpt))
 
 
 def load_for_evaluation(network, path: str):

@@ -20,8 +20,8 @@ import numpy as np
 
 from model_zoo.models.base import folder_name
 from model_zoo.errors import CheckpointError, ConfigError, DataError
-from model_zoo.huggingface import (CONFIG_FILE, output_paths, read_hf_config, read_weights,
-                                   write_converted)
+from model_zoo.huggingface import (CONFIG_FILE, TensorSource, output_paths, read_hf_config,
+                                   read_weights, write_converted)
 from model_zoo.nn.layers import fuse_head_projections
 
 # The converted config's data.dataset_dir, inside the output dir: it holds no tokenizer, so
@@ -155,24 +155,12 @@ def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>"):
     BertForMaskedLM) are initialised as the model would be and reported in `notes`.
     CheckpointError names the first missing, misshapen or unexpected tensor.
     """
-    source = _normalise_keys(tensors)
+    source = TensorSource(_normalise_keys(tensors), weight_file, _display)
+    take = source.take
     hidden, layers = hf_config["hidden_size"], hf_config["num_hidden_layers"]
     vocab, positions = hf_config["vocab_size"], hf_config["max_position_embeddings"]
     types, inner = hf_config["type_vocab_size"], hf_config["intermediate_size"]
     heads = hf_config["num_attention_heads"]
-    used = set()
-
-    def take(name, shape):
-        if name not in source:
-            raise CheckpointError(f"weight file {weight_file!r} lacks the tensor "
-                                  f"{_display(name)!r}")
-        value = source[name]
-        if tuple(value.shape) != tuple(shape):
-            raise CheckpointError(f"tensor {_display(name)!r} in {weight_file!r} has shape "
-                                  f"{tuple(value.shape)}, expected {tuple(shape)} from "
-                                  f"{CONFIG_FILE}")
-        used.add(name)
-        return value
 
     def linear(ours, theirs, n_in, n_out):
         params[ours + ".weight"] = take(theirs + ".weight", (n_out, n_in))
@@ -212,18 +200,18 @@ def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>"):
     if bias_key not in source and decoder_bias in source:  # some versions store only this
         bias_key = decoder_bias
     params[HEADS_PREFIX + "output_bias"] = take(bias_key, (vocab,))
-    if decoder_bias in source and decoder_bias not in used:
+    if decoder_bias in source and decoder_bias not in source.used:
         if not np.array_equal(source[decoder_bias], params[HEADS_PREFIX + "output_bias"]):
             raise CheckpointError(f"tensor {decoder_bias!r} in {weight_file!r} differs from "
                                   f"{bias_key!r}: an untied decoder bias is not supported")
-        used.add(decoder_bias)
+        source.mark_used(decoder_bias)
     decoder = "cls.predictions.decoder.weight"
     if decoder in source:
         word = params[emb + "word_embeddings.embedding_table"]
         if source[decoder].shape != word.shape or not np.array_equal(source[decoder], word):
             raise CheckpointError(f"tensor {decoder!r} in {weight_file!r} differs from the word "
                                   "embeddings: an untied MLM decoder is not supported")
-        used.add(decoder)
+        source.mark_used(decoder)
 
     # Pooler and next-sentence head: absent from a BertForMaskedLM.
     notes = []
@@ -244,12 +232,8 @@ def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>"):
                      f"(normal std={std}, seed {INIT_SEED}; bias 0) and needs training "
                      "before use")
 
-    parts = ("embeddings.", "encoder.", "pooler.", "cls.")
-    unexpected = sorted(name for name in source if name.startswith(parts) and name not in used)
-    if unexpected:
-        raise CheckpointError(f"weight file {weight_file!r} has tensors {CONFIG_FILE} does not "
-                              f"account for, e.g. {_display(unexpected[0])!r} "
-                              f"(num_hidden_layers={layers})")
+    source.check_all_used(("embeddings.", "encoder.", "pooler.", "cls."),
+                          f"num_hidden_layers={layers}")
     return {name: np.asarray(value, dtype=np.float32) for name, value in params.items()}, notes
 
 

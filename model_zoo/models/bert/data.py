@@ -88,12 +88,11 @@ from typing import NamedTuple
 import numpy as np
 
 from model_zoo.data import (
-    check_built_with,
-    check_files,
     BUILTIN_PYTHON_DOCS,
     MANIFEST_FILE,
     Tokenizer,
     check_no_dataset,
+    dataset_ready,
     load_documents,
     python_docstring_records,
     read_manifest,
@@ -470,16 +469,10 @@ def pretraining_dataset_ready(output_dir, vocab_size, seq_length, max_prediction
     False if it holds no dataset.json; DataError if it holds another dataset, one built with
     other sizes, or if files are missing.
     """
-    output_dir = Path(output_dir)
-    manifest = read_manifest(output_dir)
-    if manifest is None:
-        return False
-    _check_task(output_dir, manifest, "pretraining")
     asked = {"vocab_size": vocab_size, "seq_length": seq_length,
              "max_predictions_per_seq": max_predictions_per_seq}
-    check_built_with(output_dir, manifest, asked)
-    check_files(output_dir, [TOKENIZER_FILE, *PRETRAINING_FILES.values()])
-    return True
+    return dataset_ready(output_dir, asked, [TOKENIZER_FILE, *PRETRAINING_FILES.values()],
+                         _task_check(output_dir, "pretraining"))
 
 
 # ----------------------------------------------------------------------------- classification
@@ -663,13 +656,11 @@ def classification_dataset_ready(output_dir, vocab_size, seq_length, *, tokenize
     False if it holds no dataset.json; DataError if it holds another dataset, one built with
     other sizes or (when `tokenizer_path` is given) another tokenizer, or if files are missing.
     """
-    output_dir = Path(output_dir)
-    manifest = read_manifest(output_dir)
-    if manifest is None:
+    if not dataset_ready(output_dir, {"vocab_size": vocab_size, "seq_length": seq_length},
+                         [TOKENIZER_FILE, *CLASSIFICATION_FILES.values()],
+                         _task_check(output_dir, "classification")):
         return False
-    _check_task(output_dir, manifest, "classification")
-    check_built_with(output_dir, manifest, {"vocab_size": vocab_size, "seq_length": seq_length})
-    check_files(output_dir, [TOKENIZER_FILE, *CLASSIFICATION_FILES.values()])
+    manifest = read_manifest(output_dir)
     if tokenizer_path is not None:
         digest = hashlib.sha256(Tokenizer(tokenizer_path).model_path.read_bytes()).hexdigest()
         if digest != manifest.get("tokenizer_sha256"):
@@ -781,9 +772,12 @@ def _check_int(name, value, minimum):
         raise DataError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
-def _check_task(output_dir, manifest, task):
-    built = manifest.get("task")
-    if built != task:
-        kind = f"a BERT {built} dataset" if built else "another model's dataset"
-        raise DataError(f"{output_dir} holds {kind}, not a BERT {task} dataset; use another "
-                        f"directory or delete it")
+def _task_check(output_dir, task):
+    """A dataset_ready check that a manifest describes a BERT `task` dataset."""
+    def check(manifest):
+        built = manifest.get("task")
+        if built != task:
+            kind = f"a BERT {built} dataset" if built else "another model's dataset"
+            raise DataError(f"{output_dir} holds {kind}, not a BERT {task} dataset; use "
+                            f"another directory or delete it")
+    return check

@@ -33,11 +33,10 @@ from model_zoo.models.base import folder_name
 from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.nn.layers import (MASK_VALUE, CrossEntropy, Dropout, FeedForward,
-                                 LayerNorm, Linear, MultiHeadAttention, PositionEmbedding,
+from model_zoo.nn.layers import (CrossEntropy, Dropout, FeedForward, LayerNorm, Linear,
+                                 MultiHeadAttention, PaddingBias, PositionEmbedding,
                                  ResidualAdd, VocabEmbedding, VocabProjection,
-                                 assign_pipeline_stages, stream_dropout,
-                                 vocabulary_split)
+                                 assign_pipeline_stages, stream_dropout, vocabulary_split)
 
 TASKS = ("pretrain", "classify")
 SPECIAL_TOKENS = ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id")
@@ -245,29 +244,16 @@ class BertModel(nn.Cell):
                  compute_dtype=ms.float32):
         super().__init__()
         parallel_config = parallel_config or ParallelConfig()
-        dp = parallel_config.dp
         self.embeddings = BertEmbeddings(config, parallel_config)
         self.encoder = BertEncoder(config, parallel_config, compute_dtype)
         self.pooler = BertPooler(config, parallel_config, compute_dtype)
-        # attention_bias = (1 - mask) * MASK_VALUE, reshaped to (batch, 1, 1, seq) for the
-        # attention's Add ((dp,mp,1,1),(dp,1,1,1)); the scalar operands get () (rule G1),
-        # and the int -> float Cast takes no strategy (ignored in semi-auto parallel).
-        self.invert_mask = ops.Sub().shard(((), (dp, 1)))
-        self.scale_mask = ops.Mul().shard(((dp, 1), ()))
+        self.padding_bias = PaddingBias(parallel_config=parallel_config)
         self.embeddings.pipeline_stage = 0
         self.pooler.pipeline_stage = _last_stage(parallel_config)
 
-    def attention_bias(self, attention_mask):
-        """float32 (batch, 1, 1, seq) additive bias from an int (batch, seq) 1/0 mask."""
-        batch, seq = attention_mask.shape
-        keep = ops.cast(attention_mask, ms.float32)
-        bias = self.scale_mask(self.invert_mask(ops.cast(1.0, ms.float32), keep),
-                               ops.cast(MASK_VALUE, ms.float32))
-        return ops.reshape(bias, (batch, 1, 1, seq))
-
     def construct(self, input_ids, token_type_ids, attention_mask):
         x = self.embeddings(input_ids, token_type_ids)
-        x = self.encoder(x, self.attention_bias(attention_mask))
+        x = self.encoder(x, self.padding_bias(attention_mask))
         return x, self.pooler(x)
 
 

@@ -14,8 +14,7 @@ from typing import List
 from model_zoo.config import Config, DataConfig
 from model_zoo.data import create_dataset, parse_token_ids
 from model_zoo.errors import ConfigError, DataError, UserInputError
-from model_zoo.nn.layers import dtype_of
-from model_zoo.train.checkpoint import load_for_evaluation
+from model_zoo.train.checkpoint import load_network
 
 from .data import (BUILTIN_PYTHON_DOCS, CLASSIFICATION_COLUMNS, CLASSIFICATION_FILES,
                    PRETRAINING_COLUMNS, PRETRAINING_FILES, TOKENIZER_FILE,
@@ -50,12 +49,20 @@ def _pretraining(config: Config) -> bool:
     return config.model.task == "pretrain"
 
 
+def dataset_ready(config: Config) -> bool:
+    """Whether data.dataset_dir holds the dataset of this config's task."""
+    data, model = config.data, config.model
+    if _pretraining(config):
+        return pretraining_dataset_ready(data.dataset_dir, model.vocab_size, model.seq_length,
+                                         data.max_predictions_per_seq)
+    return classification_dataset_ready(data.dataset_dir, model.vocab_size, model.seq_length)
+
+
 def prepare_data(config: Config):
     """Build the task's dataset in data.dataset_dir unless it is already there."""
     data, model = config.data, config.model
     if _pretraining(config):
-        if pretraining_dataset_ready(data.dataset_dir, model.vocab_size, model.seq_length,
-                                     data.max_predictions_per_seq):
+        if dataset_ready(config):
             return
         print(f"building the pretraining dataset in {data.dataset_dir} from "
               f"{' '.join(data.sources)} ...", flush=True)
@@ -177,25 +184,6 @@ def _encode_with_masks(config: Config, tokenizer, text: str) -> list:
         if piece.strip():
             ids.extend(encode_text(tokenizer, piece))
     return ids[:model.seq_length - 1] + [model.sep_token_id]
-
-
-def load_network(config: Config, ckpt: str):
-    return load_for_evaluation(build_train_network(config, dtype_of(config.train.precision)),
-                               ckpt)
-
-
-def run_eval(config: Config, ckpt: str) -> dict:
-    prepare_ready = (pretraining_dataset_ready(config.data.dataset_dir, config.model.vocab_size,
-                                               config.model.seq_length,
-                                               config.data.max_predictions_per_seq)
-                     if _pretraining(config) else
-                     classification_dataset_ready(config.data.dataset_dir,
-                                                  config.model.vocab_size,
-                                                  config.model.seq_length))
-    if not prepare_ready:
-        raise DataError(f"no held-out data in {config.data.dataset_dir}: train once, or build "
-                        f"it with `model-zoo data bert`")
-    return evaluate(config, load_network(config, ckpt))
 
 
 def run_fill_mask(config: Config, ckpt: str, args) -> str:

@@ -14,7 +14,7 @@ __getattr__, __dir__ = lazy_hooks(__name__, {
     "create_train_dataset": "tasks",
     "prepare_data": "tasks",
     "evaluate": "tasks",
-    "run_eval": "tasks",
+    "dataset_ready": "tasks",
     "plan_inputs": "tasks",
     "sample_text": "tasks",
     "run_generate": "tasks",

@@ -17,9 +17,9 @@ import os
 import numpy as np
 
 from model_zoo.models.base import folder_name
-from model_zoo.errors import CheckpointError, ConfigError, DataError
-from model_zoo.huggingface import (CONFIG_FILE, output_paths, read_hf_config, read_weights,
-                                   write_converted)
+from model_zoo.errors import ConfigError, DataError
+from model_zoo.huggingface import (CONFIG_FILE, TensorSource, output_paths, read_hf_config,
+                                   read_weights, write_converted)
 from model_zoo.nn.layers import fuse_head_projections
 
 PREFIX = "lm.transformer."
@@ -126,29 +126,17 @@ def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>") 
     Keys may carry the `transformer.` prefix or not. CheckpointError names the first
     missing, misshapen or unexpected transformer tensor.
     """
-    source = {}
+    short_names = {}
     for key, value in tensors.items():
         short = key[len("transformer."):] if key.startswith("transformer.") else key
-        if short.endswith(IGNORED_SUFFIXES):
-            continue
-        source[short] = value
+        if not short.endswith(IGNORED_SUFFIXES):
+            short_names[short] = value
+    source = TensorSource(short_names, weight_file, lambda name: "transformer." + name)
+    take = source.take
     hidden, layers = hf_config["n_embd"], hf_config["n_layer"]
     vocab, positions = hf_config["vocab_size"], hf_config["n_positions"]
     inner = hf_config["n_inner"] or 4 * hidden
     heads = hf_config["n_head"]
-    used = set()
-
-    def take(name, shape):
-        if name not in source:
-            raise CheckpointError(f"weight file {weight_file!r} lacks the tensor "
-                                  f"'transformer.{name}'")
-        value = source[name]
-        if tuple(value.shape) != tuple(shape):
-            raise CheckpointError(f"tensor 'transformer.{name}' in {weight_file!r} has shape "
-                                  f"{tuple(value.shape)}, expected {tuple(shape)} from "
-                                  f"{CONFIG_FILE}")
-        used.add(name)
-        return value
 
     def linear(name, n_in, n_out):
         """Conv1D [in, out] -> Linear [out, in], and its bias."""
@@ -183,13 +171,7 @@ def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>") 
     params[PREFIX + "ln_f.gamma"] = take("ln_f.weight", (hidden,))
     params[PREFIX + "ln_f.beta"] = take("ln_f.bias", (hidden,))
 
-    transformer_parts = ("wte.", "wpe.", "h.", "ln_f.")
-    unexpected = sorted(name for name in source
-                        if name.startswith(transformer_parts) and name not in used)
-    if unexpected:
-        raise CheckpointError(f"weight file {weight_file!r} has tensors {CONFIG_FILE} does not "
-                              f"account for, e.g. 'transformer.{unexpected[0]}' "
-                              f"(n_layer={layers})")
+    source.check_all_used(("wte.", "wpe.", "h.", "ln_f."), f"n_layer={layers}")
     return {name: np.asarray(value, dtype=np.float32) for name, value in params.items()}
 
 

@@ -14,14 +14,12 @@ import sys
 from pathlib import Path
 
 from model_zoo.data import (
-    check_built_with,
-    check_files,
     BUILTIN_PYTHON_DOCS,
     MANIFEST_FILE,
     check_no_dataset,
+    dataset_ready,
     load_documents,
     pack_token_stream,
-    read_manifest,
     split_documents,
     train_tokenizer,
     write_mindrecord,
@@ -80,18 +78,11 @@ def build_dataset(output_dir, documents, *, vocab_size, seq_length, heldout_frac
     return manifest
 
 
-def dataset_ready(output_dir, vocab_size, seq_length):
-    """True if `output_dir` holds a complete dataset built for this vocab_size and seq_length.
-
-    Raises DataError if it holds one built with other sizes, or if files are missing.
-    """
-    output_dir = Path(output_dir)
-    manifest = read_manifest(output_dir)
-    if manifest is None:
-        return False
-    check_built_with(output_dir, manifest, {"vocab_size": vocab_size, "seq_length": seq_length})
-    check_files(output_dir, [TOKENIZER_FILE, *SPLIT_FILES.values()])
-    return True
+def lm_dataset_ready(output_dir, vocab_size, seq_length) -> bool:
+    """True if `output_dir` holds a complete dataset built for this vocab_size and seq_length
+    (`manifest.dataset_ready`)."""
+    return dataset_ready(output_dir, {"vocab_size": vocab_size, "seq_length": seq_length},
+                         [TOKENIZER_FILE, *SPLIT_FILES.values()])
 
 
 def add_data_arguments(parser):

@@ -14,12 +14,11 @@ import numpy as np
 
 from model_zoo.config import Config, DataConfig
 from model_zoo.data import Tokenizer, count_samples, create_dataset, parse_token_ids
-from model_zoo.errors import DataError, UserInputError
-from model_zoo.nn.layers import dtype_of
-from model_zoo.train.checkpoint import load_for_evaluation
+from model_zoo.errors import UserInputError
+from model_zoo.train.checkpoint import load_network
 
 from .data import (BUILTIN_PYTHON_DOCS, SPLIT_FILES, TOKENIZER_FILE, build_dataset,
-                   dataset_ready, load_documents)
+                   lm_dataset_ready, load_documents)
 from .generate import generate
 from .model import GPT2ForTraining
 
@@ -38,10 +37,16 @@ class GPT2DataConfig(DataConfig):
     seed: int = 1
 
 
+def dataset_ready(config: Config) -> bool:
+    """Whether data.dataset_dir holds the dataset this config trains on."""
+    return lm_dataset_ready(config.data.dataset_dir, config.model.vocab_size,
+                            config.model.seq_length)
+
+
 def prepare_data(config: Config):
     """Build the dataset in data.dataset_dir from data.sources unless it is already there."""
     data, model = config.data, config.model
-    if dataset_ready(data.dataset_dir, model.vocab_size, model.seq_length):
+    if dataset_ready(config):
         return
     print(f"building the dataset in {data.dataset_dir} from {' '.join(data.sources)} ...",
           flush=True)
@@ -106,19 +111,6 @@ def sample_text(config: Config, network, prompt: str = "Return the") -> str:
     ids = generate(network.lm, tokenizer.encode(prompt), 40, seq_length=config.model.seq_length,
                    greedy=False, top_k=20, seed=config.train.seed, eos_id=tokenizer.eos_id)
     return prompt + tokenizer.decode(ids)
-
-
-def load_network(config: Config, ckpt: str):
-    """A GPT2ForTraining in eval mode with the weights of `ckpt`."""
-    return load_for_evaluation(build_train_network(config, dtype_of(config.train.precision)),
-                               ckpt)
-
-
-def run_eval(config: Config, ckpt: str) -> dict:
-    if not dataset_ready(config.data.dataset_dir, config.model.vocab_size, config.model.seq_length):
-        raise DataError(f"no held-out data in {config.data.dataset_dir}: train once, or build it "
-                        f"with `model-zoo data gpt2`")
-    return evaluate(config, load_network(config, ckpt))
 
 
 def run_generate(config: Config, ckpt: str, args) -> str:

@@ -56,8 +56,7 @@ from model_zoo.data.buckets import (
     bucketed_dataset,
     padding_ratio,
 )
-from model_zoo.data.manifest import (MANIFEST_FILE, check_built_with, check_files, check_no_dataset,
-                                     read_manifest)
+from model_zoo.data.manifest import MANIFEST_FILE, check_no_dataset, dataset_ready
 from model_zoo.data.mindrecord import read_mindrecord, write_mindrecord
 from model_zoo.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
 from model_zoo.errors import DataError
@@ -472,16 +471,12 @@ def translation_dataset_ready(output_dir, vocab_size, seq_length):
     """True if `output_dir` holds a complete translation dataset for this vocab_size and
     seq_length; False if it holds none. DataError if it was built with other sizes or if
     files are missing."""
-    output_dir = Path(output_dir)
-    manifest = read_manifest(output_dir)
-    if manifest is None:
-        return False
-    check_built_with(output_dir, manifest, {"vocab_size": vocab_size, "seq_length": seq_length})
-    names = [TOKENIZER_FILE, *SPLIT_FILES.values()]
-    for split in TEXT_SPLITS:
-        names.extend(manifest.get("splits", {}).get(split, {}).get("text", {}).values())
-    check_files(output_dir, names)
-    return True
+    def files(manifest):
+        names = [TOKENIZER_FILE, *SPLIT_FILES.values()]
+        for split in TEXT_SPLITS:
+            names.extend(manifest.get("splits", {}).get(split, {}).get("text", {}).values())
+        return names
+    return dataset_ready(output_dir, {"vocab_size": vocab_size, "seq_length": seq_length}, files)
 
 
 def split_path(dataset_dir, split):

@@ -19,11 +19,10 @@ from model_zoo.models.base import folder_name
 from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.nn.layers import (MASK_VALUE, CrossEntropy, FeedForward,
-                                 LayerNorm, MultiHeadAttention, ResidualAdd,
-                                 SinusoidalPositionEncoding, VocabEmbedding,
-                                 VocabProjection, assign_pipeline_stages,
-                                 stream_dropout, vocabulary_split)
+from model_zoo.nn.layers import (MASK_VALUE, CrossEntropy, FeedForward, LayerNorm,
+                                 MultiHeadAttention, PaddingBias, ResidualAdd,
+                                 SinusoidalPositionEncoding, VocabEmbedding, VocabProjection,
+                                 assign_pipeline_stages, stream_dropout, vocabulary_split)
 
 
 @dataclass
@@ -65,12 +64,6 @@ class TransformerConfig(ModelConfig):
                               f"{self.activation!r}")
         if self.beam_size < 1:
             raise ConfigError(f"model.beam_size must be >= 1, got {self.beam_size}")
-
-
-def padding_bias(mask):
-    """(batch, seq) 1/0 mask -> float32 additive bias (batch, 1, 1, seq)."""
-    mask = ops.cast(mask, ms.float32)
-    return ops.reshape((1.0 - mask) * MASK_VALUE, (mask.shape[0], 1, 1, mask.shape[1]))
 
 
 class SubLayer(nn.Cell):
@@ -200,6 +193,7 @@ class Transformer(nn.Cell):
         self.decoder_norm.pipeline_stage = parallel_config.pipeline_stage - 1
         self.projection.pipeline_stage = parallel_config.pipeline_stage - 1
         self.embedding_multiplier = Tensor(math.sqrt(config.hidden_size), ms.float32)
+        self.padding_bias = PaddingBias(parallel_config=parallel_config)
 
     def embed(self, ids):
         """Token embeddings scaled by sqrt(hidden), plus positions (from 0)."""
@@ -208,7 +202,7 @@ class Transformer(nn.Cell):
 
     def encode(self, source_ids, source_mask):
         """(memory (batch, seq_s, hidden), source bias (batch, 1, 1, seq_s))."""
-        source_bias = padding_bias(source_mask)
+        source_bias = self.padding_bias(source_mask)
         x = self.embed(source_ids)
         for layer in self.encoder_layers:
             x = layer(x, source_bias)

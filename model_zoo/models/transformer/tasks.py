@@ -14,8 +14,7 @@ import numpy as np
 from model_zoo.config import Config, DataConfig
 from model_zoo.data import Tokenizer
 from model_zoo.errors import DataError, UserInputError
-from model_zoo.nn.layers import dtype_of
-from model_zoo.train.checkpoint import load_for_evaluation
+from model_zoo.train.checkpoint import load_network
 
 from .data import (BUILTIN_LOCALE_DE, TOKENIZER_FILE, build_translation_dataset,
                    create_translation_dataset, load_pairs, read_examples, split_path,
@@ -41,10 +40,16 @@ class TransformerDataConfig(DataConfig):
     seed: int = 1
 
 
+def dataset_ready(config: Config) -> bool:
+    """Whether data.dataset_dir holds the dataset this config trains on."""
+    return translation_dataset_ready(config.data.dataset_dir, config.model.vocab_size,
+                                     config.model.seq_length)
+
+
 def prepare_data(config: Config):
     """Build the dataset in data.dataset_dir from data.sources unless it is already there."""
     data, model = config.data, config.model
-    if translation_dataset_ready(data.dataset_dir, model.vocab_size, model.seq_length):
+    if dataset_ready(config):
         return
     print(f"building the dataset in {data.dataset_dir} from {' '.join(data.sources)} ...",
           flush=True)
@@ -151,19 +156,6 @@ def sample_text(config: Config, network) -> str:
     ids = translate_ids(config, network.transformer, examples.source_ids[:3], 1, batch_size=3)
     return " | ".join(f"{tokenizer.decode(s[:-1])} -> {tokenizer.decode(t)}"
                       for s, t in zip(examples.source_ids[:3], ids))
-
-
-def load_network(config: Config, ckpt: str):
-    return load_for_evaluation(build_train_network(config, dtype_of(config.train.precision)),
-                               ckpt)
-
-
-def run_eval(config: Config, ckpt: str) -> dict:
-    if not translation_dataset_ready(config.data.dataset_dir, config.model.vocab_size,
-                                     config.model.seq_length):
-        raise DataError(f"no test data in {config.data.dataset_dir}: train once, or build it "
-                        f"with `model-zoo data transformer`")
-    return evaluate(config, load_network(config, ckpt))
 
 
 def run_translate(config: Config, ckpt: str, args) -> str:
