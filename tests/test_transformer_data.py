@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from model_zoo.data import (Tokenizer, bucket_boundaries, bucket_counts, global_batches,
-                            read_manifest)
+                            read_manifest, split_path)
 from model_zoo.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from model_zoo.errors import DataError
 from model_zoo.models.transformer import data as tdata
@@ -225,7 +225,7 @@ def test_build_writes_the_dataset_and_reports_padding(built):
 def test_every_pair_lands_in_the_smallest_bucket_that_fits(built):
     directory, manifest = built
     boundaries = np.array(manifest["buckets"])
-    examples = tdata.read_examples(tdata.split_path(directory, "train"))
+    examples = tdata.read_examples(split_path(directory, tdata.SPLIT_FILES, "train"))
     real = padded = 0
     for source, target, bucket in zip(*examples[:3]):
         length = max(len(source), len(target) - 1)
@@ -248,7 +248,7 @@ def test_dev_split_round_trip(built):
     targets = (directory / "dev.de").read_text(encoding="utf-8").splitlines()
     assert len(sources) == len(targets) == manifest["splits"]["dev"]["kept"]
     found = {}
-    for batch in batches(tdata.split_path(directory, "dev"), 16, shuffle=False, repeat=False,
+    for batch in batches(split_path(directory, tdata.SPLIT_FILES, "dev"), 16, shuffle=False, repeat=False,
                          drop_remainder=False):
         source_ids, source_mask, decoder_ids, decoder_mask, label_ids, index = batch
         assert source_ids.shape == decoder_ids.shape == label_ids.shape == source_mask.shape
@@ -274,7 +274,7 @@ def test_dev_split_round_trip(built):
 @needs_catalogs
 def test_two_shards_read_disjoint_halves_of_each_global_batch(built):
     directory, _ = built
-    path = tdata.split_path(directory, "train")
+    path = split_path(directory, tdata.SPLIT_FILES, "train")
     examples = tdata.read_examples(path)
     per_epoch = len(global_batches(examples.buckets, 32, seed=5))
     whole = batches(path, 32, per_epoch, seed=5)
@@ -297,7 +297,7 @@ def test_two_shards_read_disjoint_halves_of_each_global_batch(built):
 @needs_catalogs
 def test_shuffle_is_seeded_and_differs_per_epoch(built):
     directory, _ = built
-    path = tdata.split_path(directory, "train")
+    path = split_path(directory, tdata.SPLIT_FILES, "train")
     per_epoch = len(global_batches(tdata.read_examples(path).buckets, 64, seed=7))
     stream = [batch[5].tolist() for batch in batches(path, 64, 2 * per_epoch, seed=7)]
     assert stream == [batch[5].tolist() for batch in batches(path, 64, 2 * per_epoch, seed=7)]
@@ -310,7 +310,7 @@ def test_shuffle_is_seeded_and_differs_per_epoch(built):
 @pytest.mark.parametrize("num_shards,shard_id", [(1, 0), (2, 1)])
 def test_skip_batches_resumes_at_the_same_batch(built, num_shards, shard_id):
     directory, _ = built
-    path = tdata.split_path(directory, "train")
+    path = split_path(directory, tdata.SPLIT_FILES, "train")
     per_epoch = len(global_batches(tdata.read_examples(path).buckets, 32 * num_shards, seed=2))
     skip = per_epoch + 3  # across an epoch boundary
     full = batches(path, 32, skip + 4, num_shards=num_shards, shard_id=shard_id, seed=2)
@@ -325,7 +325,7 @@ def test_skip_batches_resumes_at_the_same_batch(built, num_shards, shard_id):
 @needs_catalogs
 def test_reader_errors(built):
     directory, _ = built
-    path = tdata.split_path(directory, "dev")
+    path = split_path(directory, tdata.SPLIT_FILES, "dev")
     with pytest.raises(DataError, match="no bucket holds a global batch"):
         tdata.create_translation_dataset(path, 10_000)
     with pytest.raises(DataError, match="shard_id=2 is not in"):

@@ -27,6 +27,7 @@ from model_zoo.data.manifest import (
     check_no_dataset,
     dataset_ready,
     read_manifest,
+    split_path,
 )
 from model_zoo.data.mindrecord import (
     count_samples,
@@ -65,6 +66,7 @@ __all__ = [
     "read_mindrecord",
     "read_text_documents",
     "split_documents",
+    "split_path",
     "train_tokenizer",
     "write_mindrecord",
 ]

@@ -1,6 +1,7 @@
 """The dataset.json of a built dataset directory: written last, it marks a complete dataset."""
 
 import json
+import os
 from pathlib import Path
 
 from model_zoo.errors import DataError
@@ -37,6 +38,14 @@ def dataset_ready(output_dir, built_with: dict, files, check_kind=None) -> bool:
     check_built_with(output_dir, manifest, built_with)
     check_files(output_dir, files(manifest) if callable(files) else files)
     return True
+
+
+def split_path(dataset_dir, split_files: dict, split: str) -> str:
+    """The file of `split` in a dataset directory whose splits are `split_files`
+    ({split: file name}); DataError for an unknown split."""
+    if split not in split_files:
+        raise DataError(f"unknown split {split!r} (splits: {', '.join(split_files)})")
+    return os.path.join(str(dataset_dir), split_files[split])
 
 
 def check_no_dataset(output_dir):

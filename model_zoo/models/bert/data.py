@@ -100,10 +100,11 @@ from model_zoo.data import (
     train_tokenizer,
     write_mindrecord,
 )
+from model_zoo.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from model_zoo.errors import DataError, UserInputError
 from model_zoo.files import write_atomically, write_json_atomically
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+# After the shared tokenizer's PAD_ID, UNK_ID, BOS_ID and EOS_ID (0-3): BERT's own symbols.
 CLS_ID, SEP_ID, MASK_ID = 4, 5, 6
 SPECIAL_SYMBOLS = ("[CLS]", "[SEP]", "[MASK]")
 FIRST_TEXT_ID = 7

@@ -12,7 +12,7 @@ from typing import List
 
 
 from model_zoo.config import Config, DataConfig
-from model_zoo.data import create_dataset, parse_token_ids
+from model_zoo.data import create_dataset, parse_token_ids, split_path
 from model_zoo.errors import ConfigError, DataError, UserInputError
 from model_zoo.train.checkpoint import load_network
 
@@ -94,7 +94,7 @@ def prepare_data(config: Config):
 def _split(config: Config, split: str):
     files = PRETRAINING_FILES if _pretraining(config) else CLASSIFICATION_FILES
     columns = PRETRAINING_COLUMNS if _pretraining(config) else CLASSIFICATION_COLUMNS
-    return os.path.join(config.data.dataset_dir, files[split]), columns
+    return split_path(config.data.dataset_dir, files, split), columns
 
 
 def build_train_network(config: Config, compute_dtype):

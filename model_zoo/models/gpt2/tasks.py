@@ -13,7 +13,8 @@ import mindspore as ms
 import numpy as np
 
 from model_zoo.config import Config, DataConfig
-from model_zoo.data import Tokenizer, count_samples, create_dataset, parse_token_ids
+from model_zoo.data import (Tokenizer, count_samples, create_dataset, parse_token_ids,
+                            split_path)
 from model_zoo.errors import UserInputError
 from model_zoo.train.checkpoint import load_network
 
@@ -72,19 +73,15 @@ def plan_inputs(config: Config, batch_size: int):
 
 def create_train_dataset(config: Config, shard, skip_batches: int = 0):
     """This rank's batches of the train split, resumable at `skip_batches`."""
-    return create_dataset(split_path(config, "train"), ["input_ids"], shard.batch_size,
+    return create_dataset(split_path(config.data.dataset_dir, SPLIT_FILES, "train"), ["input_ids"], shard.batch_size,
                           num_shards=shard.num_shards, shard_id=shard.shard_id,
                           shuffle=config.data.shuffle, seed=config.train.seed,
                           skip_batches=skip_batches)
 
 
-def split_path(config: Config, split: str) -> str:
-    return os.path.join(config.data.dataset_dir, SPLIT_FILES[split])
-
-
 def evaluate(config: Config, network) -> dict:
     """Mean next-token loss and perplexity of `network` (a GPT2ForTraining) on held-out data."""
-    path = split_path(config, "heldout")
+    path = split_path(config.data.dataset_dir, SPLIT_FILES, "heldout")
     samples = count_samples(path)
     batch_size = max(1, min(config.train.global_batch_size, samples))
     dataset = create_dataset(path, ["input_ids"], batch_size, shuffle=False, repeat=False)

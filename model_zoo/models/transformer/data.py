@@ -479,13 +479,6 @@ def translation_dataset_ready(output_dir, vocab_size, seq_length):
     return dataset_ready(output_dir, {"vocab_size": vocab_size, "seq_length": seq_length}, files)
 
 
-def split_path(dataset_dir, split):
-    """The MindRecord file of `split` ("train", "dev" or "test") in a dataset directory."""
-    if split not in SPLIT_FILES:
-        raise DataError(f"unknown split {split!r} (splits: {', '.join(SPLITS)})")
-    return Path(dataset_dir) / SPLIT_FILES[split]
-
-
 # ---------------------------------------------------------------------------------------------
 # Reading
 

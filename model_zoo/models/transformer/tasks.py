@@ -12,12 +12,12 @@ from typing import List
 import numpy as np
 
 from model_zoo.config import Config, DataConfig
-from model_zoo.data import Tokenizer
+from model_zoo.data import Tokenizer, split_path
 from model_zoo.errors import DataError, UserInputError
 from model_zoo.train.checkpoint import load_network
 
-from .data import (BUILTIN_LOCALE_DE, TOKENIZER_FILE, build_translation_dataset,
-                   create_translation_dataset, load_pairs, read_examples, split_path,
+from .data import (BUILTIN_LOCALE_DE, SPLIT_FILES, TOKENIZER_FILE, build_translation_dataset,
+                   create_translation_dataset, load_pairs, read_examples,
                    translation_dataset_ready)
 from .decode import Translator
 from .model import TransformerForTraining
@@ -80,7 +80,7 @@ def plan_inputs(config: Config, batch_size: int):
 def create_train_dataset(config: Config, shard, skip_batches: int = 0):
     """This rank's length-bucketed batches of the train split, resumable at `skip_batches`."""
     return create_translation_dataset(
-        split_path(config.data.dataset_dir, "train"), shard.batch_size,
+        split_path(config.data.dataset_dir, SPLIT_FILES, "train"), shard.batch_size,
         num_shards=shard.num_shards, shard_id=shard.shard_id, seed=config.train.seed,
         shuffle=config.data.shuffle, skip_batches=skip_batches)
 
@@ -137,7 +137,7 @@ def evaluate(config: Config, network, split: str = "test", beam_size: int = None
     """sacreBLEU of `network`'s translations of a held-out split against its references."""
     import sacrebleu
     tokenizer = _tokenizer(config)
-    examples = read_examples(split_path(config.data.dataset_dir, split))
+    examples = read_examples(split_path(config.data.dataset_dir, SPLIT_FILES, split))
     with open(os.path.join(config.data.dataset_dir, f"{split}.de"), encoding="utf-8") as handle:
         references = handle.read().splitlines()
     beam = beam_size or config.model.beam_size
@@ -152,7 +152,7 @@ def evaluate(config: Config, network, split: str = "test", beam_size: int = None
 def sample_text(config: Config, network) -> str:
     """A few held-out translations, printed after training."""
     tokenizer = _tokenizer(config)
-    examples = read_examples(split_path(config.data.dataset_dir, "test"))
+    examples = read_examples(split_path(config.data.dataset_dir, SPLIT_FILES, "test"))
     ids = translate_ids(config, network.transformer, examples.source_ids[:3], 1, batch_size=3)
     return " | ".join(f"{tokenizer.decode(s[:-1])} -> {tokenizer.decode(t)}"
                       for s, t in zip(examples.source_ids[:3], ids))
