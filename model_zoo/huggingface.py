@@ -81,6 +81,23 @@ def write_checkpoint(params: dict, ckpt_path: str):
             os.remove(tmp)
 
 
+def add_convert_arguments(parser, folder: str):
+    """The arguments every `model-zoo convert MODEL` takes; `folder` describes --hf-dir."""
+    parser.add_argument("--hf-dir", required=True, help=folder)
+    parser.add_argument("--output-dir", required=True,
+                        help="where to write model.ckpt and config.yaml")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing OUTPUT_DIR/model.ckpt")
+    return parser
+
+
+def report_converted(config_path: str, ckpt_path: str) -> int:
+    """What `model-zoo convert` prints when it is done; returns the exit status."""
+    print(f"wrote {ckpt_path}")
+    print(f"wrote {config_path}")
+    return 0
+
+
 class TensorSource:
     """A Hugging Face checkpoint's tensors as a converter takes them one by one: `take`
     checks each name and shape, `check_all_used` that no tensor the config does not account

@@ -67,6 +67,7 @@ class BertConfig(ModelConfig):
     sep_token_id: int = 5
     mask_token_id: int = 6
 
+    # Copied from model_zoo.models.gpt2.model.GPT2Config.ffn_size
     @property
     def ffn_size(self) -> int:
         return self.ffn_hidden_size or 4 * self.hidden_size

@@ -18,8 +18,9 @@ import numpy as np
 
 from model_zoo.models.base import folder_name
 from model_zoo.errors import ConfigError, DataError
+from model_zoo import huggingface
 from model_zoo.huggingface import (CONFIG_FILE, TensorSource, output_paths, read_hf_config,
-                                   read_weights, write_converted)
+                                   read_weights, report_converted, write_converted)
 from model_zoo.nn.layers import fuse_head_projections
 
 PREFIX = "lm.transformer."
@@ -177,20 +178,12 @@ def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>") 
 
 def add_convert_arguments(parser):
     """Arguments of `model-zoo convert gpt2`."""
-    parser.add_argument("--hf-dir", required=True,
-                        help="Hugging Face GPT-2 folder (config.json and model.safetensors "
-                             "or pytorch_model.bin, as written by save_pretrained)")
-    parser.add_argument("--output-dir", required=True,
-                        help="where to write model.ckpt and config.yaml")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace an existing OUTPUT_DIR/model.ckpt")
-    return parser
+    return huggingface.add_convert_arguments(
+        parser, "Hugging Face GPT-2 folder (config.json and model.safetensors or "
+                "pytorch_model.bin, as written by save_pretrained)")
 
 
 def run_convert_command(args) -> int:
     """Run `model-zoo convert gpt2`; returns the exit status."""
-    config_path, ckpt_path = convert_hf_gpt2(args.hf_dir, args.output_dir,
-                                             overwrite=args.overwrite)
-    print(f"wrote {ckpt_path}")
-    print(f"wrote {config_path}")
-    return 0
+    return report_converted(*convert_hf_gpt2(args.hf_dir, args.output_dir,
+                                             overwrite=args.overwrite))

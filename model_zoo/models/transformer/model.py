@@ -49,6 +49,7 @@ class TransformerConfig(ModelConfig):
     length_penalty: float = 0.6
     max_decode_extra: int = 50
 
+    # Copied from model_zoo.models.gpt2.model.GPT2Config.ffn_size
     @property
     def ffn_size(self) -> int:
         return self.ffn_hidden_size or 4 * self.hidden_size

@@ -1,0 +1,90 @@
+"""Code deliberately copied between model folders (a folder never imports another, so a copy
+of it stays a model of its own) carries `# Copied from model_zoo.models.X.module.Name[.attr]`
+on the line above it, optionally with `with Old->New` renames; this test checks each copy
+is still identical to its original, as Hugging Face's `check_copies` does."""
+
+import importlib
+import inspect
+import os
+import re
+import textwrap
+
+import model_zoo.models
+
+MARKER = re.compile(r"^(?P<indent>\s*)# Copied from (?P<target>[\w.]+)(?: with (?P<renames>.*))?$")
+MODELS_DIR = model_zoo.models.__path__[0]
+
+
+def resolve(target: str):
+    """The object a dotted name points at: the longest importable module, then attributes."""
+    parts = target.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            value = inspect.getattr_static(value, attribute)
+        return value.fget if isinstance(value, property) else value
+    raise ImportError(target)
+
+
+def block_after(lines, start: int, indent: str) -> str:
+    """The definition (with its decorators) starting at lines[start], up to its dedent."""
+    block, index = [], start
+    while lines[index].startswith(indent + "@"):
+        block.append(lines[index])
+        index += 1
+    block.append(lines[index])                      # the def or class line
+    for line in lines[index + 1:]:
+        if line.strip() and not line.startswith(indent + " "):
+            break
+        block.append(line)
+    while block and not block[-1].strip():
+        block.pop()
+    return "\n".join(block)
+
+
+def original_source(value) -> str:
+    """The original's source (decorators included), dedented."""
+    return textwrap.dedent(inspect.getsource(value)).rstrip()
+
+
+def copies():
+    found = []
+    for root, _, files in os.walk(MODELS_DIR):
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(root, name)
+            with open(path, encoding="utf-8") as handle:
+                lines = handle.read().splitlines()
+            for number, line in enumerate(lines):
+                match = MARKER.match(line)
+                if match:
+                    found.append((path, number + 1, match, block_after(lines, number + 1,
+                                                                       match["indent"])))
+    return found
+
+
+def test_copies_are_identical_to_their_originals():
+    found = copies()
+    assert len(found) >= 2
+    for path, number, match, block in found:
+        expected = original_source(resolve(match["target"]))
+        for rename in (match["renames"] or "").split(","):
+            if "->" in rename:
+                old, new = (part.strip() for part in rename.split("->"))
+                expected = expected.replace(old, new)
+        where = f"{os.path.relpath(path, MODELS_DIR)}:{number}"
+        assert textwrap.dedent(block).rstrip() == expected, (
+            f"{where} is no longer a copy of {match['target']}: make them equal again or "
+            f"drop the marker")
+
+
+def test_a_changed_copy_is_caught():
+    """The comparison itself: a copy that differs in one character does not pass."""
+    (path, number, match, block), *_ = copies()
+    expected = original_source(resolve(match["target"]))
+    assert textwrap.dedent(block).rstrip() == expected
+    assert textwrap.dedent(block.replace("4", "5")).rstrip() != expected
