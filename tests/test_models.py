@@ -32,6 +32,8 @@ def test_folder_provides_every_required_hook(name):
         found = list(inspect.signature(value).parameters)
         assert found[:len(expected)] == expected, f"{name}.{hook}{tuple(found)}"
     assert module.ModelConfig().name == name
+    for hook in dir(module):  # every name the folder lists resolves
+        assert getattr(module, hook) is not None, hook
 
 
 @pytest.mark.parametrize("name", MODELS)

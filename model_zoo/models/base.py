@@ -64,12 +64,25 @@ OPTIONAL_HOOKS = {
 }
 
 
+# Where a folder's hooks live unless its __init__ says otherwise: the user paths in tasks.py,
+# the verbs' arguments in commands.py, `model-zoo data` in data.py.
+STANDARD_LOCATIONS = {
+    **{name: "tasks" for name in ("build_train_network", "create_train_dataset",
+                                  "prepare_data", "dataset_ready", "evaluate", "plan_inputs",
+                                  "sample_text")},
+    "add_commands": "commands", "add_data_arguments": "data", "run_data_command": "data",
+}
+
+
 def lazy_hooks(package: str, hooks: dict):
     """`__getattr__` and `__dir__` for a model folder's `__init__.py` (PEP 562).
 
-    `hooks` maps each name to "submodule" (same name there) or "submodule:attribute"; the
-    submodule is imported, relative to `package`, on the name's first use.
+    `hooks` maps each name (beyond `STANDARD_LOCATIONS`, which it may override) to
+    "submodule" (same name there) or "submodule:attribute"; the submodule is imported,
+    relative to `package`, on the name's first use.
     """
+    hooks = {**STANDARD_LOCATIONS, **hooks}
+
     def __getattr__(name):
         target = hooks.get(name)
         if target is None:

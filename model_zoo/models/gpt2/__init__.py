@@ -1,8 +1,8 @@
 """GPT-2: a decoder-only language model.
 
 This folder is a template: copy it to `model_zoo/models/<name>` and set `model.name: <name>`.
-The names below are the model-folder contract (model_zoo/models/base.py), each imported
-from its submodule on first use.
+Its hooks (the model-folder contract, model_zoo/models/base.py) live where
+`base.STANDARD_LOCATIONS` says, plus those named below, each imported on first use.
 """
 
 from model_zoo.models.base import lazy_hooks
@@ -10,17 +10,7 @@ from model_zoo.models.base import lazy_hooks
 __getattr__, __dir__ = lazy_hooks(__name__, {
     "ModelConfig": "model:GPT2Config",
     "DataConfig": "tasks:GPT2DataConfig",
-    "build_train_network": "tasks",
-    "create_train_dataset": "tasks",
-    "prepare_data": "tasks",
-    "evaluate": "tasks",
-    "dataset_ready": "tasks",
-    "plan_inputs": "tasks",
-    "sample_text": "tasks",
     "run_generate": "tasks",
-    "add_commands": "commands",
-    "add_data_arguments": "data",
-    "run_data_command": "data",
     "add_convert_arguments": "convert",
     "run_convert_command": "convert",
 })
