@@ -33,7 +33,7 @@ class ModelConfig:
     seq_length: int = 64
     vocab_size: int = 1000
     # attention through Ascend 910B's FlashAttentionScore: no (seq, seq) tensor is kept
-    # (layers.MultiHeadAttention, `flash`); refused on CPU
+    # (attention.MultiHeadAttention, `flash`); refused on CPU
     flash_attention: bool = False
 
     def validate(self):

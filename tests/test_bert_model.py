@@ -24,7 +24,8 @@ from model_zoo.models.bert.model import (BertConfig, BertForPreTraining,
 from model_zoo.config import TrainConfig
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.nn.layers import ExactGELU, LayerNorm, MultiHeadAttention
+from model_zoo.nn.attention import MultiHeadAttention
+from model_zoo.nn.layers import ExactGELU, LayerNorm
 from model_zoo.train.schedule import WarmupCosineSchedule
 from model_zoo.train.step import TrainStep, build_optimizer
 

@@ -9,7 +9,8 @@ from mindspore import Tensor, nn
 
 from model_zoo.nn import cpu_kernels
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.nn.layers import CrossEntropy, LayerNorm, Linear, kernels_for
+from model_zoo.nn.layers import LayerNorm, Linear, kernels_for
+from model_zoo.nn.loss import CrossEntropy
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler")

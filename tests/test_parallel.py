@@ -21,7 +21,9 @@ from model_zoo.models.gpt2.model import GPT2Block, GPT2Config, GPT2ForTraining
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.parallel.context import (check_layout, data_shard, detect_device_target,
                                         launched_ranks)
-from model_zoo.nn.layers import CrossEntropy, LayerNorm, MultiHeadAttention, kernels_for
+from model_zoo.nn.attention import MultiHeadAttention
+from model_zoo.nn.layers import LayerNorm, kernels_for
+from model_zoo.nn.loss import CrossEntropy
 from model_zoo.plan.trace import primitives, record
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "model_zoo", "models", "gpt2",

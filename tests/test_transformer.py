@@ -25,8 +25,9 @@ from mindspore.nn.utils import no_init_parameters
 from conftest import run_cli
 from model_zoo.nn.layers import kernels_for
 from model_zoo.config import TrainConfig, load_config
-from model_zoo.nn.layers import (CrossEntropy, MultiHeadAttention, fuse_head_projections,
-                                 sinusoid_table)
+from model_zoo.nn.attention import MultiHeadAttention, fuse_head_projections
+from model_zoo.nn.layers import sinusoid_table
+from model_zoo.nn.loss import CrossEntropy
 from model_zoo.plan.rules import check_recording
 from model_zoo.plan.trace import record
 from model_zoo.train.schedule import build_schedule

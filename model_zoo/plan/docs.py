@@ -19,12 +19,12 @@ SYMBOL_DP, SYMBOL_MP = 3, 5     # distinct primes: every strategy value decodes 
 
 
 def _layer_examples():
-    """(layer, variant, factory(parallel_config)) for every sharded layer in layers.py.
+    """(layer, variant, factory(parallel_config)) for every sharded layer of model_zoo/nn/.
 
     Sizes are multiples of SYMBOL_MP so that every layer builds with mp = 5; the table shows
     the layers as Ascend builds them (`layers.kernels_for`).
     """
-    from model_zoo.nn import layers as L
+    from model_zoo.nn import attention, layers as L, loss
     h, heads, ffn, vocab, seq = 60, 5, 120, 60, 8
     return [
         ("Linear", 'split="column"', lambda pc: L.Linear(h, ffn, split="column",
@@ -49,11 +49,11 @@ def _layer_examples():
         ("PositionEmbedding", "", lambda pc: L.PositionEmbedding(seq, h, parallel_config=pc)),
         ("SinusoidalPositionEncoding", "",
          lambda pc: L.SinusoidalPositionEncoding(seq, h, parallel_config=pc)),
-        ("MultiHeadAttention", "causal=True", lambda pc: L.MultiHeadAttention(
+        ("MultiHeadAttention", "causal=True", lambda pc: attention.MultiHeadAttention(
             h, heads, parallel_config=pc, causal=True, max_seq_length=seq,
             attention_dropout=0.1, hidden_dropout=0.1)),
         ("MultiHeadAttention", "causal=True, flash=True (910B)",
-         lambda pc: L.MultiHeadAttention(80, heads, parallel_config=pc, causal=True,
+         lambda pc: attention.MultiHeadAttention(80, heads, parallel_config=pc, causal=True,
                                          max_seq_length=seq, compute_dtype=ms.float16,
                                          flash=True)),
         ("FeedForward", 'activation="gelu"', lambda pc: L.FeedForward(
@@ -66,9 +66,9 @@ def _layer_examples():
             h, parallel_config=_with(pc, vocab_emb_dp=True))),
         ("VocabProjection", "vocab_emb_dp: false", lambda pc: L.VocabProjection(
             h, parallel_config=_with(pc, vocab_emb_dp=False))),
-        ("CrossEntropy", "class_split=1", lambda pc: L.CrossEntropy(parallel_config=pc)),
+        ("CrossEntropy", "class_split=1", lambda pc: loss.CrossEntropy(parallel_config=pc)),
         ("CrossEntropy", "class_split=mp (vocabulary-split head)",
-         lambda pc: L.CrossEntropy(parallel_config=pc, class_split=pc.mp)),
+         lambda pc: loss.CrossEntropy(parallel_config=pc, class_split=pc.mp)),
     ]
 
 
@@ -78,11 +78,12 @@ def _with(parallel: ParallelConfig, **changes) -> ParallelConfig:
 
 
 def sharded_layer_names() -> List[str]:
-    """Every nn.Cell subclass defined in model_zoo/nn/layers.py."""
-    from model_zoo.nn import layers as L
-    return sorted(name for name, value in vars(L).items()
+    """Every nn.Cell subclass defined in model_zoo/nn/ (layers, attention, loss)."""
+    from model_zoo.nn import attention, layers, loss
+    return sorted(name for module in (layers, attention, loss)
+                  for name, value in vars(module).items()
                   if isinstance(value, type) and issubclass(value, nn.Cell)
-                  and value.__module__ == L.__name__)
+                  and value.__module__ == module.__name__)
 
 
 def _symbol(value: int) -> str:

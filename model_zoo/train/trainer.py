@@ -15,7 +15,8 @@ from model_zoo.files import exclusive_lock
 from model_zoo.parallel.context import (data_shard, gradient_reducer, init_parallel,
                                         is_ascend_910b, micro_batch_network, micro_batching,
                                         parameter_init, wrap_train_step)
-from model_zoo.nn.layers import check_flash_attention_device, dtype_of, kernels_for
+from model_zoo.nn.attention import check_flash_attention_device
+from model_zoo.nn.layers import dtype_of, kernels_for
 from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
 from model_zoo.train.checkpoint import list_checkpoints, load_weights, save_checkpoint
 from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line

@@ -23,7 +23,7 @@ from model_zoo.errors import CheckpointError, ConfigError, DataError
 from model_zoo import huggingface
 from model_zoo.huggingface import (CONFIG_FILE, TensorSource, output_paths, read_hf_config,
                                    read_weights, report_converted, write_converted)
-from model_zoo.nn.layers import fuse_head_projections
+from model_zoo.nn.attention import fuse_head_projections
 
 # The converted config's data.dataset_dir, inside the output dir: it holds no tokenizer, so
 # fill-mask inputs are given as ids until a dataset (and its tokenizer) is put there.

@@ -33,10 +33,11 @@ from model_zoo.models.base import folder_name
 from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.nn.layers import (CrossEntropy, Dropout, FeedForward, LayerNorm, Linear,
-                                 MultiHeadAttention, PaddingBias, PositionEmbedding,
-                                 ResidualAdd, VocabEmbedding, VocabProjection,
+from model_zoo.nn.attention import MultiHeadAttention
+from model_zoo.nn.layers import (Dropout, FeedForward, LayerNorm, Linear, PaddingBias,
+                                 PositionEmbedding, ResidualAdd, VocabEmbedding, VocabProjection,
                                  assign_pipeline_stages, stream_dropout, vocabulary_split)
+from model_zoo.nn.loss import CrossEntropy
 
 TASKS = ("pretrain", "classify")
 SPECIAL_TOKENS = ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id")

@@ -8,7 +8,7 @@ or not) and writes `OUT/model.ckpt`, named like the parameters of `GPT2ForTraini
 Hugging Face's Conv1D stores weights as [in, out]; this project's Linear stores [out, in],
 so every projection is transposed, and the fused `c_attn` [H, 3H], whose columns are
 [q | k | v], is laid out head by head for the fused `attention.qkv` projection
-(`layers.fuse_head_projections`). The language-model head is tied to the token embedding, so
+(`attention.fuse_head_projections`). The language-model head is tied to the token embedding, so
 `lm_head.weight` is not stored.
 """
 
@@ -21,7 +21,7 @@ from model_zoo.errors import ConfigError, DataError
 from model_zoo import huggingface
 from model_zoo.huggingface import (CONFIG_FILE, TensorSource, output_paths, read_hf_config,
                                    read_weights, report_converted, write_converted)
-from model_zoo.nn.layers import fuse_head_projections
+from model_zoo.nn.attention import fuse_head_projections
 
 PREFIX = "lm.transformer."
 # The converted config's data.dataset_dir, inside the output dir: it holds no tokenizer, so

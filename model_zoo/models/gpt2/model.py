@@ -15,10 +15,11 @@ from model_zoo.models.base import folder_name
 from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.nn.layers import (CrossEntropy, FeedForward, LayerNorm,
-                                 MultiHeadAttention, PositionEmbedding, ResidualAdd,
+from model_zoo.nn.attention import MultiHeadAttention
+from model_zoo.nn.layers import (FeedForward, LayerNorm, PositionEmbedding, ResidualAdd,
                                  VocabEmbedding, VocabProjection, assign_pipeline_stages,
                                  stream_dropout, vocabulary_split)
+from model_zoo.nn.loss import CrossEntropy
 
 
 @dataclass

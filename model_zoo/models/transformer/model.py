@@ -19,10 +19,11 @@ from model_zoo.models.base import folder_name
 from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.nn.layers import (MASK_VALUE, CrossEntropy, FeedForward, LayerNorm,
-                                 MultiHeadAttention, PaddingBias, ResidualAdd,
+from model_zoo.nn.attention import MultiHeadAttention
+from model_zoo.nn.layers import (FeedForward, LayerNorm, MASK_VALUE, PaddingBias, ResidualAdd,
                                  SinusoidalPositionEncoding, VocabEmbedding, VocabProjection,
                                  assign_pipeline_stages, stream_dropout, vocabulary_split)
+from model_zoo.nn.loss import CrossEntropy
 
 
 @dataclass
