@@ -37,8 +37,9 @@ from model_zoo.models.transformer.decode import Translator
 from model_zoo.models.transformer.model import (Transformer, TransformerConfig,
                                                 TransformerForTraining)
 
-CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "model_zoo", "models",
-                          "transformer", "configs")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+CONFIG_DIR = os.path.join(ROOT, "model_zoo", "models", "transformer", "configs")
 LAYOUT_DIR = os.path.join(CONFIG_DIR, "plan")
 LAYOUT_CONFIGS = sorted(os.path.basename(path)
                         for path in glob.glob(os.path.join(LAYOUT_DIR, "transformer-*.yaml")))
