@@ -66,9 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--ckpt", required=True, help="checkpoint file")
 
     registry = Commands(commands)
-    models = {name: import_model(name) for name in available_models()}
-    for module in models.values():
-        module.add_commands(registry)
+    models = {}
+    for name in available_models():
+        try:   # a half-edited folder must not break the other commands (rank-table, plan)
+            module = import_model(name)
+            module.add_commands(registry)
+        except Exception as err:  # noqa: BLE001 - reported, then the folder is skipped
+            print(f"warning: model folder {name!r} is skipped: {type(err).__name__}: {err}",
+                  file=sys.stderr)
+            continue
+        models[name] = module
 
     for name, help_text in MODEL_SUBCOMMANDS.items():
         serving = [model for model, module in models.items()

@@ -2,6 +2,7 @@
 command line builds without importing MindSpore or any model's code."""
 
 import argparse
+import importlib
 import inspect
 import subprocess
 import sys
@@ -28,12 +29,21 @@ def test_folder_provides_every_required_hook(name):
         if hook in ("ModelConfig", "DataConfig"):
             assert inspect.isclass(value), hook
             continue
-        expected = list(inspect.signature(getattr(ModelFolder, hook)).parameters)[1:]
-        found = list(inspect.signature(value).parameters)
-        assert found[:len(expected)] == expected, f"{name}.{hook}{tuple(found)}"
+        check_signature(name, hook, value, getattr(ModelFolder, hook))
     assert module.ModelConfig().name == name
     for hook in dir(module):  # every name the folder lists resolves
         assert getattr(module, hook) is not None, hook
+
+
+def check_signature(folder, hook, value, reference):
+    """`value` takes the parameters of `reference` (a ModelFolder method without self, or a
+    list of names), in order; any further ones have defaults."""
+    expected = (reference if isinstance(reference, list)
+                else list(inspect.signature(reference).parameters)[1:])
+    found = list(inspect.signature(value).parameters.values())
+    assert [p.name for p in found[:len(expected)]] == expected, (folder, hook, found)
+    extra = [p.name for p in found[len(expected):] if p.default is inspect.Parameter.empty]
+    assert not extra, f"{folder}.{hook}: parameters without defaults beyond the contract: {extra}"
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -43,10 +53,35 @@ def test_every_verb_and_subcommand_has_its_hook(name):
     registry = Commands(parser.add_subparsers())
     module.add_commands(registry)
     for verb in registry.verbs:
-        assert "run_" + verb.replace("-", "_") in dir(module), (name, verb)
+        hook = "run_" + verb.replace("-", "_")
+        assert hook in dir(module), (name, verb)
+        check_signature(name, hook, getattr(module, hook), ["config", "ckpt", "args"])
     for command in ("data", "convert"):
-        assert (f"add_{command}_arguments" in dir(module)) == (
-            f"run_{command}_command" in dir(module)), (name, command)
+        arguments, run = f"add_{command}_arguments", f"run_{command}_command"
+        assert (arguments in dir(module)) == (run in dir(module)), (name, command)
+        if run in dir(module):
+            check_signature(name, arguments, getattr(module, arguments), ["parser"])
+            check_signature(name, run, getattr(module, run), ["args"])
+
+
+def test_a_folder_lists_only_the_hooks_it_defines(tmp_path, monkeypatch):
+    """lazy_hooks reads the submodules without importing them: an optional hook a folder
+    leaves out is not offered (so `model-zoo data` does not list it), one it has resolves."""
+    folder = tmp_path / "sketch"
+    folder.mkdir()
+    (folder / "__init__.py").write_text(
+        "from model_zoo.models.base import lazy_hooks\n"
+        "__getattr__, __dir__ = lazy_hooks(__name__, {'ModelConfig': 'model:Config'})\n")
+    (folder / "model.py").write_text("class Config:\n    pass\n")
+    (folder / "tasks.py").write_text("def evaluate(config, network):\n    return {}\n"
+                                     "imported = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("sketch")
+    assert dir(module) == ["ModelConfig", "evaluate"]
+    assert "tasks" not in vars(module)            # nothing imported to list the names
+    assert module.evaluate(None, None) == {} and module.ModelConfig.__name__ == "Config"
+    with pytest.raises(AttributeError):
+        module.run_data_command
 
 
 def test_command_line_and_launch_import_no_mindspore():

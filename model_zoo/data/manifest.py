@@ -48,6 +48,12 @@ def split_path(dataset_dir, split_files: dict, split: str) -> str:
     return os.path.join(str(dataset_dir), split_files[split])
 
 
+def check_positive(name: str, value):
+    """DataError unless `value` (the size called `name`) is a positive integer."""
+    if not isinstance(value, int) or value < 1:
+        raise DataError(f"{name} must be a positive integer, got {value!r}")
+
+
 def check_no_dataset(output_dir):
     """DataError if `output_dir` already holds a complete dataset (a dataset.json)."""
     output_dir = Path(output_dir)

@@ -12,6 +12,8 @@ Required hooks are the members of `ModelFolder`; `OPTIONAL_HOOKS` are used when 
 
 import importlib
 import inspect
+import os
+import re
 import sys
 from typing import Protocol
 
@@ -81,7 +83,9 @@ def lazy_hooks(package: str, hooks: dict):
     "submodule" (same name there) or "submodule:attribute"; the submodule is imported,
     relative to `package`, on the name's first use.
     """
-    hooks = {**STANDARD_LOCATIONS, **hooks}
+    folder = os.path.dirname(sys.modules[package].__file__)
+    hooks = {**{name: module for name, module in STANDARD_LOCATIONS.items()
+                if _defines(folder, module, name)}, **hooks}
 
     def __getattr__(name):
         target = hooks.get(name)
@@ -96,6 +100,17 @@ def lazy_hooks(package: str, hooks: dict):
         return sorted(hooks)
 
     return __getattr__, __dir__
+
+
+def _defines(folder: str, module: str, name: str) -> bool:
+    """Whether `folder/module.py` defines `name` at its top level, read without importing it
+    (an optional hook a folder leaves out is then not listed)."""
+    path = os.path.join(folder, module + ".py")
+    if not os.path.isfile(path):
+        return False
+    with open(path, encoding="utf-8") as handle:
+        source = handle.read()
+    return re.search(rf"^(?:def|class) {name}\b|^{name}\s*=", source, re.M) is not None
 
 
 def folder_name(module_name: str) -> str:

@@ -42,6 +42,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser):
 def run_plan_command(args) -> int:
     from model_zoo.plan.docs import layout_table, strategy_table
     from model_zoo.plan.report import build_plan, format_report, load_plan_config
+    docs_option = args.update_docs or args.strategy_table or args.layout_table
+    if docs_option and args.config:
+        raise UserInputError("--update-docs, --strategy-table and --layout-table take no CONFIG")
+    if args.update_docs and args.update_docs.endswith((".yaml", ".yml")):
+        raise UserInputError(f"--update-docs takes the guide to rewrite (default {DOC_PATH}), "
+                             f"not a config: {args.update_docs!r}")
     if args.strategy_table:
         print(strategy_table())
         return 0

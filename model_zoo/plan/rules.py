@@ -153,9 +153,9 @@ def _check_matmul(call, shapes, violation, devices_per_stage):
     batch, m, k_x, k_w, n = matmul_dims(call)
     x, w = call.strategy
     tb = bool(call.attr("transpose_b", False))
-    # Conservative (rules: "MatMul extras", marked [?]): MatMul's PCL exception (2-D, equal
-    # strategies, product S, unequal K shards) is not used, and transpose_a is refused as
-    # matmul_info.cc@4a7a9e4b does.
+    # Conservative (docs/mindspore-parallel-rules.md, "MatMul, details", unconfirmed):
+    # MatMul's PCL exception (2-D, equal strategies, product S, unequal K shards) is not
+    # used, and transpose_a is refused as matmul_info.cc@4a7a9e4b does.
     if call.name == "MatMul" and call.attr("transpose_a", False):
         violation("MatMul", "transpose_a with a strategy is rejected by some MindSpore "
                             "versions; transpose the input instead", 0)

@@ -12,15 +12,15 @@ from typing import List
 
 
 from model_zoo.config import Config, DataConfig
-from model_zoo.data import create_dataset, parse_token_ids, split_path
+from model_zoo.data import (BUILTIN_PYTHON_DOCS, create_dataset, load_documents, parse_token_ids,
+                            read_manifest, split_path)
 from model_zoo.errors import ConfigError, DataError, UserInputError
 from model_zoo.train.checkpoint import load_network
 
-from .data import (BUILTIN_PYTHON_DOCS, CLASSIFICATION_COLUMNS, CLASSIFICATION_FILES,
-                   PRETRAINING_COLUMNS, PRETRAINING_FILES, TOKENIZER_FILE,
-                   build_classification_dataset, build_pretraining_dataset,
-                   classification_dataset_ready, encode_text, load_bert_tokenizer,
-                   load_documents, pretraining_dataset_ready, read_manifest)
+from .data import (CLASSIFICATION_COLUMNS, CLASSIFICATION_FILES, PRETRAINING_COLUMNS,
+                   PRETRAINING_FILES, TOKENIZER_FILE, build_classification_dataset,
+                   build_pretraining_dataset, classification_dataset_ready, encode_text,
+                   load_bert_tokenizer, pretraining_dataset_ready)
 from .fill_mask import fill_mask, format_fill_mask
 from .model import LogitsCell, build_bert_network
 

@@ -17,6 +17,7 @@ from model_zoo.data import (
     BUILTIN_PYTHON_DOCS,
     MANIFEST_FILE,
     check_no_dataset,
+    check_positive,
     dataset_ready,
     load_documents,
     pack_token_stream,
@@ -41,8 +42,8 @@ def build_dataset(output_dir, documents, *, vocab_size, seq_length, heldout_frac
     """
     output_dir = Path(output_dir)
     check_no_dataset(output_dir)
-    _check_positive("vocab_size", vocab_size)
-    _check_positive("seq_length", seq_length)
+    check_positive("vocab_size", vocab_size)
+    check_positive("seq_length", seq_length)
     splits = dict(zip(("train", "heldout"), split_documents(documents, heldout_fraction, seed)))
 
     tokenizer = train_tokenizer(splits["train"], output_dir / TOKENIZER_FILE, vocab_size)
@@ -117,7 +118,3 @@ def run_data_command(args):
           f"{splits['train']['samples']} train / {splits['heldout']['samples']} heldout samples "
           f"of {args.seq_length + 1} tokens in {args.output_dir}")
 
-
-def _check_positive(name, value):
-    if not isinstance(value, int) or value < 1:
-        raise DataError(f"{name} must be a positive integer, got {value!r}")

@@ -13,13 +13,12 @@ import mindspore as ms
 import numpy as np
 
 from model_zoo.config import Config, DataConfig
-from model_zoo.data import (Tokenizer, count_samples, create_dataset, parse_token_ids,
-                            split_path)
+from model_zoo.data import (BUILTIN_PYTHON_DOCS, Tokenizer, count_samples, create_dataset,
+                            load_documents, parse_token_ids, split_path)
 from model_zoo.errors import UserInputError
 from model_zoo.train.checkpoint import load_network
 
-from .data import (BUILTIN_PYTHON_DOCS, SPLIT_FILES, TOKENIZER_FILE, build_dataset,
-                   lm_dataset_ready, load_documents)
+from .data import SPLIT_FILES, TOKENIZER_FILE, build_dataset, lm_dataset_ready
 from .generate import generate
 from .model import GPT2ForTraining
 

@@ -56,7 +56,8 @@ from model_zoo.data.buckets import (
     bucketed_dataset,
     padding_ratio,
 )
-from model_zoo.data.manifest import MANIFEST_FILE, check_no_dataset, dataset_ready
+from model_zoo.data.manifest import (MANIFEST_FILE, check_no_dataset, check_positive,
+                                     dataset_ready)
 from model_zoo.data.mindrecord import read_mindrecord, write_mindrecord
 from model_zoo.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
 from model_zoo.errors import DataError
@@ -392,10 +393,10 @@ def build_translation_dataset(output_dir, pairs, *, vocab_size, seq_length,
     started = time.perf_counter()
     output_dir = Path(output_dir)
     check_no_dataset(output_dir)
-    _check_positive("vocab_size", vocab_size)
-    _check_positive("seq_length", seq_length)
+    check_positive("vocab_size", vocab_size)
+    check_positive("seq_length", seq_length)
     if batch_size is not None:
-        _check_positive("batch_size", batch_size)
+        check_positive("batch_size", batch_size)
     boundaries = bucket_boundaries(seq_length, buckets)
     pairs = list(pairs)
     splits = split_pairs(pairs, dev_size, test_size, seed)
@@ -608,7 +609,3 @@ def _describe_source(found):
                   f"{found['header'] + found['plural'] + found['context']} header/plural/context")
     return f"{found['kept']} pairs from {found['lines']} lines ({found['blank']} blank skipped)"
 
-
-def _check_positive(name, value):
-    if not isinstance(value, int) or value < 1:
-        raise DataError(f"{name} must be a positive integer, got {value!r}")
