@@ -4,6 +4,7 @@ The dataset (vocab 400, seq_length 16) is built from a slice of the standard lib
 docstrings, so every test that trains reuses it instead of building its own.
 """
 
+import math
 import os
 import subprocess
 import sys
@@ -75,6 +76,18 @@ def run_cli(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "model_zoo", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, GLOG_v="3"))
+
+
+def device_matrix_size(prim, strat) -> int:
+    """Devices one operator's strategy spans (rule G4): MatMul batch x m x k x n, Gather the
+    table's and the ids' splits, other operators their largest input strategy."""
+    if prim.name in ("MatMul", "BatchMatMul"):
+        x, w = strat
+        n = w[-2] if prim.attrs.get("transpose_b") else w[-1]
+        return math.prod(x) * n
+    if prim.name == "Gather":
+        return math.prod(strat[0]) * math.prod(strat[1])
+    return max(math.prod(part) for part in strat)
 
 
 def snapshot(directory):

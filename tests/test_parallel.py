@@ -6,7 +6,6 @@ benchmark-size GPT-2 costs nothing) and checked against MindSpore's rules as sum
 `docs/mindspore-parallel-rules.md`; a tiny model's forward pass checks them against real shapes.
 """
 
-import math
 import os
 
 import numpy as np
@@ -15,6 +14,7 @@ import mindspore as ms
 from mindspore import Tensor
 from mindspore.nn.utils import no_init_parameters
 
+from conftest import device_matrix_size
 from model_zoo.config import load_config
 from model_zoo.errors import ConfigError
 from model_zoo.models.gpt2.model import GPT2Block, GPT2Config, GPT2ForTraining
@@ -61,17 +61,6 @@ def contracted_splits(prim, strat):
     k_x = x[-2] if prim.attrs.get("transpose_a") else x[-1]
     k_w = w[-1] if prim.attrs.get("transpose_b") else w[-2]
     return k_x, k_w
-
-
-def device_matrix_size(prim, strat) -> int:
-    """Devices one operator's strategy spans (rule G4), for the ops this model uses."""
-    if prim.name in ("MatMul", "BatchMatMul"):
-        x, w = strat
-        n = w[-2] if prim.attrs.get("transpose_b") else w[-1]
-        return math.prod(x) * n
-    if prim.name == "Gather":
-        return math.prod(strat[0]) * math.prod(strat[1])
-    return max(math.prod(part) for part in strat)
 
 
 # --- divisibility errors at construction ---------------------------------------------------

@@ -17,6 +17,7 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from mindspore.nn.utils import no_init_parameters
 
+from conftest import device_matrix_size
 from model_zoo.nn.layers import kernels_for
 from model_zoo.models.bert.model import (BertConfig, BertForPreTraining,
                                          BertForSequenceClassification, BertLayer, LogitsCell,
@@ -229,17 +230,6 @@ def primitives(net: nn.Cell):
 
 def strategy(prim):
     return prim.attrs.get("in_strategy")
-
-
-def device_matrix_size(prim, strat) -> int:
-    """Devices one operator's strategy spans (rule G4), for the ops this model uses."""
-    if prim.name in ("MatMul", "BatchMatMul"):
-        x, w = strat
-        n = w[-2] if prim.attrs.get("transpose_b") else w[-1]
-        return math.prod(x) * n
-    if prim.name == "Gather":
-        return math.prod(strat[0]) * math.prod(strat[1])
-    return max(math.prod(part) for part in strat)
 
 
 def test_large_shape():
