@@ -11,6 +11,8 @@ __getattr__, __dir__ = lazy_hooks(__name__, {
     "ModelConfig": "model:BertConfig",
     "DataConfig": "tasks:BertDataConfig",
     "run_fill_mask": "tasks",
+    "add_data_arguments": "data_command",
+    "run_data_command": "data_command",
     "add_convert_arguments": "convert",
     "run_convert_command": "convert",
 })

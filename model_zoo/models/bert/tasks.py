@@ -17,10 +17,11 @@ from model_zoo.data import (BUILTIN_PYTHON_DOCS, create_dataset, load_documents,
 from model_zoo.errors import ConfigError, DataError, UserInputError
 from model_zoo.train.checkpoint import load_network
 
-from .data import (CLASSIFICATION_COLUMNS, CLASSIFICATION_FILES, PRETRAINING_COLUMNS,
-                   PRETRAINING_FILES, TOKENIZER_FILE, build_classification_dataset,
-                   build_pretraining_dataset, classification_dataset_ready, encode_text,
-                   load_bert_tokenizer, pretraining_dataset_ready)
+from .classification import (CLASSIFICATION_COLUMNS, CLASSIFICATION_FILES,
+                             build_classification_dataset, classification_dataset_ready)
+from .data import (PRETRAINING_COLUMNS, PRETRAINING_FILES, TOKENIZER_FILE,
+                   build_pretraining_dataset, encode_text, load_bert_tokenizer,
+                   pretraining_dataset_ready)
 from .fill_mask import fill_mask, format_fill_mask
 from .model import LogitsCell, build_bert_network
 

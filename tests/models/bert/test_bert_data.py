@@ -12,20 +12,22 @@ import json
 import numpy as np
 import pytest
 
+from model_zoo.models.bert import classification as bert_classification
 from model_zoo.models.bert import data as bert_data
+from model_zoo.models.bert import data_command as bert_command
+from model_zoo.models.bert.classification import CLASSIFICATION_COLUMNS, CLASSIFICATION_LABELS
 from model_zoo.models.bert.data import (
-    CLASSIFICATION_COLUMNS,
-    CLASSIFICATION_LABELS,
     CLS_ID,
     FIRST_TEXT_ID,
     MASK_ID,
     PRETRAINING_COLUMNS,
     SEP_ID,
-    UNK_ID,
 )
+from model_zoo.data.tokenizer import UNK_ID
 from model_zoo.data import (
     count_samples,
     create_dataset,
+    load_documents,
     python_docstrings_corpus,
     split_documents,
     train_tokenizer,
@@ -87,19 +89,19 @@ def pretraining_dir(documents, tmp_path_factory):
 @pytest.fixture(scope="module")
 def classification_dir(pretraining_dir, tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("bert_classification") / "data"
-    bert_data.build_classification_dataset(output_dir, pretraining_dir / "tokenizer.model",
+    bert_classification.build_classification_dataset(output_dir, pretraining_dir / "tokenizer.model",
                                            seq_length=32, seed=1)
     return output_dir
 
 
 @pytest.fixture(scope="module")
 def topic_examples():
-    return bert_data.docstring_topic_examples()
+    return bert_classification.docstring_topic_examples()
 
 
 @pytest.fixture(scope="module")
 def topic_split(topic_examples):
-    return bert_data.split_topic_examples(topic_examples, seed=1)
+    return bert_classification.split_topic_examples(topic_examples, seed=1)
 
 
 def originals(examples):
@@ -409,8 +411,8 @@ def test_topic_split_keeps_modules_apart_and_is_deterministic(topic_examples, to
         train_count = sum(example.label == label for example in train)
         dev_count = sum(example.label == label for example in dev)
         assert train_count > 300 and 0.1 < dev_count / (train_count + dev_count) < 0.4
-    assert bert_data.split_topic_examples(list(topic_examples), seed=1) == topic_split
-    assert bert_data.split_topic_examples(topic_examples, seed=2)[1] != dev
+    assert bert_classification.split_topic_examples(list(topic_examples), seed=1) == topic_split
+    assert bert_classification.split_topic_examples(topic_examples, seed=2)[1] != dev
 
 
 def test_classification_dataset(classification_dir, pretraining_dir, topic_split):
@@ -436,7 +438,7 @@ def test_classification_dataset(classification_dir, pretraining_dir, topic_split
                                  batch_size=1, shuffle=False, repeat=False)
         read = [tuple(column.reshape(-1).tolist() for column in batch)
                 for batch in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1)]
-        expected = [(*bert_data.encode_classification_example(tokenizer, example.text, 32),
+        expected = [(*bert_classification.encode_classification_example(tokenizer, example.text, 32),
                      [example.label]) for example in examples]
         if split == "dev":
             assert read == expected  # dev keeps source order
@@ -452,27 +454,27 @@ def test_classification_dataset(classification_dir, pretraining_dir, topic_split
     baseline = manifest["majority_baseline"]
     assert baseline["label"] == max(train_counts, key=train_counts.get)
     assert baseline["dev_accuracy"] == round(dev_counts[baseline["label"]] / len(dev), 4) < 0.5
-    assert bert_data.classification_dataset_ready(classification_dir, VOCAB, 32,
+    assert bert_classification.classification_dataset_ready(classification_dir, VOCAB, 32,
                                                   tokenizer_path=pretraining_dir /
                                                   "tokenizer.model")
     with pytest.raises(DataError, match="built with vocab_size=300, seq_length=32"):
-        bert_data.classification_dataset_ready(classification_dir, VOCAB, 64)
+        bert_classification.classification_dataset_ready(classification_dir, VOCAB, 64)
     with pytest.raises(DataError, match="holds a BERT pretraining dataset"):
-        bert_data.classification_dataset_ready(pretraining_dir, VOCAB, 48)
+        bert_classification.classification_dataset_ready(pretraining_dir, VOCAB, 48)
 
 
 def test_classification_rejects_other_tokenizers(classification_dir, tmp_path):
     other = train_tokenizer(["Some text. More text here."] * 20, tmp_path / "other.model", 40)
     with pytest.raises(DataError, match="not a BERT tokenizer"):
-        bert_data.build_classification_dataset(tmp_path / "out", other.model_path, seq_length=32)
+        bert_classification.build_classification_dataset(tmp_path / "out", other.model_path, seq_length=32)
     with pytest.raises(DataError, match="tokenizer model not found"):
-        bert_data.build_classification_dataset(tmp_path / "out", tmp_path / "missing.model",
+        bert_classification.build_classification_dataset(tmp_path / "out", tmp_path / "missing.model",
                                                seq_length=32)
     assert not (tmp_path / "out").exists()
     other_bert = bert_data.train_bert_tokenizer(["Some text. More text here."] * 20,
                                                 tmp_path / "bert.model", VOCAB // 10)
     with pytest.raises(DataError, match="built with another tokenizer"):
-        bert_data.classification_dataset_ready(classification_dir, VOCAB, 32,
+        bert_classification.classification_dataset_ready(classification_dir, VOCAB, 32,
                                                tokenizer_path=other_bert.model_path)
 
 
@@ -482,12 +484,12 @@ def test_data_command(documents, pretraining_dir, tmp_path, capsys):
     text_file = tmp_path / "corpus.txt"
     text_file.write_text("\n\n".join(documents[:80]), encoding="utf-8")
     parser = argparse.ArgumentParser()
-    bert_data.add_data_arguments(parser)
+    bert_command.add_data_arguments(parser)
     args = parser.parse_args(["--input", str(text_file), "--output-dir", str(tmp_path / "pre"),
                               "--vocab-size", str(VOCAB), "--seq-length", "32",
                               "--max-predictions-per-seq", "5", "--whole-word-mask",
                               "--dupe-factor", "1", "--heldout-fraction", "0.2"])
-    bert_data.run_data_command(args)
+    bert_command.run_data_command(args)
     summary = capsys.readouterr().out.strip()
     assert len(summary.splitlines()) == 1 and "train" in summary and "pre" in summary
     assert bert_data.pretraining_dataset_ready(tmp_path / "pre", VOCAB, 32, 5)
@@ -495,17 +497,17 @@ def test_data_command(documents, pretraining_dir, tmp_path, capsys):
     assert manifest["whole_word_mask"] is True and manifest["dupe_factor"] == 1
 
     with pytest.raises(UserInputError, match="--task classify needs --tokenizer"):
-        bert_data.run_data_command(parser.parse_args(
+        bert_command.run_data_command(parser.parse_args(
             ["--task", "classify", "--output-dir", str(tmp_path / "cls"), "--seq-length", "32"]))
     with pytest.raises(UserInputError, match="needs --input and --vocab-size"):
-        bert_data.run_data_command(parser.parse_args(
+        bert_command.run_data_command(parser.parse_args(
             ["--output-dir", str(tmp_path / "x"), "--seq-length", "32"]))
     with pytest.raises(DataError, match="builtin:nope: unknown built-in corpus"):
-        bert_data.load_documents(["builtin:nope"])
+        load_documents(["builtin:nope"])
 
-    bert_data.run_data_command(parser.parse_args(
+    bert_command.run_data_command(parser.parse_args(
         ["--task", "classify", "--tokenizer", str(pretraining_dir / "tokenizer.model"),
          "--output-dir", str(tmp_path / "cls"), "--seq-length", "24"]))
     summary = capsys.readouterr().out.strip()
     assert len(summary.splitlines()) == 1 and "majority baseline" in summary
-    assert bert_data.classification_dataset_ready(tmp_path / "cls", VOCAB, 24)
+    assert bert_classification.classification_dataset_ready(tmp_path / "cls", VOCAB, 24)
