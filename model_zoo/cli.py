@@ -135,10 +135,17 @@ def run(args) -> int:
         from model_zoo.train.trainer import default_output_dir, train
         if args.train_url and args.output_dir:
             raise UserInputError("give --output-dir or --train-url, not both")
+        from model_zoo.train.interrupt import TrainingInterrupted
         storage = CloudStorage(args.data_url, args.train_url)
         output_dir = storage.prepare(config, args.output_dir or default_output_dir(args.config),
                                      args.resume)
-        train(config, output_dir, resume=args.resume, on_save=storage.upload)
+        try:
+            train(config, output_dir, resume=args.resume, on_save=storage.upload)
+        except TrainingInterrupted as stopped:
+            overrides = "".join(f" --set {override}" for override in args.overrides)
+            print(f"{stopped}; continue with: model-zoo train {args.config}{overrides} "
+                  f"--output-dir {output_dir} --resume", flush=True)
+            return stopped.exit_status
     elif args.command == "eval":
         from model_zoo.train.checkpoint import evaluate_checkpoint
         print(json.dumps(evaluate_checkpoint(config, args.ckpt)))

@@ -19,6 +19,7 @@ from model_zoo.nn.attention import check_flash_attention_device
 from model_zoo.nn.layers import dtype_of, kernels_for
 from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
 from model_zoo.train.checkpoint import list_checkpoints, load_weights, save_checkpoint
+from model_zoo.train.interrupt import StopRequests, TrainingInterrupted
 from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line
 from model_zoo.train.schedule import build_schedule
 from model_zoo.train.step import GradientNorm, TrainStep, build_optimizer, uses_float_status
@@ -87,8 +88,9 @@ def train(config: Config, output_dir: str, resume: bool = False, on_save=None) -
 
     metrics_path = os.path.join(output_dir, "metrics.jsonl")
     metrics = MetricsLog(metrics_path, resume_step=start_step)
-    run_loop(config, runnable, step_cell, itertools.chain([first_batch], batches), metrics,
-             output_dir, start_step, on_save, tokens_counter(module, config, shard))
+    with StopRequests() as stop:
+        run_loop(config, runnable, step_cell, itertools.chain([first_batch], batches), metrics,
+                 output_dir, start_step, on_save, tokens_counter(module, config, shard), stop)
 
     network.set_train(False)
     # evaluate as `model-zoo eval` does, op by op: in graph mode the decoders (beam search,
@@ -151,8 +153,10 @@ def gradient_norm(config: Config, network, optimizer, context) -> GradientNorm:
 
 
 def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_step, on_save,
-             tokens_of):
-    """The steps; `tokens_of(batch)` counts the tokens a global step trains on."""
+             tokens_of, stop=None):
+    """The steps; `tokens_of(batch)` counts the tokens a global step trains on. When `stop`
+    (StopRequests) is requested, the loop saves a checkpoint after the current step and
+    raises TrainingInterrupted."""
     train = config.train
     step_cell.set_train(True)
     interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
@@ -165,6 +169,8 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
         interval_losses.append(loss_value)
         if step == start_step + 1:
             log(f"compiled and ran the first step in {time.perf_counter() - started:.1f} s")
+            if stop is not None:
+                stop.install()
             interval_start, interval_steps, interval_tokens = time.perf_counter(), 0, 0
         else:
             interval_steps += 1
@@ -186,11 +192,14 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
             log(progress_line(entry, train.steps))
             interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
             interval_tokens = 0
-        if step % train.save_steps == 0 or step == train.steps:
+        stopping = stop is not None and stop.requested
+        if step % train.save_steps == 0 or step == train.steps or stopping:
             path = save_checkpoint(step_cell, output_dir, step, train.keep_checkpoints)
             log(f"saved {path}")
             if on_save is not None:
                 on_save(output_dir)
+            if stopping:
+                raise TrainingInterrupted(stop.signum, step, path)
 
 
 def tokens_counter(module, config, shard):

@@ -1,0 +1,63 @@
+"""Stopping a run cleanly on SIGINT (Ctrl-C) or SIGTERM (batch schedulers, cloud jobs).
+
+The first signal asks the training loop to stop after the step it is running: the loop
+saves a checkpoint, says where and how to resume, and the process exits 128 + the signal
+number (130 for SIGINT, 143 for SIGTERM). A second signal exits at once. MindSpore installs
+native handlers of its own (its dataset iterator's, and after the first step one that turns
+SIGINT into SIGTERM), which end the process without a word, so the loop installs these
+when the iterator exists and again after the first step (`install`).
+"""
+
+import os
+import signal
+import sys
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class TrainingInterrupted(Exception):
+    """Raised by the loop after the checkpoint of an interrupted run is saved."""
+
+    def __init__(self, signum: int, step: int, checkpoint: str):
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name} after step {step}; saved {checkpoint}")
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
+class StopRequests:
+    """While active, SIGINT and SIGTERM set `signum` instead of ending the process; the loop
+    checks `requested` after each step. A second signal exits at once."""
+
+    def __init__(self):
+        self.signum = None
+        self._previous = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            os._exit(128 + signum)
+        self.signum = signum
+        print(f"received {signal.Signals(signum).name}: stopping after this step and saving a "
+              f"checkpoint (send it again to stop at once)", file=sys.stderr, flush=True)
+
+    def install(self):
+        """(Re)install the handlers over whatever native code installed since."""
+        for signum in STOP_SIGNALS:
+            previous = signal.signal(signum, self._handle)
+            self._previous.setdefault(signum, previous)
+
+    def __enter__(self):
+        self.install()
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        return False
