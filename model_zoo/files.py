@@ -10,6 +10,10 @@ import json
 import os
 import tempfile
 
+from model_zoo.errors import UserInputError
+
+LOCK_FILE = ".lock"
+
 
 def write_atomically(path, content):
     """Write text or bytes to `path` via a temporary file in the same directory."""
@@ -45,3 +49,33 @@ def exclusive_lock(path):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def directory_in_use(directory: str):
+    """Claim `directory` for this process: a second process that asks for it while this one
+    runs gets a UserInputError naming this one's pid. The lock is the kernel's (flock), so
+    a crash or a kill releases it; the lock file is removed on the way out."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise UserInputError(f"--output-dir {directory!r} is a file, not a directory")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, LOCK_FILE)
+    handle = open(path, "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise UserInputError(f"{directory} is in use by another run (pid {holder}); wait for "
+                             f"it to end, or choose another --output-dir") from None
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        handle.close()

@@ -11,7 +11,7 @@ import mindspore as ms
 
 from model_zoo.config import Config, import_model, read_yaml, save_config
 from model_zoo.errors import UserInputError
-from model_zoo.files import exclusive_lock
+from model_zoo.files import directory_in_use, exclusive_lock
 from model_zoo.parallel.context import (data_shard, gradient_reducer, init_parallel,
                                         is_ascend_910b, micro_batch_network, micro_batching,
                                         parameter_init, wrap_train_step)
@@ -60,6 +60,12 @@ def train(config: Config, output_dir: str, resume: bool = False, on_save=None) -
         check_flash_attention_device(context.device_target, is_ascend_910b())
     if context.distributed:
         output_dir = os.path.join(output_dir, f"rank_{context.rank}")
+    with directory_in_use(output_dir):
+        return _train(module, config, context, output_dir, resume, on_save)
+
+
+def _train(module, config: Config, context, output_dir: str, resume: bool, on_save) -> dict:
+    """`train` once this process holds `output_dir`."""
     check_output_dir(output_dir, config, resume)
     shard = data_shard(config.parallel, context.rank, config.train.global_batch_size)
     with exclusive_lock(config.data.dataset_dir.rstrip("/\\") + ".lock"):

@@ -1,5 +1,6 @@
-"""SIGTERM and SIGINT during training: the run finishes its step, saves a checkpoint, says how
-to resume, and exits 128 + the signal; the checkpoint resumes (real processes)."""
+"""Faults during training, in real processes: SIGTERM and SIGINT (the run finishes its step,
+saves a checkpoint, says how to resume, exits 128 + the signal; the checkpoint resumes) and
+a second run on the same output directory (refused, naming the first)."""
 
 import json
 import os
@@ -11,18 +12,24 @@ import sys
 from conftest import run_cli
 
 
-def train_until_signalled(config, run_dir, sig, after_step=3):
-    """Start `model-zoo train`, send `sig` once step `after_step` is logged; returns
-    (exit status, everything it printed)."""
-    process = subprocess.Popen(
+def start_training(config, run_dir):
+    return subprocess.Popen(
         [sys.executable, "-m", "model_zoo", "train", config, "--output-dir", str(run_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, GLOG_v="3"))
+
+
+def train_until_signalled(config, run_dir, sig, after_step=3, while_running=None):
+    """Start `model-zoo train`, send `sig` once step `after_step` is logged (first calling
+    `while_running()` if given); returns (exit status, everything it printed)."""
+    process = start_training(config, run_dir)
     printed = []
     try:
         for line in process.stdout:
             printed.append(line)
             if line.startswith(f"step {after_step}/"):
+                if while_running is not None:
+                    while_running()
                 process.send_signal(sig)
                 break
         rest, _ = process.communicate(timeout=120)
@@ -72,3 +79,38 @@ def test_sigint_stops_cleanly(write_config, tmp_path):
     step = stopped_step(output)
     assert (run_dir / "checkpoints" / f"step_{step:08d}.ckpt").is_file()
     assert "Traceback" not in output
+
+
+def test_a_second_run_on_the_same_directory_is_refused(write_config, tmp_path):
+    config = write_config({"train.steps": 100000, "train.log_steps": 1,
+                           "train.save_steps": 100000})
+    run_dir = tmp_path / "run"
+    second = {}
+
+    def run_a_second_time():
+        holder = (run_dir / ".lock").read_text().strip()
+        result = run_cli("train", config, "--output-dir", run_dir)
+        second.update(holder=holder, status=result.returncode, stderr=result.stderr,
+                      listing=sorted(os.listdir(run_dir)))
+
+    status, output = train_until_signalled(config, run_dir, signal.SIGTERM,
+                                           while_running=run_a_second_time)
+    assert second["status"] == 2
+    assert second["stderr"].strip() == (f"error: {run_dir} is in use by another run (pid "
+                                        f"{second['holder']}); wait for it to end, or choose "
+                                        f"another --output-dir")
+    assert status == 143, output                     # the first run went on, then stopped
+    assert not (run_dir / ".lock").exists()          # released on the way out
+    result = run_cli("train", config, "--output-dir", run_dir, "--resume",
+                     "--set", "train.steps=5")
+    assert result.returncode == 0, result.stderr     # the directory is free again
+
+
+def test_output_dir_naming_a_file(write_config, tmp_path):
+    config = write_config({"train.steps": 2})
+    target = tmp_path / "a_file"
+    target.write_text("keep me")
+    result = run_cli("train", config, "--output-dir", target)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: --output-dir {str(target)!r} is a file, not a directory"
+    assert target.read_text() == "keep me"
