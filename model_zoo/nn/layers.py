@@ -180,6 +180,7 @@ class Linear(nn.Cell):
                  compute_dtype=ms.float32, init_std: float = 0.02):
         super().__init__()
         dp, mp = parallel_config.dp, parallel_config.mp
+        scattered = False   # rows reduce-scattered over mp (sequence parallel's row split)
         if split == "column":
             parallel_config.check_divisible(f"output features of a {in_features}->"
                                             f"{out_features} linear layer", out_features)
@@ -188,7 +189,8 @@ class Linear(nn.Cell):
             parallel_config.check_divisible(f"input features of a {in_features}->"
                                             f"{out_features} linear layer", in_features)
             matmul_strategy, out_strategy = ((dp, mp), (1, mp)), (dp, 1)
-            if parallel_config.sequence_parallel:
+            scattered = parallel_config.sequence_parallel
+            if scattered:
                 out_strategy = stream_strategy(parallel_config)
         elif split == "none":
             matmul_strategy, out_strategy = ((dp, 1), (1, 1)), (dp, 1)
@@ -198,7 +200,7 @@ class Linear(nn.Cell):
         self.compute_dtype = compute_dtype
         self.weight = Parameter(initializer(Normal(init_std), (out_features, in_features),
                                             ms.float32), name="weight")
-        if out_strategy != (dp, matmul_strategy[1][0]):
+        if scattered:
             # MatMul's output strategy (rule G6): rows split by dp x mp = a reduce-scatter
             self.matmul = ops.MatMul(transpose_b=True).shard(matmul_strategy, (out_strategy,))
         else:
@@ -250,7 +252,7 @@ class LayerNorm(nn.Cell):
         self.gamma = Parameter(initializer(One(), (hidden_size,), ms.float32), name="gamma")
         self.beta = Parameter(initializer(Zero(), (hidden_size,), ms.float32), name="beta")
         strategy = stream_strategy(parallel_config)
-        self.tokens_view = len(strategy) == 2
+        self.tokens_view = parallel_config.sequence_parallel
         self.norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1,
                                   epsilon=eps).shard((strategy, (1,), (1,)))
         self.kernel = cpu_kernels.layer_norm() if use_cpu_kernels() else None
@@ -391,7 +393,7 @@ class ResidualAdd(nn.Cell):
     def __init__(self, *, parallel_config: ParallelConfig):
         super().__init__()
         strategy = stream_strategy(parallel_config)
-        self.tokens_view = len(strategy) == 2
+        self.tokens_view = parallel_config.sequence_parallel
         self.add = ops.Add().shard((strategy, strategy))
 
     def construct(self, x, y):

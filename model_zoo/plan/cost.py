@@ -461,12 +461,12 @@ def estimate_communication(rec, parallel: ParallelConfig,
                     comm.add("all_reduce", f"{where}: partial sums (k split {k})",
                              forward * _ring(k) * _slice_bytes(out, out.layout))
                 x, w = tensors[0], tensors[1]
-                # an input all-gathered first (sequence parallel) gets its gradient
-                # reduce-scattered back (AllGather's gradient in MindSpore's
-                # grad_comm_ops.py), which sums the partial input gradients over that group
-                # too, so only the rest of the n split is all-reduced
-                n_summed = n // math.gcd(n, _gather_factor(x.layout, call.strategy[0]))
                 if x.needs_grad:
+                    # an input all-gathered first (sequence parallel) gets its gradient
+                    # reduce-scattered back (AllGather's gradient in MindSpore's
+                    # grad_comm_ops.py), which sums the partial input gradients over that
+                    # group too, so only the rest of the n split is all-reduced
+                    n_summed = n // math.gcd(n, _gather_factor(x.layout, call.strategy[0]))
                     comm.add("all_reduce", f"{where}: input gradient (n split {n})",
                              backward * _ring(n_summed) * _slice_bytes(x, call.strategy[0]))
                 if w.needs_grad and w.param is None:
