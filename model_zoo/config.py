@@ -7,6 +7,7 @@ Unknown keys, wrong types and bad values raise ConfigError naming the key.
 
 import dataclasses
 import importlib
+import math
 import os
 import pkgutil
 import typing
@@ -16,7 +17,7 @@ from typing import Any, List, Optional
 import yaml
 
 from model_zoo.errors import ConfigError
-from model_zoo.files import write_atomically
+from model_zoo.files import check_file, write_atomically
 from model_zoo.parallel.config import ParallelConfig
 
 SECTIONS = ("model", "parallel", "train", "data")
@@ -68,6 +69,9 @@ class TrainConfig:
 
     init_checkpoint: weights to start from (e.g. a pretrained model to fine-tune); the
     parameters it lacks (a new head) keep their initialisation.
+    lr_schedule_steps: the length of the cosine schedule; 0 means `steps`. A resumed run
+    keeps the length of the run it continues, so `--resume --set train.steps=N` extends the
+    run at the floor learning rate instead of re-stretching the cosine (the lr would jump).
     """
 
     steps: int = 100
@@ -91,6 +95,12 @@ class TrainConfig:
     seed: int = 1
     device_target: str = "auto"
     init_checkpoint: str = ""
+    lr_schedule_steps: int = 0
+
+    @property
+    def schedule_steps(self) -> int:
+        """Steps the learning-rate schedule spans."""
+        return self.lr_schedule_steps or self.steps
 
     def validate(self):
         for key in ("steps", "global_batch_size", "save_steps", "keep_checkpoints",
@@ -99,7 +109,7 @@ class TrainConfig:
         for key in ("lr", "loss_scale"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key} must be > 0, got {getattr(self, key)}")
-        for key in ("min_lr", "warmup_steps", "weight_decay", "grad_clip"):
+        for key in ("min_lr", "warmup_steps", "weight_decay", "grad_clip", "lr_schedule_steps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key} must be >= 0, got {getattr(self, key)}")
         if self.min_lr > self.lr:
@@ -107,8 +117,8 @@ class TrainConfig:
         _check_choice(self, "train", "precision", ("fp32", "fp16"))
         _check_choice(self, "train", "lr_schedule", ("cosine", "inverse_sqrt"))
         _check_choice(self, "train", "device_target", ("auto", "CPU", "Ascend"))
-        if self.init_checkpoint and not os.path.isfile(self.init_checkpoint):
-            raise ConfigError(f"train.init_checkpoint: {self.init_checkpoint!r} does not exist")
+        if self.init_checkpoint:
+            check_file(self.init_checkpoint, "train.init_checkpoint", ConfigError, empty_ok=False)
 
 
 @dataclass
@@ -162,8 +172,7 @@ def load_config(path: str, overrides: Optional[List[str]] = None) -> Config:
 
 
 def read_yaml(path: str) -> dict:
-    if not os.path.isfile(path):
-        raise ConfigError(f"config file {path!r} does not exist")
+    check_file(path, "config file", ConfigError)
     try:
         with open(path, encoding="utf-8") as handle:
             raw = yaml.safe_load(handle)
@@ -280,8 +289,10 @@ def coerce(value: Any, hint, key: str):
                 number = float(value)
             except ValueError:
                 pass
-        if number is not None and number == number:  # NaN passes every `<`/`>` check
+        if number is not None and math.isfinite(number):  # NaN passes every `<`/`>` check
             return number
+        if number is not None:
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
     elif hint is str:
         if isinstance(value, str):
             return value

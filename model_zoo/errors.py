@@ -1,7 +1,7 @@
-"""Errors caused by the user's input.
+"""Errors the user can act on: bad input, and files that cannot be written.
 
-The command line reports them as one line (no traceback) and exits with status 2. They are
-raised before any expensive work starts, so nothing already written is touched.
+The command line reports them as one line (no traceback) and exits with status 2. Input
+errors are raised before any expensive work starts, so nothing already written is touched.
 """
 
 
@@ -19,3 +19,8 @@ class DataError(UserInputError):
 
 class CheckpointError(UserInputError):
     """A checkpoint is missing, corrupt or does not match the model."""
+
+
+class DiskError(UserInputError):
+    """A file cannot be written (a full disk, no permission); what was written before it,
+    older checkpoints included, is kept."""

@@ -15,6 +15,17 @@ from model_zoo.errors import UserInputError
 LOCK_FILE = ".lock"
 
 
+def check_file(path, what: str, error=UserInputError, empty_ok: bool = True):
+    """`error` naming `what` (e.g. "checkpoint") and `path` unless `path` is an existing
+    file (non-empty unless `empty_ok`)."""
+    if os.path.isdir(path):
+        raise error(f"{what} {path!r} is a directory, not a file")
+    if not os.path.isfile(path):
+        raise error(f"{what} {path!r} does not exist")
+    if not empty_ok and os.path.getsize(path) == 0:
+        raise error(f"{what} {path!r} is empty (0 bytes)")
+
+
 def write_atomically(path, content):
     """Write text or bytes to `path` via a temporary file in the same directory."""
     path = os.fspath(path)

@@ -78,14 +78,27 @@ def _bad_inputs(case, run_dir, config, ckpt, tmp_path):
         return ["train", config, "--output-dir", empty, "--resume"], "no checkpoint"
     if case == "--resume with another model shape":
         return resume + ["--set", "model.hidden_size=64"], "model.hidden_size is 64"
-    if case == "--resume from a corrupt checkpoint":
-        ckpt.write_bytes(os.urandom(4096))
-        os.utime(ckpt, ns=(1, 1))
-        return resume, "cannot be read"
+    if case == "--resume from corrupt checkpoints":
+        for each in ckpt.parent.glob("step_*.ckpt"):   # the older ones too: none to fall back on
+            each.write_bytes(os.urandom(4096))
+            os.utime(each, ns=(1, 1))
+        return resume, "no readable checkpoint"
     if case == "eval of a corrupt checkpoint":
         corrupt = tmp_path / "corrupt.ckpt"
         corrupt.write_bytes(os.urandom(4096))
         return ["eval", config, "--ckpt", corrupt], "cannot be read"
+    if case == "eval of a bigger model's checkpoint":
+        return ["eval", config, "--ckpt", _with_a_second_block(ckpt, tmp_path)], "the model lacks"
+    if case == "infinite train.lr":
+        return resume + ["--set", "train.lr=.inf"], "train.lr must be a finite number"
+    if case == "a directory as config":
+        return ["train", tmp_path, "--output-dir", run_dir], "is a directory, not a file"
+    if case == "a directory as checkpoint":
+        return ["eval", config, "--ckpt", tmp_path], "is a directory, not a file"
+    if case == "an empty checkpoint":
+        empty = tmp_path / "empty.ckpt"
+        empty.write_bytes(b"")
+        return ["eval", config, "--ckpt", empty], "is empty (0 bytes)"
     if case == "eval of another model shape":
         return (["eval", config, "--ckpt", ckpt, "--set", "model.hidden_size=64"],
                 "does not match the model")
@@ -104,10 +117,26 @@ def _bad_inputs(case, run_dir, config, ckpt, tmp_path):
     raise AssertionError(case)
 
 
+def _with_a_second_block(ckpt, tmp_path):
+    """A checkpoint like `ckpt` with a second transformer block (a 2-layer model's)."""
+    import mindspore as ms
+    values = ms.load_checkpoint(str(ckpt))
+    block = "lm.transformer.blocks.0."
+    extra = {name.replace(".0.", ".1.", 1): value for name, value in values.items()
+             if name.startswith(block) or name.startswith("adam_m." + block)}
+    assert extra
+    bigger = tmp_path / "two_layers.ckpt"
+    ms.save_checkpoint([{"name": name, "data": value} for name, value in
+                        {**values, **extra}.items()], str(bigger))
+    return bigger
+
+
 @pytest.mark.parametrize("case", [
     "existing run without --resume", "--resume into an empty dir",
-    "--resume with another model shape", "--resume from a corrupt checkpoint",
+    "--resume with another model shape", "--resume from corrupt checkpoints",
     "eval of a corrupt checkpoint", "eval of another model shape", "missing data source",
+    "eval of a bigger model's checkpoint", "infinite train.lr", "a directory as config",
+    "a directory as checkpoint", "an empty checkpoint",
     "model_parallel on CPU", "flash attention on CPU", "indivisible batch", "unknown key"])
 def test_bad_input_stops_with_one_error_line_and_touches_nothing(trained, tmp_path, case):
     run_dir = tmp_path / "run"
@@ -126,3 +155,52 @@ def test_bad_input_stops_with_one_error_line_and_touches_nothing(trained, tmp_pa
     if (tmp_path / "empty").exists():
         assert os.listdir(tmp_path / "empty") == []
     assert not (tmp_path / "new_dataset" / "dataset.json").exists()
+
+
+def _copy_run(trained, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained["run_dir"], run_dir)
+    return run_dir
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_falls_back_past_an_unreadable_checkpoint(trained, tmp_path):
+    run_dir = _copy_run(trained, tmp_path)
+    checkpoints = run_dir / "checkpoints"
+    (checkpoints / "step_00000004.ckpt").write_bytes(os.urandom(4096))
+    (checkpoints / "step_00000006.tmp.tmp").write_bytes(b"partial")   # a killed save's file
+    original = _metrics(run_dir)
+
+    result = run_cli("train", trained["config"], "--output-dir", run_dir, "--resume")
+
+    assert result.returncode == 0, result.stderr
+    assert f"removed {checkpoints / 'step_00000006.tmp.tmp'}" in result.stdout
+    assert "renamed it to step_00000004.ckpt.unreadable" in result.stdout
+    assert f"resuming from {checkpoints / 'step_00000002.ckpt'} (step 2)" in result.stdout
+    assert (checkpoints / "step_00000004.ckpt.unreadable").is_file()
+    assert sorted(p.name for p in checkpoints.glob("step_*.ckpt")) == [
+        "step_00000002.ckpt", "step_00000004.ckpt"]
+    assert _metrics(run_dir) == [  # steps 3 and 4 again, exactly as the first time
+        {**entry, "samples_per_s": new["samples_per_s"], "tokens_per_s": new["tokens_per_s"]}
+        for entry, new in zip(original, _metrics(run_dir))]
+
+
+def test_resume_with_more_steps_keeps_the_schedule(trained, tmp_path):
+    """The trained run decays lr 1e-2 -> 1e-3 over 4 steps; extending it keeps the floor
+    unless train.lr_schedule_steps asks for a new length."""
+    kept = _copy_run(trained, tmp_path / "kept")
+    result = run_cli("train", trained["config"], "--output-dir", kept, "--resume",
+                     "--set", "train.steps=6")
+    assert result.returncode == 0, result.stderr
+    assert "keeps its length of 4 steps (train.steps is now 6)" in result.stdout
+    assert [entry["lr"] for entry in _metrics(kept)[4:]] == pytest.approx([1e-3, 1e-3])
+
+    stretched = _copy_run(trained, tmp_path / "stretched")
+    result = run_cli("train", trained["config"], "--output-dir", stretched, "--resume",
+                     "--set", "train.steps=6", "--set", "train.lr_schedule_steps=6")
+    assert result.returncode == 0, result.stderr
+    assert "keeps its length" not in result.stdout
+    assert _metrics(stretched)[4]["lr"] > 2e-3

@@ -1,6 +1,7 @@
 """Faults during training, in real processes: SIGTERM and SIGINT (the run finishes its step,
 saves a checkpoint, says how to resume, exits 128 + the signal; the checkpoint resumes) and
-a second run on the same output directory (refused, naming the first)."""
+a second run on the same output directory (refused, naming the first), and a disk that
+fills up during a checkpoint save (older checkpoints kept, no partial files)."""
 
 import json
 import os
@@ -8,8 +9,10 @@ import signal
 import subprocess
 import sys
 
+import pytest
 
 from conftest import run_cli
+from model_zoo.train.checkpoint import CHECKPOINT_PATTERN as CHECKPOINT
 
 
 def start_training(config, run_dir):
@@ -114,3 +117,46 @@ def test_output_dir_naming_a_file(write_config, tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: --output-dir {str(target)!r} is a file, not a directory"
     assert target.read_text() == "keep me"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MB tmpfs (room for about three tiny checkpoints) at tmp_path/disk; skipped where
+    this process may not mount one."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip() or 'no mount'}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_keeps_older_checkpoints(write_config, small_disk):
+    import mindspore as ms
+    config = write_config({"train.steps": 100, "train.log_steps": 1, "train.save_steps": 1,
+                           "train.keep_checkpoints": 100})
+    run_dir = small_disk / "run"
+    result = run_cli("train", config, "--output-dir", run_dir)
+
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
+    assert line.startswith("error: cannot save the step ") and "No space left on device" in line
+    assert "free some space and continue with --resume" in line
+    checkpoints = sorted((run_dir / "checkpoints").iterdir())
+    assert len(checkpoints) >= 2 and all(CHECKPOINT.match(p.name) for p in checkpoints), \
+        checkpoints                                          # no partial files left
+    for checkpoint in checkpoints:
+        assert ms.load_checkpoint(str(checkpoint))           # every older one loads
+    newest = int(CHECKPOINT.match(checkpoints[-1].name).group(1))
+
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)
+    result = run_cli("train", config, "--output-dir", run_dir, "--resume",
+                     "--set", f"train.steps={newest + 2}")
+    assert result.returncode == 0, result.stderr
+    assert f"(step {newest})" in result.stdout

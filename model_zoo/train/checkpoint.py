@@ -4,14 +4,18 @@ A training checkpoint holds every parameter of the train step: the model, the op
 moments, the loss scale and the step, so `--resume` restarts exactly where a run stopped.
 """
 
+import contextlib
 import glob
+import logging
 import os
 import re
+import shutil
 
 import mindspore as ms
 
 from model_zoo.config import import_model
-from model_zoo.errors import CheckpointError, DataError
+from model_zoo.errors import CheckpointError, DataError, DiskError
+from model_zoo.files import check_file
 from model_zoo.nn.layers import dtype_of
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)\.ckpt$")
@@ -35,21 +39,59 @@ def save_checkpoint(cell, output_dir: str, step: int, keep: int) -> str:
     """Save `cell`'s parameters for `step`: write a temporary file, then rename it into place.
 
     A crash mid-save leaves the previous checkpoints intact; only the newest `keep` are kept.
+    A save that fails (a full disk) removes its partial files and raises DiskError.
     """
     path = checkpoint_path(output_dir, step)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path[:-len(".ckpt")] + ".tmp.ckpt"
-    ms.save_checkpoint(cell, tmp)
-    os.replace(tmp, path)
+    try:
+        # MindSpore writes step_N.tmp.tmp and renames it to step_N.tmp.ckpt (serialization.py
+        # _exec_save); the final name appears only once the file is whole. A failure is
+        # reported below as one line, without MindSpore's CRITICAL log of it
+        with silent_logging():
+            ms.save_checkpoint(cell, partial_path(path))
+        os.replace(partial_path(path), path)
+    except OSError as err:
+        remove_partial_checkpoints(output_dir)
+        needed = sum(param.data.nbytes for param in cell.get_parameters())
+        free = shutil.disk_usage(os.path.dirname(path)).free
+        raise DiskError(f"cannot save the step {step} checkpoint in {os.path.dirname(path)}: "
+                        f"{err.strerror or err} (it needs {megabytes(needed)}, "
+                        f"{megabytes(free)} free); the older checkpoints are kept, free some "
+                        f"space and continue with --resume") from None
     for _, old in list_checkpoints(output_dir)[:-keep]:
         os.remove(old)
     return path
 
 
+@contextlib.contextmanager
+def silent_logging():
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def partial_path(path: str) -> str:
+    """Where `save_checkpoint` writes the checkpoint `path` before renaming it."""
+    return path[:-len(".ckpt")] + ".tmp.ckpt"
+
+
+def remove_partial_checkpoints(output_dir: str) -> list:
+    """Remove the temporary files of interrupted or failed saves; returns their paths."""
+    leftovers = glob.glob(os.path.join(output_dir, "checkpoints", "step_*.tmp.*"))
+    for leftover in leftovers:
+        os.remove(leftover)
+    return leftovers
+
+
+def megabytes(size: int) -> str:
+    return f"{size / 2**20:.1f} MB"
+
+
 def read_checkpoint(path: str) -> dict:
     """Parameters of a checkpoint file; CheckpointError if it is missing or unreadable."""
-    if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path!r} does not exist")
+    check_file(path, "checkpoint", CheckpointError, empty_ok=False)
     try:
         return ms.load_checkpoint(path)
     except Exception as err:  # MindSpore raises ValueError/RuntimeError on bad files
@@ -61,9 +103,10 @@ def load_weights(network, path: str, strict: bool = True) -> list:
     """Load a checkpoint's values into `network`; returns the names of the parameters the
     file lacked (empty when strict).
 
-    Names and shapes must match the network's parameters (optimizer state in the file is
-    ignored). With `strict`, a parameter the file lacks is an error; without it, at least
-    one parameter must match.
+    Names and shapes must match the network's parameters. With `strict`, a parameter the
+    file lacks is an error, and so is one the network lacks (the file is of a bigger model),
+    training state (optimizer moments, loss scale, step counters) excepted; without it, at
+    least one parameter must match and the rest is ignored.
     """
     values = read_checkpoint(path)
     # keyed like the file: by each parameter's own name, which is not its attribute path
@@ -73,6 +116,12 @@ def load_weights(network, path: str, strict: bool = True) -> list:
     if strict and missing:
         raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "
                               f"{len(missing)} parameters, e.g. {missing[0]!r}")
+    extra = [name for name in values
+             if name not in expected and not is_training_state(name, values)]
+    if strict and extra:
+        raise CheckpointError(f"checkpoint {path!r} does not match the model: it holds "
+                              f"{len(extra)} parameters the model lacks, e.g. {extra[0]!r} (a "
+                              f"checkpoint of a bigger model?)")
     for name, param in expected.items():
         if name in values and tuple(values[name].shape) != tuple(param.shape):
             raise CheckpointError(
@@ -84,6 +133,14 @@ def load_weights(network, path: str, strict: bool = True) -> list:
     ms.load_param_into_net(network, {k: v for k, v in values.items() if k in expected},
                            strict_load=False)
     return missing
+
+
+def is_training_state(name: str, values: dict) -> bool:
+    """True for what a train step adds to a checkpoint: scalars without a dotted path
+    (loss_scale, global_step) and an optimizer's per-parameter state, named `<state>.<name>`
+    after a parameter `<name>` of the same file (adam_m.lm.head.weight)."""
+    state, _, parameter = name.partition(".")
+    return not parameter or parameter in values
 
 
 def load_network(config, ckpt: str):

@@ -3,6 +3,7 @@
 import json
 import os
 
+from model_zoo.errors import DiskError
 from model_zoo.files import write_atomically
 
 
@@ -22,8 +23,12 @@ class MetricsLog:
         write_atomically(path, "".join(json.dumps(entry) + "\n" for entry in kept))
 
     def write(self, entry: dict):
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(entry) + "\n")
+        try:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(entry) + "\n")
+        except OSError as err:
+            raise DiskError(f"cannot append step {entry.get('step')} to {self.path}: "
+                            f"{err.strerror or err}") from None
 
 
 def read_metrics(path: str) -> list:

@@ -57,4 +57,4 @@ def build_schedule(train_config):
         return WarmupInverseSqrtSchedule(train_config.lr, train_config.min_lr,
                                          train_config.warmup_steps)
     return WarmupCosineSchedule(train_config.lr, train_config.min_lr,
-                                train_config.warmup_steps, train_config.steps)
+                                train_config.warmup_steps, train_config.schedule_steps)

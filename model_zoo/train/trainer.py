@@ -10,7 +10,7 @@ import numpy as np
 import mindspore as ms
 
 from model_zoo.config import Config, import_model, read_yaml, save_config
-from model_zoo.errors import UserInputError
+from model_zoo.errors import CheckpointError, UserInputError
 from model_zoo.files import directory_in_use, exclusive_lock
 from model_zoo.parallel.context import (data_shard, gradient_reducer, init_parallel,
                                         is_ascend_910b, micro_batch_network, micro_batching,
@@ -18,7 +18,8 @@ from model_zoo.parallel.context import (data_shard, gradient_reducer, init_paral
 from model_zoo.nn.attention import check_flash_attention_device
 from model_zoo.nn.layers import dtype_of, kernels_for
 from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
-from model_zoo.train.checkpoint import list_checkpoints, load_weights, save_checkpoint
+from model_zoo.train.checkpoint import (list_checkpoints, load_weights,
+                                        remove_partial_checkpoints, save_checkpoint)
 from model_zoo.train.interrupt import StopRequests, TrainingInterrupted
 from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line
 from model_zoo.train.schedule import build_schedule
@@ -31,7 +32,8 @@ def default_output_dir(config_path: str) -> str:
 
 
 def check_output_dir(output_dir: str, config: Config, resume: bool):
-    """Refuse to start where it would overwrite a previous run, or resume an incompatible one."""
+    """Refuse to start where it would overwrite a previous run, or resume an incompatible one.
+    A resumed run keeps the learning-rate schedule length of the run it continues."""
     checkpoints = list_checkpoints(output_dir)
     if checkpoints and not resume:
         raise UserInputError(
@@ -41,13 +43,49 @@ def check_output_dir(output_dir: str, config: Config, resume: bool):
         raise UserInputError(f"--resume: no checkpoint in {output_dir}/checkpoints to resume from")
     saved_path = os.path.join(output_dir, "config.yaml")
     if resume and os.path.exists(saved_path):
-        saved = read_yaml(saved_path).get("model", {})
+        saved = read_yaml(saved_path)
         current = config.to_dict()["model"]
         for key, value in current.items():
-            if saved.get(key) != value:
+            if saved.get("model", {}).get(key) != value:
                 raise UserInputError(
                     f"--resume: model.{key} is {value!r} but the run in {output_dir} used "
-                    f"{saved.get(key)!r}")
+                    f"{saved.get('model', {}).get(key)!r}")
+        keep_schedule_length(config, saved.get("train", {}))
+
+
+def keep_schedule_length(config: Config, saved_train: dict):
+    """Unless train.lr_schedule_steps is given, span the schedule over as many steps as the
+    run being resumed did, so a longer train.steps does not move the learning rate."""
+    saved_length = saved_train.get("lr_schedule_steps") or saved_train.get("steps")
+    train = config.train
+    if train.lr_schedule_steps or not saved_length or saved_length == train.steps:
+        return
+    train.lr_schedule_steps = saved_length
+    if train.lr_schedule == "cosine":
+        log(f"the learning-rate schedule keeps its length of {saved_length} steps (train.steps "
+            f"is now {train.steps}); set train.lr_schedule_steps to change it")
+
+
+def resume_from_checkpoint(step_cell, output_dir: str) -> int:
+    """Load the newest readable checkpoint of the run into `step_cell`; returns its step.
+    Newer unreadable ones are renamed to `*.unreadable`, and only once an older one loaded."""
+    for leftover in remove_partial_checkpoints(output_dir):
+        log(f"removed {leftover}, left by an interrupted save")
+    unreadable = []
+    for _, path in reversed(list_checkpoints(output_dir)):
+        try:
+            load_weights(step_cell, path)
+        except CheckpointError as err:
+            unreadable.append((path, err))
+            continue
+        for bad, err in unreadable:
+            os.replace(bad, bad + ".unreadable")
+            log(f"warning: {err}; renamed it to {os.path.basename(bad)}.unreadable")
+        step = int(step_cell.step.asnumpy())
+        log(f"resuming from {path} (step {step})")
+        return step
+    raise CheckpointError(f"--resume: no readable checkpoint in {output_dir}/checkpoints; "
+                          f"{unreadable[0][1]}")
 
 
 def train(config: Config, output_dir: str, resume: bool = False, on_save=None) -> dict:
@@ -80,10 +118,7 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
         log(f"initialised from {config.train.init_checkpoint}"
             + (f"; new parameters: {', '.join(missing)}" if missing else ""))
     if resume:
-        newest_step, newest = list_checkpoints(output_dir)[-1]
-        load_weights(step_cell, newest)
-        start_step = int(step_cell.step.asnumpy())
-        log(f"resuming from {newest} (step {start_step})")
+        start_step = resume_from_checkpoint(step_cell, output_dir)
     dataset = module.create_train_dataset(config, shard, skip_batches=start_step)
     runnable = wrap_train_step(step_cell, config.parallel, context,
                                os.path.join(output_dir, "strategy", "param_strategy.ckpt"))
