@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -160,3 +161,137 @@ def test_a_full_disk_keeps_older_checkpoints(write_config, small_disk):
                      "--set", f"train.steps={newest + 2}")
     assert result.returncode == 0, result.stderr
     assert f"(step {newest})" in result.stdout
+
+
+def run_two_ranks_until_signalled(config, out, send_signal):
+    """Start 2 data-parallel CPU ranks with scripts/run_distribute_train.sh, call
+    `send_signal(launcher, rank_pids)` once both logged step 3; returns (launcher exit
+    status, its stderr)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    job = subprocess.Popen(
+        ["bash", os.path.join(root, "scripts", "run_distribute_train.sh"), "2",
+         os.path.join(root, "rank_tables", "rank_table_2p.json"), config, "--output-dir",
+         str(out)], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, GLOG_v="3", PYTHON=sys.executable, DEVICE_TARGET="CPU"))
+    try:
+        pids = {}
+        while len(pids) < 2:
+            line = job.stdout.readline()
+            assert line, job.stderr.read()
+            if line.startswith("rank "):
+                rank, pid = line.split(":")[0].split()[1], line.split("pid ")[1].split(",")[0]
+                pids[int(rank)] = int(pid)
+        logs = [out / f"rank_{rank}" / "train.log" for rank in (0, 1)]
+        deadline = time.monotonic() + 180
+        while not all("step 3/" in (log.read_text() if log.exists() else "") for log in logs):
+            assert time.monotonic() < deadline and job.poll() is None, job.stderr.read()
+            time.sleep(0.2)
+        send_signal(job, pids)
+        _, stderr = job.communicate(timeout=180)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    return job.returncode, stderr
+
+
+def assert_both_ranks_stopped_at_one_step(out):
+    steps = []
+    for rank in (0, 1):
+        log = (out / f"rank_{rank}" / "train.log").read_text()
+        steps.append(stopped_step(log))
+        assert "Traceback" not in log, log
+    assert steps[0] == steps[1], steps
+    names = [sorted(p.name for p in (out / f"rank_{rank}" / "checkpoints").iterdir())
+             for rank in (0, 1)]
+    assert names[0] == names[1] == [f"step_{steps[0]:08d}.ckpt"]
+    return steps[0]
+
+
+def test_a_signal_to_one_rank_stops_both_at_the_same_step(write_config, tmp_path):
+    config = write_config({"train.steps": 100000, "train.log_steps": 1,
+                           "train.save_steps": 100000})
+    out = tmp_path / "out"
+    status, stderr = run_two_ranks_until_signalled(
+        config, out, lambda job, pids: os.kill(pids[1], signal.SIGTERM))
+    assert status == 143, stderr
+    rank_0 = (out / "rank_0" / "train.log").read_text()
+    assert "stopped by another rank's signal after step" in rank_0
+    assert "stopped by SIGTERM after step" in (out / "rank_1" / "train.log").read_text()
+    step = assert_both_ranks_stopped_at_one_step(out)
+
+    resumed = subprocess.run(
+        ["bash", "scripts/run_distribute_train.sh", "2", "rank_tables/rank_table_2p.json",
+         config, "--output-dir", str(out), "--resume", "--set", f"train.steps={step + 2}"],
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
+        text=True, timeout=300,
+        env=dict(os.environ, GLOG_v="3", PYTHON=sys.executable, DEVICE_TARGET="CPU"))
+    assert resumed.returncode == 0, resumed.stderr
+    for rank in (0, 1):
+        assert f"(step {step})" in (out / f"rank_{rank}" / "train.log").read_text()
+
+
+def test_the_launcher_forwards_a_signal_to_every_rank(write_config, tmp_path):
+    config = write_config({"train.steps": 100000, "train.log_steps": 1,
+                           "train.save_steps": 100000})
+    out = tmp_path / "out"
+    status, stderr = run_two_ranks_until_signalled(
+        config, out, lambda job, pids: job.send_signal(signal.SIGINT))
+    assert status == 130, stderr
+    assert "received SIGINT: asking every rank to save a checkpoint and stop" in stderr
+    assert_both_ranks_stopped_at_one_step(out)
+
+
+@pytest.fixture(scope="module")
+def reference_losses(tiny_dataset, tmp_path_factory):
+    """Per-step losses of an uninterrupted 10-step run that saves every step."""
+    from conftest import write_tiny_config
+    root = tmp_path_factory.mktemp("reference")
+    config = write_tiny_config(root / "tiny.yaml", tiny_dataset, RANDOM_RUN)
+    result = run_cli("train", config, "--output-dir", root / "run")
+    assert result.returncode == 0, result.stderr
+    return config, losses_of(root / "run")
+
+
+RANDOM_RUN = {"train.steps": 10, "train.log_steps": 1, "train.save_steps": 1,
+              "train.keep_checkpoints": 2}
+
+
+def losses_of(run_dir):
+    return [json.loads(line)["loss"] for line in
+            (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("signals", [(signal.SIGTERM,), (signal.SIGINT,),
+                                     (signal.SIGTERM, signal.SIGTERM)],
+                         ids=["SIGTERM", "SIGINT", "SIGTERM twice"])
+def test_a_signal_at_a_random_moment_loses_nothing(reference_losses, tmp_path, signals):
+    """Every step saves a checkpoint, so the signal often lands in a save. One signal: the
+    run saves and exits 128 + signal; two: it exits at once, maybe mid-save; after the last
+    step: the final evaluation stops at once. Either way --resume continues to the same
+    losses as the uninterrupted run."""
+    import random
+    config, reference = reference_losses
+    seed = random.randrange(10**6)
+    rng = random.Random(seed)
+    run_dir = tmp_path / "run"
+    after_step, delay = rng.randint(1, 8), rng.uniform(0, 0.05)
+    process = start_training(config, run_dir)
+    try:
+        for line in process.stdout:
+            if line.startswith(f"step {after_step}/"):
+                break
+        time.sleep(delay)
+        for sig in signals:
+            process.send_signal(sig)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode in (0, 128 + signals[0], 128 + signal.SIGTERM), (seed, output)
+    assert "Traceback" not in output, (seed, output)
+
+    if process.returncode != 0:
+        result = run_cli("train", config, "--output-dir", run_dir, "--resume")
+        assert result.returncode == 0, (seed, result.stdout + result.stderr)
+    assert losses_of(run_dir) == reference, seed
+    assert not list((run_dir / "checkpoints").glob("*.tmp.*")), seed

@@ -10,8 +10,15 @@ earlier run's log is kept) and the scheduler to OUT/scheduler.log.
 
 The launcher exits 0 when every worker succeeds. When one fails, the others get
 `--grace` seconds to finish, then are stopped; the launcher names the failed rank, prints
-the end of its log and exits 1. A worker that dies therefore ends the job within the grace
-period plus a few seconds, instead of leaving the others waiting in a collective forever.
+the end of its log and exits 2 if the rank refused its input (exit 2, one `error:` line),
+else 1. A worker that dies therefore ends the job within the grace period plus a few
+seconds, instead of leaving the others waiting in a collective forever.
+
+SIGINT or SIGTERM to the launcher is forwarded to every worker: each finishes its step,
+saves a checkpoint and exits 128 + the signal (the ranks agree on the step inside the
+train step, so a signal that reaches one rank only stops them all the same way). The
+launcher waits up to `--stop-timeout` seconds for them and exits with that status; a
+second signal is forwarded too, and the workers then exit at once.
 """
 
 import argparse
@@ -24,6 +31,8 @@ import time
 from dataclasses import dataclass
 
 POLL_SECONDS = 0.5
+STOPPED_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGTERM)  # a rank that saved and stopped
+BAD_INPUT_STATUS = 2
 STOP_SECONDS = 5.0
 LOG_TAIL_LINES = 20
 
@@ -115,16 +124,54 @@ def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
         return "(no log)\n"
 
 
-def watch(workers, scheduler, grace: float, timeout: float) -> int:
-    """Wait for the job; returns the exit status of the whole job."""
+class ForwardedSignals:
+    """While active, SIGINT and SIGTERM to the launcher go to every worker's process group;
+    `signum` is the first one received."""
+
+    def __init__(self, workers):
+        self.workers, self.signum, self._previous = workers, None, {}
+
+    def _forward(self, signum, frame):
+        first = self.signum is None
+        self.signum = self.signum or signum
+        name = signal.Signals(signum).name
+        print(f"received {name}: " + ("asking every rank to save a checkpoint and stop (send "
+                                      "it again to stop them at once)" if first else
+                                      "stopping every rank at once"),
+              file=sys.stderr, flush=True)
+        for worker in self.workers:
+            _signal_group(worker, signum)
+
+    def __enter__(self):
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._forward)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        return False
+
+
+def watch(workers, scheduler, grace: float, timeout: float, stop_timeout: float = 600.0,
+          signals=None) -> int:
+    """Wait for the job; returns the exit status of the whole job. A rank that stops on a
+    signal (or a signal to the launcher, `signals`) gives the others `stop_timeout` seconds
+    to save; a rank that fails gives them `grace`."""
     started = time.monotonic()
     failed = None
-    failed_at = None
+    stopping_since = None
     while True:
         codes = [w.popen.poll() for w in workers]
+        if stopping_since is None and (
+                (signals is not None and signals.signum) or
+                any(code in STOPPED_STATUSES for code in codes)):
+            stopping_since = time.monotonic()
+            print(f"the ranks are saving a checkpoint and stopping (waiting up to "
+                  f"{stop_timeout:g} s)", file=sys.stderr, flush=True)
         if failed is None:
             for worker, code in zip(workers + [scheduler], codes + [scheduler.popen.poll()]):
-                if code not in (None, 0):
+                if code not in (None, 0, *STOPPED_STATUSES):
                     failed, failed_at = worker, time.monotonic()
                     print(f"{worker.name} {describe_exit(code)}; stopping the job "
                           f"within {grace:g} s", file=sys.stderr, flush=True)
@@ -132,6 +179,10 @@ def watch(workers, scheduler, grace: float, timeout: float) -> int:
         if all(code is not None for code in codes):
             break
         if failed is not None and time.monotonic() - failed_at >= grace:
+            break
+        if stopping_since is not None and time.monotonic() - stopping_since >= stop_timeout:
+            print(f"the ranks did not stop within --stop-timeout {stop_timeout:g} s; "
+                  f"stopping them", file=sys.stderr, flush=True)
             break
         if timeout and time.monotonic() - started >= timeout:
             print(f"the job ran longer than --timeout {timeout:g} s; stopping it",
@@ -142,35 +193,46 @@ def watch(workers, scheduler, grace: float, timeout: float) -> int:
     if failed is None:
         _wait(scheduler, STOP_SECONDS)
     stop(workers + [scheduler])
+    return job_status(workers, failed, signals)
+
+
+def job_status(workers, failed, signals) -> int:
+    """0 if every rank succeeded; 128 + the signal if the ranks stopped on one; else the
+    status of a failed rank (2 for refused input, 1 otherwise), after printing its log."""
     if failed is None:
-        failed = next((w for w in workers if w.popen.returncode != 0), None)
-    if failed is None:
-        return 0
-    print(f"{failed.name} failed ({describe_exit(failed.popen.returncode)}); "
-          f"last lines of {failed.log_path}:\n{log_tail(failed.log_path)}",
-          file=sys.stderr, flush=True)
-    return 1
+        failed = next((w for w in workers
+                       if w.popen.returncode not in (0, *STOPPED_STATUSES)), None)
+    if failed is not None:
+        print(f"{failed.name} failed ({describe_exit(failed.popen.returncode)}); "
+              f"last lines of {failed.log_path}:\n{log_tail(failed.log_path)}",
+              file=sys.stderr, flush=True)
+        return BAD_INPUT_STATUS if failed.popen.returncode == BAD_INPUT_STATUS else 1
+    stopped = [w.popen.returncode for w in workers if w.popen.returncode in STOPPED_STATUSES]
+    if signals is not None and signals.signum:
+        return 128 + signals.signum
+    return stopped[0] if stopped else 0
 
 
 def launch(command, workers: int, output_dir: str, grace: float = 10.0,
-           cluster_timeout: int = 120, timeout: float = 0.0, port: int = 0) -> int:
+           cluster_timeout: int = 120, timeout: float = 0.0, port: int = 0,
+           stop_timeout: float = 600.0) -> int:
     """Run `command` as a scheduler plus `workers` ranks on loopback; returns the exit status."""
     port = port or free_port()
     scheduler = start(command, cluster_env("MS_SCHED", port, workers, cluster_timeout),
                       os.path.join(output_dir, "scheduler.log"), "scheduler")
     processes = [scheduler]
+    ranks = []
     try:
-        ranks = []
-        for rank in range(workers):
-            ranks.append(start(command,
-                               cluster_env("MS_WORKER", port, workers, cluster_timeout, rank),
-                               rank_log_path(output_dir, rank), f"rank {rank}", rank))
-            processes.append(ranks[-1])
-            print(f"rank {rank}: pid {ranks[-1].popen.pid}, log {ranks[-1].log_path}", flush=True)
-        return watch(ranks, scheduler, grace, timeout)
-    except KeyboardInterrupt:
-        print("interrupted; stopping the job", file=sys.stderr, flush=True)
-        return 130
+        with ForwardedSignals(ranks) as signals:
+            for rank in range(workers):
+                ranks.append(start(command,
+                                   cluster_env("MS_WORKER", port, workers, cluster_timeout,
+                                               rank),
+                                   rank_log_path(output_dir, rank), f"rank {rank}", rank))
+                processes.append(ranks[-1])
+                print(f"rank {rank}: pid {ranks[-1].popen.pid}, log {ranks[-1].log_path}",
+                      flush=True)
+            return watch(ranks, scheduler, grace, timeout, stop_timeout, signals)
     finally:
         stop(processes)
 
@@ -188,6 +250,9 @@ def main(argv=None) -> int:
                         help="seconds to wait for all ranks to join (default 120)")
     parser.add_argument("--timeout", type=float, default=0.0,
                         help="stop the job after this many seconds (default: no limit)")
+    parser.add_argument("--stop-timeout", type=float, default=600.0,
+                        help="seconds the ranks get to save a checkpoint and stop after a "
+                             "signal (default 600)")
     parser.add_argument("--port", type=int, default=0, help="scheduler port (default: a free one)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the command every process runs, after --")
@@ -198,7 +263,7 @@ def main(argv=None) -> int:
     if args.workers < 1:
         parser.error("--workers must be >= 1")
     return launch(command, args.workers, args.output_dir, args.grace, args.cluster_timeout,
-                  args.timeout, args.port)
+                  args.timeout, args.port, args.stop_timeout)
 
 
 if __name__ == "__main__":

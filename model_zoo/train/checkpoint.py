@@ -17,6 +17,7 @@ from model_zoo.config import import_model
 from model_zoo.errors import CheckpointError, DataError, DiskError
 from model_zoo.files import check_file
 from model_zoo.nn.layers import dtype_of
+from model_zoo.train.step import STOP_FLAG
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)\.ckpt$")
 
@@ -48,7 +49,8 @@ def save_checkpoint(cell, output_dir: str, step: int, keep: int) -> str:
         # _exec_save); the final name appears only once the file is whole. A failure is
         # reported below as one line, without MindSpore's CRITICAL log of it
         with silent_logging():
-            ms.save_checkpoint(cell, partial_path(path))
+            ms.save_checkpoint(cell, partial_path(path),
+                               choice_func=lambda name: name != STOP_FLAG)
         os.replace(partial_path(path), path)
     except OSError as err:
         remove_partial_checkpoints(output_dir)
@@ -111,7 +113,8 @@ def load_weights(network, path: str, strict: bool = True) -> list:
     values = read_checkpoint(path)
     # keyed like the file: by each parameter's own name, which is not its attribute path
     # for cells built with auto_prefix=False (the train step's optimizer and loss-scale state)
-    expected = {param.name: param for param in network.get_parameters()}
+    expected = {param.name: param for param in network.get_parameters()
+                if param.name != STOP_FLAG}
     missing = [name for name in expected if name not in values]
     if strict and missing:
         raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "

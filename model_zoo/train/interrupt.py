@@ -16,31 +16,42 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class TrainingInterrupted(Exception):
-    """Raised by the loop after the checkpoint of an interrupted run is saved."""
+    """Raised by the loop after the checkpoint of an interrupted run is saved. `signum` is
+    None on a rank that stops because another rank was signalled."""
 
-    def __init__(self, signum: int, step: int, checkpoint: str):
-        name = signal.Signals(signum).name
-        super().__init__(f"stopped by {name} after step {step}; saved {checkpoint}")
+    def __init__(self, signum, step: int, checkpoint: str):
+        cause = signal.Signals(signum).name if signum else "another rank's signal"
+        super().__init__(f"stopped by {cause} after step {step}; saved {checkpoint}")
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
 
     @property
     def exit_status(self) -> int:
-        return 128 + self.signum
+        return 128 + (self.signum or signal.SIGTERM)
 
 
 class StopRequests:
     """While active, SIGINT and SIGTERM set `signum` instead of ending the process; the loop
-    checks `requested` after each step. A second signal exits at once."""
+    checks `requested` after each step. A second signal exits at once. Once the steps are
+    done (`steps_done`), a signal raises TrainingInterrupted at once."""
 
     def __init__(self):
         self.signum = None
         self._previous = {}
+        self._done = None
 
     @property
     def requested(self) -> bool:
         return self.signum is not None
 
+    def steps_done(self, step: int, checkpoint: str):
+        """Training ended at `step` with `checkpoint` saved: what follows (the evaluation)
+        has nothing to save, so a signal now stops it at once."""
+        self._done = (step, checkpoint)
+        self.install()
+
     def _handle(self, signum, frame):
+        if self._done is not None:
+            raise TrainingInterrupted(signum, *self._done)
         if self.signum is not None:
             os._exit(128 + signum)
         self.signum = signum

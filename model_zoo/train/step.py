@@ -15,6 +15,36 @@ from model_zoo.parallel.context import ascend_supports, is_ascend_910b
 from model_zoo.nn.layers import use_cpu_kernels
 
 
+STOP_FLAG = "stop_requested"  # the StopVote parameter; not saved in checkpoints
+
+
+class StopVote(nn.Cell):
+    """Whether any rank was asked to stop (a signal): each rank's flag (0 or 1), summed over
+    all ranks inside the step, so that all of them stop after the same step and save the
+    same state. MindSpore's own graceful exit reduces its flag inside TrainOneStepCell the
+    same way (`mindspore/utils/utils.py` ExitByRequest); a collective outside the step would
+    add a launch per step. Stand-alone runs return the local flag.
+
+    Outputs:
+        float32 (1,): > 0 if some rank asked to stop (a float sum: MindSpore's CPU
+        AllReduce takes neither integers nor MAX).
+    """
+
+    def __init__(self, distributed: bool = False):
+        super().__init__()
+        self.flag = Parameter(Tensor([0.0], ms.float32), name=STOP_FLAG, requires_grad=False)
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM) if distributed else None
+
+    def request(self):
+        """Ask to stop after the next step (the flag is read when that step runs)."""
+        self.flag.set_data(Tensor([1.0], ms.float32))
+
+    def construct(self):
+        if self.all_reduce is None:
+            return self.flag * 1
+        return self.all_reduce(self.flag)
+
+
 class GradientNorm(nn.Cell):
     """The global gradient norm, and one decision shared by every device whether it is finite.
 
@@ -122,18 +152,20 @@ class TrainStep(nn.Cell):
             and MindFormers' `MFPipelineWithLossScaleCell` do.
         optimizer_shard: the parallel optimizer is on (see accumulated_by_compiler).
         gradient_norm: the GradientNorm cell (default: whole gradients, no communication).
+        stop_vote: the StopVote cell (default: this rank's flag only).
 
     Inputs:
         *batch: the dataset's columns, batch along dimension 0.
     Outputs:
-        (loss, finite, loss_scale, grad_norm, lr): loss averaged over micro batches, whether
-        the update was applied, the scale used, the unclipped gradient norm, the lr used.
+        (loss, finite, loss_scale, grad_norm, lr, stop): loss averaged over micro batches,
+        whether the update was applied, the scale used, the unclipped gradient norm, the lr
+        used, and whether some rank asked to stop (StopVote).
     """
 
     def __init__(self, network, optimizer, lr_schedule, *, grad_reducer=None,
                  dynamic_loss_scale=False, loss_scale=65536.0, scale_window=1000,
                  grad_clip=1.0, accumulation=1, micro_batches=1, accumulated_by_compiler=False,
-                 optimizer_shard=False, gradient_norm=None):
+                 optimizer_shard=False, gradient_norm=None, stop_vote=None):
         super().__init__(auto_prefix=False)
         self.network = network
         self.optimizer = optimizer
@@ -157,6 +189,7 @@ class TrainStep(nn.Cell):
         self.step = Parameter(Tensor(0, ms.int32), name="train_step", requires_grad=False)
         self.hyper_map = ops.HyperMap()
         self.gradient_norm = gradient_norm if gradient_norm is not None else GradientNorm()
+        self.stop_vote = stop_vote if stop_vote is not None else StopVote()
 
     def _backward(self, micro, loss, scale, first=True):
         """Gradients of one (micro) batch, scaled by `scale` over the wrapper's micro batches;
@@ -188,6 +221,7 @@ class TrainStep(nn.Cell):
         # a copy: returning the Parameter itself would report its value after this step's
         # adjustment instead of the scale this step used
         scale = self.loss_scale * 1.0
+        stop = self.stop_vote()  # before any branch: every rank runs this collective
         lr = self.lr_schedule(self.optimizer.global_step)
         loss, grads = self._gradients(batch, scale)
         if self.grad_reducer is not None:
@@ -211,7 +245,7 @@ class TrainStep(nn.Cell):
         if self.accumulated_by_compiler:
             loss = ops.depend(loss, self.hyper_map(_clear_accumulated, self.accu_grads, grads))
         loss = ops.depend(loss, ops.assign_add(self.step, Tensor(1, ms.int32)))
-        return loss, finite, scale, grad_norm, lr
+        return loss, finite, scale, grad_norm, lr, stop
 
     def _adjust_loss_scale(self, finite):
         good = ops.select(finite, self.good_steps + 1, ops.zeros_like(self.good_steps))

@@ -23,7 +23,8 @@ from model_zoo.train.checkpoint import (list_checkpoints, load_weights,
 from model_zoo.train.interrupt import StopRequests, TrainingInterrupted
 from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line
 from model_zoo.train.schedule import build_schedule
-from model_zoo.train.step import GradientNorm, TrainStep, build_optimizer, uses_float_status
+from model_zoo.train.step import (GradientNorm, StopVote, TrainStep, build_optimizer,
+                                  uses_float_status)
 
 
 def default_output_dir(config_path: str) -> str:
@@ -127,12 +128,20 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
     first_batch = next(batches)
     write_run_info(output_dir, config, context, shard, first_batch)
 
-    metrics_path = os.path.join(output_dir, "metrics.jsonl")
-    metrics = MetricsLog(metrics_path, resume_step=start_step)
+    metrics = MetricsLog(os.path.join(output_dir, "metrics.jsonl"), resume_step=start_step)
     with StopRequests() as stop:
-        run_loop(config, runnable, step_cell, itertools.chain([first_batch], batches), metrics,
-                 output_dir, start_step, on_save, tokens_counter(module, config, shard), stop)
+        final_checkpoint = run_loop(config, runnable, step_cell,
+                                    itertools.chain([first_batch], batches), metrics, output_dir,
+                                    start_step, on_save, tokens_counter(module, config, shard),
+                                    stop)
+        stop.steps_done(config.train.steps,
+                        final_checkpoint or list_checkpoints(output_dir)[-1][1])
+        return evaluate_run(module, config, network, output_dir, on_save)
 
+
+def evaluate_run(module, config: Config, network, output_dir: str, on_save) -> dict:
+    """After the last step: held-out metrics, loss curve, a sample of the model's output."""
+    metrics_path = os.path.join(output_dir, "metrics.jsonl")
     network.set_train(False)
     # evaluate as `model-zoo eval` does, op by op: in graph mode the decoders (beam search,
     # sampling) compiled a graph per decoding step and ran out of memory
@@ -172,7 +181,8 @@ def build_train_step(config: Config, network, context) -> TrainStep:
         accumulation=batching.in_step, micro_batches=batching.micro_batches,
         accumulated_by_compiler=bool(batching.wrapper),  # wrappers exist on semi-auto only
         optimizer_shard=parallel.optimizer_shard,
-        gradient_norm=gradient_norm(config, network, optimizer, context))
+        gradient_norm=gradient_norm(config, network, optimizer, context),
+        stop_vote=StopVote(distributed=context.distributed))
 
 
 def gradient_norm(config: Config, network, optimizer, context) -> GradientNorm:
@@ -195,17 +205,21 @@ def gradient_norm(config: Config, network, optimizer, context) -> GradientNorm:
 
 def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_step, on_save,
              tokens_of, stop=None):
-    """The steps; `tokens_of(batch)` counts the tokens a global step trains on. When `stop`
-    (StopRequests) is requested, the loop saves a checkpoint after the current step and
-    raises TrainingInterrupted."""
+    """The steps; returns the last checkpoint saved. `tokens_of(batch)` counts the tokens a
+    global step trains on. When `stop` (StopRequests) is requested on any rank, every rank
+    saves a checkpoint after the same step (the train step's StopVote) and raises
+    TrainingInterrupted."""
     train = config.train
     step_cell.set_train(True)
     interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
     interval_tokens = 0
+    path = None
     for step in range(start_step + 1, train.steps + 1):
         batch = next(batches)
+        if stop is not None and stop.requested:
+            step_cell.stop_vote.request()
         started = time.perf_counter()
-        loss, finite, scale, grad_norm, lr = runnable(*batch)
+        loss, finite, scale, grad_norm, lr, stop_voted = runnable(*batch)
         loss_value = loss.asnumpy().item()
         interval_losses.append(loss_value)
         if step == start_step + 1:
@@ -233,14 +247,15 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
             log(progress_line(entry, train.steps))
             interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
             interval_tokens = 0
-        stopping = stop is not None and stop.requested
+        stopping = bool(stop_voted.asnumpy()[0] > 0)
         if step % train.save_steps == 0 or step == train.steps or stopping:
             path = save_checkpoint(step_cell, output_dir, step, train.keep_checkpoints)
             log(f"saved {path}")
             if on_save is not None:
                 on_save(output_dir)
             if stopping:
-                raise TrainingInterrupted(stop.signum, step, path)
+                raise TrainingInterrupted(stop.signum if stop is not None else None, step, path)
+    return path
 
 
 def tokens_counter(module, config, shard):
