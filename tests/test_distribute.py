@@ -153,3 +153,14 @@ def test_msrun_launcher_trains_two_cpu_workers(tmp_path, write_config):
         assert (out / f"rank_{rank}" / "checkpoints" / "step_00000006.ckpt").exists()
         info = json.loads((out / f"rank_{rank}" / "run_info.json").read_text())
         assert (info["device_num"], info["shard_id"]) == (2, rank)
+
+
+def test_a_rank_refusing_its_input_makes_the_job_exit_2(tmp_path, write_config):
+    config = write_config({})
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "model_zoo.launch", "--workers", "2", "--output-dir", str(out),
+         "--", sys.executable, "-m", "model_zoo", "train", config, "--set", "train.lr=.inf"],
+        capture_output=True, text=True, timeout=120, env=dict(os.environ, GLOG_v="3"))
+    assert result.returncode == 2, result.stderr
+    assert "error: train.lr must be a finite number, got inf" in result.stderr
