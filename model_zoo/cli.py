@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                                             "(default: outputs/<config name>)")
     train.add_argument("--resume", action="store_true",
                        help="continue from the newest checkpoint in --output-dir")
+    train.add_argument("--verify-data", action="store_true",
+                       help="check every dataset file against the SHA-256 recorded when it "
+                            "was built (sizes are always checked)")
     train.add_argument("--data-url", "--data_url", dest="data_url",
                        help="cloud job: dataset location (copied in with moxing when it is "
                             "installed, else a path used as data.dataset_dir)")
@@ -116,7 +119,15 @@ def run_model_subcommand(command: str, model: str, arguments) -> int:
     parser = argparse.ArgumentParser(prog=f"model-zoo {command} {model}",
                                      description=MODEL_SUBCOMMANDS[command])
     model_command(module, f"add_{command}_arguments", command)(parser)
-    model_command(module, f"run_{command}_command", command)(parser.parse_args(arguments))
+    parsed = parser.parse_args(arguments)
+    run_command = model_command(module, f"run_{command}_command", command)
+    if command == "data" and getattr(parsed, "output_dir", None):
+        # one build per directory at a time, as training's own builds
+        from model_zoo.data.manifest import building
+        with building(parsed.output_dir):
+            run_command(parsed)
+    else:
+        run_command(parsed)
     return 0
 
 
@@ -140,7 +151,8 @@ def run(args) -> int:
         output_dir = storage.prepare(config, args.output_dir or default_output_dir(args.config),
                                      args.resume)
         try:
-            train(config, output_dir, resume=args.resume, on_save=storage.upload)
+            train(config, output_dir, resume=args.resume, on_save=storage.upload,
+                  verify_data=args.verify_data)
         except TrainingInterrupted as stopped:
             overrides = "".join(f" --set {override}" for override in args.overrides)
             print(f"{stopped}; continue with: model-zoo train {args.config}{overrides} "

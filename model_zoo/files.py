@@ -52,40 +52,67 @@ def write_json_atomically(path, value, indent: int = 2):
 @contextlib.contextmanager
 def exclusive_lock(path):
     """Hold an exclusive lock on `path` (created if needed): of several processes on one
-    machine that want to build the same thing, one builds while the others wait."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    machine that want to build the same thing, one builds while the others wait. The lock
+    file is removed on the way out."""
+    with _locked_file(path, blocking=True):
+        yield
 
 
 @contextlib.contextmanager
 def directory_in_use(directory: str):
     """Claim `directory` for this process: a second process that asks for it while this one
     runs gets a UserInputError naming this one's pid. The lock is the kernel's (flock), so
-    a crash or a kill releases it; the lock file is removed on the way out."""
+    a crash or a kill releases it; the lock file is removed on the way out (a kill leaves
+    it, and the next run takes it over)."""
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise UserInputError(f"--output-dir {directory!r} is a file, not a directory")
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, LOCK_FILE)
-    handle = open(path, "a+", encoding="utf-8")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
-        handle.close()
-        raise UserInputError(f"{directory} is in use by another run (pid {holder}); wait for "
-                             f"it to end, or choose another --output-dir") from None
-    try:
-        handle.seek(0)
+    with contextlib.ExitStack() as stack:
+        try:
+            handle = stack.enter_context(_locked_file(path, blocking=False))
+        except BlockingIOError:
+            raise UserInputError(f"{directory} is in use by another run (pid "
+                                 f"{_read_holder(path)}); wait for it to end, or choose "
+                                 f"another --output-dir") from None
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
         handle.flush()
         yield
+
+
+def _read_holder(path) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+@contextlib.contextmanager
+def _locked_file(path, blocking: bool):
+    """An open handle of `path` holding its flock; BlockingIOError if not `blocking` and
+    another process holds it. Removing the file on release is safe because a process that
+    locked a file then removed checks, once it holds the lock, that `path` still names the
+    file it locked, and starts over if not."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    while True:
+        handle = open(path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BaseException:
+            handle.close()
+            raise
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        if current is not None and current.st_ino == os.fstat(handle.fileno()).st_ino:
+            break
+        handle.close()   # removed by its previous holder while this one waited
+    try:
+        handle.seek(0)
+        yield handle
     finally:
         with contextlib.suppress(OSError):
             os.remove(path)

@@ -87,6 +87,9 @@ def _bad_inputs(case, run_dir, config, ckpt, tmp_path):
         corrupt = tmp_path / "corrupt.ckpt"
         corrupt.write_bytes(os.urandom(4096))
         return ["eval", config, "--ckpt", corrupt], "cannot be read"
+    if case in DATASET_FAULTS:
+        dataset, extra, fragment = _damaged_dataset(case, config, tmp_path)
+        return resume + ["--set", f"data.dataset_dir={dataset}", *extra], fragment
     if case == "eval of a bigger model's checkpoint":
         return ["eval", config, "--ckpt", _with_a_second_block(ckpt, tmp_path)], "the model lacks"
     if case == "infinite train.lr":
@@ -117,6 +120,38 @@ def _bad_inputs(case, run_dir, config, ckpt, tmp_path):
     raise AssertionError(case)
 
 
+DATASET_FAULTS = ("truncated train file", "truncated held-out file", "corrupt tokenizer",
+                  "changed train file, --verify-data", "dataset of other sources")
+
+
+def _damaged_dataset(case, config, tmp_path):
+    """A copy of the config's dataset with `case`'s damage; returns (its directory, extra
+    arguments, the fragment the error must hold)."""
+    import yaml
+    with open(config, encoding="utf-8") as handle:
+        source = yaml.safe_load(handle)["data"]["dataset_dir"]
+    dataset = tmp_path / "dataset"
+    shutil.copytree(source, dataset)
+    if case.startswith("truncated"):
+        damaged = dataset / ("train.mindrecord" if "train" in case else "heldout.mindrecord")
+        damaged.write_bytes(damaged.read_bytes()[:damaged.stat().st_size // 2])
+        return dataset, [], f"{damaged}: {damaged.stat().st_size} bytes, but "
+    if case == "corrupt tokenizer":
+        tokenizer = dataset / "tokenizer.model"
+        tokenizer.write_bytes(os.urandom(tokenizer.stat().st_size))   # same size
+        return dataset, [], "tokenizer.model: not a readable SentencePiece model"
+    if case == "changed train file, --verify-data":
+        train = dataset / "train.mindrecord"
+        content = bytearray(train.read_bytes())
+        content[len(content) // 2] ^= 0xFF                            # same size, one byte
+        train.write_bytes(bytes(content))
+        return dataset, ["--verify-data"], "train.mindrecord: its SHA-256 differs"
+    manifest = json.loads((dataset / "dataset.json").read_text())
+    manifest["sources"] = [str(tmp_path / "elsewhere.txt")]
+    (dataset / "dataset.json").write_text(json.dumps(manifest))
+    return dataset, [], "elsewhere.txt']; set data.sources to those"
+
+
 def _with_a_second_block(ckpt, tmp_path):
     """A checkpoint like `ckpt` with a second transformer block (a 2-layer model's)."""
     import mindspore as ms
@@ -136,7 +171,7 @@ def _with_a_second_block(ckpt, tmp_path):
     "--resume with another model shape", "--resume from corrupt checkpoints",
     "eval of a corrupt checkpoint", "eval of another model shape", "missing data source",
     "eval of a bigger model's checkpoint", "infinite train.lr", "a directory as config",
-    "a directory as checkpoint", "an empty checkpoint",
+    "a directory as checkpoint", "an empty checkpoint", *DATASET_FAULTS,
     "model_parallel on CPU", "flash attention on CPU", "indivisible batch", "unknown key"])
 def test_bad_input_stops_with_one_error_line_and_touches_nothing(trained, tmp_path, case):
     run_dir = tmp_path / "run"

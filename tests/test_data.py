@@ -261,6 +261,26 @@ def test_gpt2_build_dataset(small_corpus, tmp_path):
         gpt2_data.build_dataset(output_dir, small_corpus, vocab_size=300, seq_length=32)
 
 
+def test_the_manifest_records_each_file_and_the_sources(small_corpus, tmp_path):
+    import hashlib
+    from model_zoo.data.manifest import check_sources, verify_dataset
+    output_dir = tmp_path / "gpt2"
+    manifest = gpt2_data.build_dataset(output_dir, small_corpus, vocab_size=300, seq_length=32,
+                                       heldout_fraction=0.1, sources=["./texts//a.txt"])
+    assert manifest["sources"] == ["texts/a.txt"]
+    for name in ("train.mindrecord", "train.mindrecord.db", "tokenizer.model"):
+        content = (output_dir / name).read_bytes()
+        assert manifest["files"][name] == {"bytes": len(content),
+                                           "sha256": hashlib.sha256(content).hexdigest()}
+    assert "dataset.json" not in manifest["files"]
+    verify_dataset(output_dir, ["texts/a.txt"], checksums=True)
+    check_sources(output_dir, manifest, ["texts/./a.txt"])
+    with pytest.raises(DataError, match=r"was built from \['texts/a.txt'\]"):
+        check_sources(output_dir, manifest, ["texts/b.txt"])
+    with pytest.raises(DataError, match="no dataset in"):
+        verify_dataset(tmp_path / "nothing")
+
+
 def test_gpt2_build_rejects_split_without_a_sample(small_corpus, tmp_path):
     with pytest.raises(DataError, match="heldout split has .* tokens, fewer than seq_length \\+ 1"):
         gpt2_data.build_dataset(tmp_path, small_corpus[:20], vocab_size=300, seq_length=2000)

@@ -1,10 +1,13 @@
 """Faults during training, in real processes: SIGTERM and SIGINT (the run finishes its step,
 saves a checkpoint, says how to resume, exits 128 + the signal; the checkpoint resumes) and
-a second run on the same output directory (refused, naming the first), and a disk that
-fills up during a checkpoint save (older checkpoints kept, no partial files)."""
+a second run on the same output directory (refused, naming the first), a disk that fills
+up during a checkpoint save (older checkpoints kept, no partial files), signals to one rank
+or to the launcher of a data-parallel job, and the leftovers of killed runs and builds.
+Corrupt and mismatched inputs are in test_cli.py (one error line each)."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -295,3 +298,26 @@ def test_a_signal_at_a_random_moment_loses_nothing(reference_losses, tmp_path, s
         assert result.returncode == 0, (seed, result.stdout + result.stderr)
     assert losses_of(run_dir) == reference, seed
     assert not list((run_dir / "checkpoints").glob("*.tmp.*")), seed
+
+
+def test_leftovers_of_killed_runs_and_builds_are_cleaned_up(tiny_dataset, tmp_path):
+    """A killed build leaves a staging folder and a lock file beside the dataset, a killed
+    run its output directory's lock: the next run takes them over and removes them."""
+    from conftest import write_tiny_config
+    dataset = tmp_path / "dataset"
+    shutil.copytree(tiny_dataset, dataset)
+    staging = dataset / ".train.mindrecord.k1ll3d"
+    staging.mkdir()
+    (staging / "train.mindrecord").write_bytes(b"half a file")
+    build_lock = tmp_path / "dataset.lock"
+    build_lock.write_text("")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ".lock").write_text("12345\n")
+    config = write_tiny_config(tmp_path / "tiny.yaml", dataset, {"train.steps": 2})
+
+    result = run_cli("train", config, "--output-dir", run_dir)
+
+    assert result.returncode == 0, result.stderr
+    assert not staging.exists() and not build_lock.exists()
+    assert not (run_dir / ".lock").exists()

@@ -22,6 +22,7 @@ from model_zoo.data.corpus import (
 )
 from model_zoo.data.manifest import (
     MANIFEST_FILE,
+    building,
     check_built_with,
     check_files,
     check_no_dataset,
@@ -29,6 +30,8 @@ from model_zoo.data.manifest import (
     dataset_ready,
     read_manifest,
     split_path,
+    verify_dataset,
+    write_manifest,
 )
 from model_zoo.data.mindrecord import (
     count_samples,
@@ -37,12 +40,13 @@ from model_zoo.data.mindrecord import (
     read_mindrecord,
     write_mindrecord,
 )
-from model_zoo.data.tokenizer import Tokenizer, parse_token_ids, train_tokenizer
+from model_zoo.data.tokenizer import TOKENIZER_FILE, Tokenizer, parse_token_ids, train_tokenizer
 
 __all__ = [
     "BUILTIN_PYTHON_DOCS",
     "DEFAULT_BUCKETS",
     "MANIFEST_FILE",
+    "TOKENIZER_FILE",
     "BucketedBatches",
     "Docstring",
     "Tokenizer",
@@ -50,6 +54,7 @@ __all__ = [
     "bucket_boundaries",
     "bucket_counts",
     "bucketed_dataset",
+    "building",
     "check_built_with",
     "check_files",
     "check_no_dataset",
@@ -70,5 +75,7 @@ __all__ = [
     "split_documents",
     "split_path",
     "train_tokenizer",
+    "verify_dataset",
+    "write_manifest",
     "write_mindrecord",
 ]

@@ -1,12 +1,115 @@
-"""The dataset.json of a built dataset directory: written last, it marks a complete dataset."""
+"""The dataset.json of a built dataset directory: written last, it marks a complete dataset.
 
+It records how the dataset was built (settings, sources) and the size and SHA-256 of each of
+its files, so a truncated, replaced or corrupt file is named before training starts: sizes
+are checked whenever the dataset is used, checksums with `model-zoo train --verify-data`.
+"""
+
+import contextlib
+import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
+from model_zoo.data.tokenizer import TOKENIZER_FILE, Tokenizer
 from model_zoo.errors import DataError
+from model_zoo.files import exclusive_lock, write_json_atomically
 
 MANIFEST_FILE = "dataset.json"
+HASH_CHUNK = 1 << 22
+
+
+def write_manifest(output_dir, manifest: dict, sources=None) -> dict:
+    """Write `manifest` as the dataset.json of `output_dir`, with `files`: the size and
+    SHA-256 of every file of the dataset (hidden files excepted), and `sources`: the data
+    sources it was built from, if given (`check_sources`). Returns what was written."""
+    output_dir = Path(output_dir)
+    if sources is not None:
+        manifest = dict(manifest, sources=[normalized_source(source) for source in sources])
+    names = sorted(entry.name for entry in os.scandir(output_dir)
+                   if entry.is_file() and not entry.name.startswith(".")
+                   and entry.name != MANIFEST_FILE)
+    manifest = dict(manifest, files={name: {"bytes": (output_dir / name).stat().st_size,
+                                            "sha256": sha256_of(output_dir / name)}
+                                     for name in names})
+    write_json_atomically(output_dir / MANIFEST_FILE, manifest)
+    return manifest
+
+
+def sha256_of(path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_recorded_files(output_dir, manifest, checksums: bool = False):
+    """DataError naming the first file of the dataset whose size (and, with `checksums`,
+    SHA-256) differs from what dataset.json recorded when it was built."""
+    output_dir = Path(output_dir)
+    rebuild = f"delete {output_dir} and build it again"
+    for name, recorded in (manifest.get("files") or {}).items():
+        path = output_dir / name
+        if not path.is_file():
+            raise DataError(f"{path}: missing from the dataset in {output_dir}; {rebuild}")
+        size = path.stat().st_size
+        if size != recorded["bytes"]:
+            raise DataError(f"{path}: {size} bytes, but {recorded['bytes']} when the dataset "
+                            f"was built (truncated or replaced since); {rebuild}")
+        if checksums and sha256_of(path) != recorded["sha256"]:
+            raise DataError(f"{path}: its SHA-256 differs from the one recorded when the "
+                            f"dataset was built (the file is corrupt or was changed); {rebuild}")
+
+
+def check_sources(output_dir, manifest, sources):
+    """DataError if the dataset in `output_dir` was built from other sources than the
+    config's `data.sources` (compared as written, normalised: relative paths stay relative,
+    so a dataset built on one machine is recognised on another)."""
+    built_from = manifest.get("sources")
+    if built_from is None:  # built before sources were recorded
+        return
+    if built_from != [normalized_source(source) for source in sources]:
+        raise DataError(f"data.sources is {list(sources)} but the dataset in {output_dir} was "
+                        f"built from {built_from}; set data.sources to those, or give another "
+                        f"data.dataset_dir to build a dataset from data.sources")
+
+
+def normalized_source(source: str) -> str:
+    """A data source as recorded: each path (both of a Transformer `SOURCE:TARGET` pair)
+    normalised (`./a//b.txt` -> `a/b.txt`); `builtin:` names stay as they are."""
+    if source.startswith("builtin:"):
+        return source
+    return ":".join(os.path.normpath(part) for part in source.split(":"))
+
+
+def verify_dataset(dataset_dir, sources=None, checksums: bool = False):
+    """Before training on the dataset in `dataset_dir`: it was built from `sources` (the
+    config's data.sources, if the model has them), its files are whole (sizes, and SHA-256
+    with `checksums`), and its tokenizer loads (found now, not after training)."""
+    manifest = read_manifest(dataset_dir)
+    if manifest is None:
+        raise DataError(f"no dataset in {dataset_dir} ({MANIFEST_FILE} is missing)")
+    if sources is not None:
+        check_sources(dataset_dir, manifest, sources)
+    check_recorded_files(dataset_dir, manifest, checksums)
+    tokenizer = Path(dataset_dir) / TOKENIZER_FILE
+    if tokenizer.exists():
+        Tokenizer(tokenizer)
+
+
+@contextlib.contextmanager
+def building(dataset_dir):
+    """Hold the build lock of `dataset_dir` (one builder at a time) and, once held, remove
+    the staging folders that killed builds left in it (`write_mindrecord`'s)."""
+    dataset_dir = str(dataset_dir).rstrip("/\\")
+    with exclusive_lock(dataset_dir + ".lock"):
+        if os.path.isdir(dataset_dir):
+            for entry in os.scandir(dataset_dir):
+                if entry.is_dir() and entry.name.startswith(".") and ".mindrecord." in entry.name:
+                    shutil.rmtree(entry.path, ignore_errors=True)
+        yield
 
 
 def read_manifest(output_dir):
@@ -27,8 +130,8 @@ def dataset_ready(output_dir, built_with: dict, files, check_kind=None) -> bool:
     """True if `output_dir` holds a complete dataset built with `built_with` (e.g.
     {"vocab_size": 2048, "seq_length": 64}); False if it holds no dataset.json. DataError if
     `check_kind(manifest)` refuses it (another kind of dataset), if it was built with other
-    settings, or if one of `files` (names, or a function of the manifest giving them) is
-    missing."""
+    settings, if one of `files` (names, or a function of the manifest giving them) is
+    missing, or if a file's size differs from the recorded one."""
     output_dir = Path(output_dir)
     manifest = read_manifest(output_dir)
     if manifest is None:
@@ -37,6 +140,7 @@ def dataset_ready(output_dir, built_with: dict, files, check_kind=None) -> bool:
         check_kind(manifest)
     check_built_with(output_dir, manifest, built_with)
     check_files(output_dir, files(manifest) if callable(files) else files)
+    check_recorded_files(output_dir, manifest)
     return True
 
 

@@ -9,6 +9,7 @@ import sentencepiece
 from model_zoo.errors import DataError, UserInputError
 from model_zoo.files import write_atomically
 
+TOKENIZER_FILE = "tokenizer.model"  # its name in every dataset directory
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 NEWLINE = "\n"
 MAX_LINE_BYTES = 1 << 16

@@ -11,7 +11,8 @@ import mindspore as ms
 
 from model_zoo.config import Config, import_model, read_yaml, save_config
 from model_zoo.errors import CheckpointError, UserInputError
-from model_zoo.files import directory_in_use, exclusive_lock
+from model_zoo.data.manifest import building, verify_dataset
+from model_zoo.files import directory_in_use
 from model_zoo.parallel.context import (data_shard, gradient_reducer, init_parallel,
                                         is_ascend_910b, micro_batch_network, micro_batching,
                                         parameter_init, wrap_train_step)
@@ -89,10 +90,12 @@ def resume_from_checkpoint(step_cell, output_dir: str) -> int:
                           f"{unreadable[0][1]}")
 
 
-def train(config: Config, output_dir: str, resume: bool = False, on_save=None) -> dict:
+def train(config: Config, output_dir: str, resume: bool = False, on_save=None,
+          verify_data: bool = False) -> dict:
     """Train `config`'s model; returns the final evaluation. Outputs go to `output_dir`
     (`rank_<i>/` inside it when several ranks run); `on_save(output_dir)` is called after
-    each checkpoint and at the end (cloud jobs copy the outputs out there)."""
+    each checkpoint and at the end (cloud jobs copy the outputs out there). `verify_data`
+    checks the dataset's files against their recorded SHA-256 before training."""
     module = import_model(config.model.name)
     context = init_parallel(config.parallel, config.train.device_target)
     if getattr(config.model, "flash_attention", False):
@@ -100,15 +103,17 @@ def train(config: Config, output_dir: str, resume: bool = False, on_save=None) -
     if context.distributed:
         output_dir = os.path.join(output_dir, f"rank_{context.rank}")
     with directory_in_use(output_dir):
-        return _train(module, config, context, output_dir, resume, on_save)
+        return _train(module, config, context, output_dir, resume, on_save, verify_data)
 
 
-def _train(module, config: Config, context, output_dir: str, resume: bool, on_save) -> dict:
+def _train(module, config: Config, context, output_dir: str, resume: bool, on_save,
+           verify_data: bool) -> dict:
     """`train` once this process holds `output_dir`."""
     check_output_dir(output_dir, config, resume)
     shard = data_shard(config.parallel, context.rank, config.train.global_batch_size)
-    with exclusive_lock(config.data.dataset_dir.rstrip("/\\") + ".lock"):
+    with building(config.data.dataset_dir):
         module.prepare_data(config)
+    verify_dataset(config.data.dataset_dir, getattr(config.data, "sources", None), verify_data)
 
     os.makedirs(output_dir, exist_ok=True)
     ms.set_seed(config.train.seed)

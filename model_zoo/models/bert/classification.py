@@ -42,16 +42,16 @@ from typing import NamedTuple
 import numpy as np
 
 from model_zoo.data import (
-    MANIFEST_FILE,
     Tokenizer,
     check_no_dataset,
     dataset_ready,
     python_docstring_records,
     read_manifest,
+    write_manifest,
     write_mindrecord,
 )
 from model_zoo.errors import DataError
-from model_zoo.files import write_atomically, write_json_atomically
+from model_zoo.files import write_atomically
 
 from .data import (CLS_ID, INT_SEQUENCE, SEP_ID, TOKENIZER_FILE, WORDS, check_int, encode_text,
                    load_bert_tokenizer, normalize_whitespace, task_check)
@@ -269,8 +269,7 @@ def build_classification_dataset(output_dir, tokenizer_path, *, seq_length, seed
                                   max(dev_counts.values()) / len(dev), 4)},
         "splits": summary,
     }
-    write_json_atomically(output_dir / MANIFEST_FILE, manifest)
-    return manifest
+    return write_manifest(output_dir, manifest)
 
 
 def classification_dataset_ready(output_dir, vocab_size, seq_length, *, tokenizer_path=None):

@@ -55,17 +55,17 @@ from pathlib import Path
 import numpy as np
 
 from model_zoo.data import (
-    MANIFEST_FILE,
+    TOKENIZER_FILE,
     Tokenizer,
     check_no_dataset,
     dataset_ready,
     split_documents,
     train_tokenizer,
+    write_manifest,
     write_mindrecord,
 )
 from model_zoo.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from model_zoo.errors import DataError
-from model_zoo.files import write_json_atomically
 
 # After the shared tokenizer's PAD_ID, UNK_ID, BOS_ID and EOS_ID (0-3): BERT's own symbols.
 CLS_ID, SEP_ID, MASK_ID = 4, 5, 6
@@ -83,7 +83,6 @@ PRETRAINING_SCHEMA = {
     "next_sentence_label": {"type": "int32"},
 }
 
-TOKENIZER_FILE = "tokenizer.model"
 PRETRAINING_FILES = {"train": "train.mindrecord", "heldout": "heldout.mindrecord"}
 
 BLANK_LINES = re.compile(r"\n\s*\n")
@@ -309,7 +308,8 @@ def _example(tokens_a, tokens_b, is_random, seq_length, rng, *, vocab_size,
 def build_pretraining_dataset(output_dir, documents, *, vocab_size, seq_length,
                               max_predictions_per_seq=20, masked_lm_prob=0.15,
                               whole_word_mask=False, dupe_factor=2, short_seq_prob=0.1,
-                              heldout_fraction=0.05, seed=1, source="documents"):
+                              heldout_fraction=0.05, seed=1, source="documents",
+                              sources=None):
     """Build a BERT pretraining dataset from text documents into `output_dir`; returns dataset.json.
 
     The documents are split into train and held-out documents by
@@ -381,8 +381,7 @@ def build_pretraining_dataset(output_dir, documents, *, vocab_size, seq_length,
         "columns": list(PRETRAINING_COLUMNS),
         "splits": summary,
     }
-    write_json_atomically(output_dir / MANIFEST_FILE, manifest)
-    return manifest
+    return write_manifest(output_dir, manifest, sources)
 
 
 def pretraining_dataset_ready(output_dir, vocab_size, seq_length, max_predictions_per_seq):

@@ -74,7 +74,7 @@ def run_data_command(args):
         max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
         whole_word_mask=args.whole_word_mask, dupe_factor=args.dupe_factor,
         short_seq_prob=args.short_seq_prob, heldout_fraction=args.heldout_fraction,
-        seed=args.seed, source=source)
+        seed=args.seed, source=source, sources=args.input)
     splits = manifest["splits"]
     print(f"bert dataset: {len(documents)} documents, "
           f"{splits['train']['sentences'] + splits['heldout']['sentences']} sentences, "

@@ -72,7 +72,7 @@ def prepare_data(config: Config):
             seq_length=model.seq_length, max_predictions_per_seq=data.max_predictions_per_seq,
             masked_lm_prob=data.masked_lm_prob, whole_word_mask=data.whole_word_mask,
             dupe_factor=data.dupe_factor, heldout_fraction=data.heldout_fraction,
-            seed=data.seed, source=" ".join(data.sources))
+            seed=data.seed, source=" ".join(data.sources), sources=data.sources)
         print(f"dataset: {manifest['splits']['train']['examples']} train / "
               f"{manifest['splits']['heldout']['examples']} held-out sentence pairs", flush=True)
         return

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from model_zoo.data import (
     BUILTIN_PYTHON_DOCS,
-    MANIFEST_FILE,
+    TOKENIZER_FILE,
     check_no_dataset,
     check_positive,
     dataset_ready,
@@ -23,22 +23,22 @@ from model_zoo.data import (
     pack_token_stream,
     split_documents,
     train_tokenizer,
+    write_manifest,
     write_mindrecord,
 )
 from model_zoo.errors import DataError
-from model_zoo.files import write_json_atomically
 
-TOKENIZER_FILE = "tokenizer.model"
 SPLIT_FILES = {"train": "train.mindrecord", "heldout": "heldout.mindrecord"}
 SCHEMA = {"input_ids": {"type": "int32", "shape": [-1]}}
 
 
 def build_dataset(output_dir, documents, *, vocab_size, seq_length, heldout_fraction=0.05, seed=1,
-                  source="documents"):
+                  source="documents", sources=None):
     """Build a GPT-2 dataset from text documents into `output_dir` and return its dataset.json.
 
     The tokenizer is trained on the train split only. Files of an incomplete earlier build (no
-    dataset.json) are replaced; a complete dataset is never overwritten.
+    dataset.json) are replaced; a complete dataset is never overwritten. `sources`: the
+    files or built-in names the documents came from, recorded for `data.sources` checks.
     """
     output_dir = Path(output_dir)
     check_no_dataset(output_dir)
@@ -75,8 +75,7 @@ def build_dataset(output_dir, documents, *, vocab_size, seq_length, heldout_frac
         "tokenizer": TOKENIZER_FILE,
         "splits": summary,
     }
-    write_json_atomically(output_dir / MANIFEST_FILE, manifest)
-    return manifest
+    return write_manifest(output_dir, manifest, sources)
 
 
 def lm_dataset_ready(output_dir, vocab_size, seq_length) -> bool:
@@ -111,7 +110,7 @@ def run_data_command(args):
         source += f" (Python {sys.version.split()[0]})"
     manifest = build_dataset(args.output_dir, documents, vocab_size=args.vocab_size,
                              seq_length=args.seq_length, heldout_fraction=args.heldout_fraction,
-                             seed=args.seed, source=source)
+                             seed=args.seed, source=source, sources=args.input)
     splits = manifest["splits"]
     print(f"gpt2 dataset: {len(documents)} documents, "
           f"{splits['train']['tokens'] + splits['heldout']['tokens']} tokens, "

@@ -53,7 +53,8 @@ def prepare_data(config: Config):
     documents = load_documents(data.sources)
     manifest = build_dataset(data.dataset_dir, documents, vocab_size=model.vocab_size,
                              seq_length=model.seq_length, heldout_fraction=data.heldout_fraction,
-                             seed=data.seed, source=" ".join(data.sources))
+                             seed=data.seed, source=" ".join(data.sources),
+                             sources=data.sources)
     splits = manifest["splits"]
     print(f"dataset: {len(documents)} documents, {splits['train']['samples']} train / "
           f"{splits['heldout']['samples']} held-out samples of {model.seq_length + 1} tokens",

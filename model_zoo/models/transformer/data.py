@@ -56,14 +56,14 @@ from model_zoo.data.buckets import (
     bucketed_dataset,
     padding_ratio,
 )
-from model_zoo.data.manifest import (MANIFEST_FILE, check_no_dataset, check_positive,
-                                     dataset_ready)
+from model_zoo.data.manifest import (check_no_dataset, check_positive, dataset_ready,
+                                     write_manifest)
 from model_zoo.data.mindrecord import read_mindrecord, write_mindrecord
-from model_zoo.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
+from model_zoo.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID,
+                                      train_tokenizer)
 from model_zoo.errors import DataError
-from model_zoo.files import write_atomically, write_json_atomically
+from model_zoo.files import write_atomically
 
-TOKENIZER_FILE = "tokenizer.model"
 SPLITS = ("train", "dev", "test")
 SPLIT_FILES = {split: f"{split}.mindrecord" for split in SPLITS}
 TEXT_SPLITS = ("dev", "test")
@@ -377,14 +377,16 @@ def token_counts(examples, seq_length):
 def build_translation_dataset(output_dir, pairs, *, vocab_size, seq_length,
                               dev_size=DEFAULT_DEV_SIZE, test_size=DEFAULT_TEST_SIZE, seed=1,
                               source="pairs", buckets=DEFAULT_BUCKETS, source_lang="en",
-                              target_lang="de", source_stats=None, batch_size=None):
+                              target_lang="de", source_stats=None, batch_size=None,
+                              sources=None):
     """Build a translation dataset from (source, target) pairs into `output_dir`.
 
     Splits the pairs (`split_pairs`), trains the joint tokenizer on the train split, drops pairs
     longer than `seq_length` tokens on either side, assigns buckets and writes the files listed
     in this module's docstring, dataset.json last. Returns the manifest. Files of an
     incomplete earlier build (no dataset.json) are replaced; a complete dataset is never
-    overwritten. `source_stats` (e.g. from `load_pairs`) is recorded in the manifest.
+    overwritten. `source_stats` (e.g. from `load_pairs`) is recorded in the manifest, and
+    `sources` (the data sources the pairs came from) for `data.sources` checks.
 
     Batches are formed when reading (`create_translation_dataset`), so the files serve any
     batch size and number of ranks. `batch_size` (optional, sentences per global step) only
@@ -458,8 +460,7 @@ def build_translation_dataset(output_dir, pairs, *, vocab_size, seq_length,
                            in bucket_counts(encoded["train"][0].buckets).values())}
     if source_stats is not None:
         manifest["source_stats"] = source_stats
-    write_json_atomically(output_dir / MANIFEST_FILE, manifest)
-    return manifest
+    return write_manifest(output_dir, manifest, sources)
 
 
 def _record_rows(examples):
@@ -585,7 +586,7 @@ def run_data_command(args):
     manifest = build_translation_dataset(
         output_dir, pairs, vocab_size=args.vocab_size, seq_length=args.seq_length,
         dev_size=args.dev_size, test_size=args.test_size, seed=args.seed,
-        source=" ".join(sources), buckets=args.buckets, source_lang=args.source_lang,
+        source=" ".join(sources), sources=sources, buckets=args.buckets, source_lang=args.source_lang,
         target_lang=args.target_lang, source_stats=stats)
     splits, padding = manifest["splits"], manifest["padding_ratio"]
     print(f"transformer dataset: {manifest['pairs']['found']} pairs found, "

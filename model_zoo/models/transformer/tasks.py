@@ -57,7 +57,7 @@ def prepare_data(config: Config):
     manifest = build_translation_dataset(
         data.dataset_dir, pairs, vocab_size=model.vocab_size, seq_length=model.seq_length,
         dev_size=data.dev_size, test_size=data.test_size, seed=data.seed,
-        source=" ".join(data.sources))
+        source=" ".join(data.sources), sources=data.sources)
     splits = manifest["splits"]
     print(f"dataset: {manifest['pairs']['found']} sentence pairs found; train "
           f"{splits['train']['kept']}, dev {splits['dev']['kept']}, test {splits['test']['kept']}; "
