@@ -1,5 +1,5 @@
-"""The `model-zoo` command: train, eval, plan, rank-table, data, convert, and the verbs the
-model folders add (generate, fill-mask, translate).
+"""The `model-zoo` command: train, eval, plan, checkpoint, rank-table, data, convert, and the
+verbs the model folders add (generate, fill-mask, translate).
 
 Commands that take a config are served by the model folder the config names: `model-zoo
 eval CONFIG` runs that folder's `evaluate`, `model-zoo generate CONFIG` its
@@ -17,6 +17,7 @@ from typing import Optional
 from model_zoo.config import available_models, import_model, load_config
 from model_zoo.errors import UserInputError
 from model_zoo.launch.rank_table import add_rank_table_arguments, run_rank_table_command
+from model_zoo.parallel.checkpoint_command import add_checkpoint_arguments
 from model_zoo.plan.command import add_plan_arguments
 
 MODEL_SUBCOMMANDS = {"data": "build a model's dataset from text files",
@@ -94,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_rank_table_arguments(commands.add_parser(
         "rank-table", help="generate, validate and merge HCCL rank tables (no config needed)"))
+    add_checkpoint_arguments(commands.add_parser(
+        "checkpoint", help="split, merge, transform and inspect checkpoints across parallel "
+                           "layouts (no cluster needed)"))
     add_plan_arguments(commands.add_parser(
         "plan", help="check a parallel layout offline: every operator strategy, memory per "
                      "device, communication per step"))
@@ -137,6 +141,9 @@ def run(args) -> int:
     if args.command == "plan":
         from model_zoo.plan.command import run_plan_command
         return run_plan_command(args)
+    if args.command == "checkpoint":
+        from model_zoo.parallel.checkpoint_command import run_checkpoint_command
+        return run_checkpoint_command(args)
     if args.command in MODEL_SUBCOMMANDS:
         return run_model_subcommand(args.command, args.model, args.arguments)
     config = load_config(args.config, args.overrides)

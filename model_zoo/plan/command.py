@@ -25,6 +25,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser):
                         help="device whose memory the estimate is held against "
                              "(ascend910: 32 GiB, ascend910b: 64 GiB)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--save-strategy", metavar="FILE",
+                        help="also write the layout's strategy file in MindSpore's format "
+                             "(what `model-zoo checkpoint` and transform_checkpoints read)")
     docs = parser.add_mutually_exclusive_group()
     docs.add_argument("--update-docs", nargs="?", const=DOC_PATH, metavar="DOC",
                       help=f"instead of a plan: rewrite the generated sections of DOC "
@@ -61,11 +64,23 @@ def run_plan_command(args) -> int:
                              "--strategy-table, --layout-table)")
     config = load_plan_config(args.config, args.overrides)
     plan = build_plan(config, args.config, args.device_num, args.device)
+    if args.save_strategy:
+        save_strategy(plan, args.save_strategy)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:
         print(format_report(plan))
     return 0 if plan.ok else 1
+
+
+def save_strategy(plan, path: str):
+    """Write the strategy file of a plan whose layout breaks no rule."""
+    from model_zoo.parallel.strategy_file import training_state_names, write_strategy_file
+    from model_zoo.plan.report import usable_parameters
+    params = usable_parameters(plan, "--save-strategy")
+    parallel = plan.config.parallel
+    write_strategy_file(path, params, parallel,
+                        training_state_names(params, parallel, plan.config.train.grad_accumulation))
 
 
 def update_docs(path: str) -> int:

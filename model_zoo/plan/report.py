@@ -156,6 +156,15 @@ def parameter_layouts(config, network) -> Dict[str, ParamInfo]:
     return record_training_network(config, network).params
 
 
+def usable_parameters(plan, purpose: str) -> Dict[str, ParamInfo]:
+    """The recorded parameters of a plan whose layout breaks no rule (memory aside), for
+    `purpose` (e.g. "--save-strategy"); UserInputError naming the first broken rule."""
+    if plan.violations or plan.recording is None:
+        first = plan.violations[0].message if plan.violations else "nothing was recorded"
+        raise UserInputError(f"{purpose}: the layout cannot be used for this model: {first}")
+    return plan.recording.params
+
+
 def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
                device: str = "ascend910", customize=None) -> Plan:
     """Check `config`'s layout and operators and estimate its cost (see the module doc).

@@ -36,11 +36,14 @@ def list_checkpoints(output_dir: str):
     return sorted(found)
 
 
-def save_checkpoint(cell, output_dir: str, step: int, keep: int) -> str:
+def save_checkpoint(cell, output_dir: str, step: int, keep: int, sliced: bool = False) -> str:
     """Save `cell`'s parameters for `step`: write a temporary file, then rename it into place.
 
     A crash mid-save leaves the previous checkpoints intact; only the newest `keep` are kept.
     A save that fails (a full disk) removes its partial files and raises DiskError.
+    `sliced` (semi-auto parallel): each rank saves only its own slices, described by the
+    run's strategy file, instead of gathering whole parameters on every rank (MindFormers'
+    CheckpointMonitor turns integrated_save off for semi-auto runs the same way).
     """
     path = checkpoint_path(output_dir, step)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -49,7 +52,7 @@ def save_checkpoint(cell, output_dir: str, step: int, keep: int) -> str:
         # _exec_save); the final name appears only once the file is whole. A failure is
         # reported below as one line, without MindSpore's CRITICAL log of it
         with silent_logging():
-            ms.save_checkpoint(cell, partial_path(path),
+            ms.save_checkpoint(cell, partial_path(path), integrated_save=not sliced,
                                choice_func=lambda name: name != STOP_FLAG)
         os.replace(partial_path(path), path)
     except OSError as err:

@@ -138,7 +138,7 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
         final_checkpoint = run_loop(config, runnable, step_cell,
                                     itertools.chain([first_batch], batches), metrics, output_dir,
                                     start_step, on_save, tokens_counter(module, config, shard),
-                                    stop)
+                                    stop, sliced_checkpoints=context.semi_auto)
         stop.steps_done(config.train.steps,
                         final_checkpoint or list_checkpoints(output_dir)[-1][1])
         return evaluate_run(module, config, network, output_dir, on_save)
@@ -209,7 +209,7 @@ def gradient_norm(config: Config, network, optimizer, context) -> GradientNorm:
 
 
 def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_step, on_save,
-             tokens_of, stop=None):
+             tokens_of, stop=None, sliced_checkpoints=False):
     """The steps; returns the last checkpoint saved. `tokens_of(batch)` counts the tokens a
     global step trains on. When `stop` (StopRequests) is requested on any rank, every rank
     saves a checkpoint after the same step (the train step's StopVote) and raises
@@ -254,7 +254,8 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
             interval_tokens = 0
         stopping = bool(stop_voted.asnumpy()[0] > 0)
         if step % train.save_steps == 0 or step == train.steps or stopping:
-            path = save_checkpoint(step_cell, output_dir, step, train.keep_checkpoints)
+            path = save_checkpoint(step_cell, output_dir, step, train.keep_checkpoints,
+                                   sliced=sliced_checkpoints)
             log(f"saved {path}")
             if on_save is not None:
                 on_save(output_dir)

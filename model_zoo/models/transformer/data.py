@@ -586,8 +586,8 @@ def run_data_command(args):
     manifest = build_translation_dataset(
         output_dir, pairs, vocab_size=args.vocab_size, seq_length=args.seq_length,
         dev_size=args.dev_size, test_size=args.test_size, seed=args.seed,
-        source=" ".join(sources), sources=sources, buckets=args.buckets, source_lang=args.source_lang,
-        target_lang=args.target_lang, source_stats=stats)
+        source=" ".join(sources), sources=sources, buckets=args.buckets,
+        source_lang=args.source_lang, target_lang=args.target_lang, source_stats=stats)
     splits, padding = manifest["splits"], manifest["padding_ratio"]
     print(f"transformer dataset: {manifest['pairs']['found']} pairs found, "
           f"{manifest['pairs']['kept']} kept, {manifest['pairs']['dropped_too_long']} dropped "

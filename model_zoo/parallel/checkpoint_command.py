@@ -1,0 +1,56 @@
+"""`model-zoo checkpoint`: split, merge, transform and inspect checkpoints across layouts.
+
+Light to import (the CLI builds its parser from it); `parallel/checkpoints.py` does the work.
+"""
+
+import time
+
+
+def add_checkpoint_arguments(parser):
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    split = verbs.add_parser("split", help="a full checkpoint -> per-rank slices for the "
+                                           "config's layout")
+    split.add_argument("config", help="YAML config whose parallel section is the layout")
+    split.add_argument("--ckpt", required=True, help="full checkpoint (one file)")
+    split.add_argument("--output-dir", required=True,
+                       help="new directory: rank_<i>/checkpoint_<i>.ckpt, strategy.ckpt, "
+                            "config.yaml")
+    _add_overrides(split)
+    merge = verbs.add_parser("merge", help="per-rank slices -> one full checkpoint")
+    merge.add_argument("directory", help="a directory written by split or transform")
+    merge.add_argument("--output", required=True, help="the full checkpoint to write")
+    transform = verbs.add_parser("transform", help="re-slice for another layout")
+    transform.add_argument("directory", help="a directory written by split or transform")
+    transform.add_argument("--output-dir", required=True, help="new directory for the layout "
+                                                               "the --set overrides give")
+    _add_overrides(transform)
+    inspect = verbs.add_parser("inspect", help="entries, shapes, dtypes and which rank "
+                                               "holds which slice")
+    inspect.add_argument("path", help="a checkpoint file or a sliced directory")
+
+
+def _add_overrides(parser):
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE",
+                        help="override a config value, e.g. parallel.model_parallel=4")
+
+
+def run_checkpoint_command(args) -> int:
+    from model_zoo.parallel import checkpoints
+    started = time.perf_counter()
+    if args.verb == "split":
+        config = checkpoints.layout_config(args.config, args.overrides)
+        layout = checkpoints.split(config, args.ckpt, args.output_dir)
+        done = f"split {args.ckpt} for {layout.describe()} into {args.output_dir}"
+    elif args.verb == "merge":
+        layout = checkpoints.merge(args.directory, args.output)
+        done = f"merged the {layout.device_num} ranks of {args.directory} into {args.output}"
+    elif args.verb == "transform":
+        source, target = checkpoints.transform(args.directory, args.output_dir, args.overrides)
+        done = (f"transformed {args.directory} ({source.describe()}) into {args.output_dir} "
+                f"({target.describe()}, {target.device_num} ranks)")
+    else:
+        print("\n".join(checkpoints.inspect(args.path)))
+        return 0
+    print(f"{done} in {time.perf_counter() - started:.1f} s")
+    return 0

@@ -1,0 +1,279 @@
+"""Checkpoints that move between layouts: split a full checkpoint into per-rank slices,
+merge slices back, re-slice for another layout, and say which rank holds what.
+
+A sliced checkpoint directory holds what `ms.transform_checkpoints` reads and writes, plus
+the config of its layout:
+
+    DIR/config.yaml               the config whose parallel section is the layout
+    DIR/strategy.ckpt             the layout's strategy file (`strategy_file.py`)
+    DIR/rank_<i>/checkpoint_<i>.ckpt   rank i's slices (and the scalars every rank keeps)
+
+The layouts come from the plan (`model-zoo plan`), so a layout is prepared and checked
+without a cluster; the slicing itself is MindSpore's (`transform_checkpoints`), which the
+tests hold against the plan's rank-to-slice mapping (`replication.device_piece`).
+Results are written to a staging folder beside the output and renamed into place, so a
+failed command leaves nothing behind.
+"""
+
+import contextlib
+import dataclasses
+import glob
+import os
+import shutil
+import tempfile
+
+from model_zoo.config import save_config
+from model_zoo.errors import CheckpointError, UserInputError
+from model_zoo.parallel.replication import device_piece, stage_of_rank
+from model_zoo.parallel.strategy_file import laid_out_names, strategy_map, write_strategy_file
+
+CONFIG_FILE = "config.yaml"
+STRATEGY_FILE = "strategy.ckpt"
+PREFIX = "checkpoint_"
+
+
+@dataclasses.dataclass
+class Layout:
+    """A config's layout as the plan derives it: the parallel section and, per parameter,
+    its shape, split and stage (the plan's ParamInfo)."""
+
+    config: object
+    params: dict
+
+    @property
+    def parallel(self):
+        return self.config.parallel
+
+    @property
+    def device_num(self) -> int:
+        return self.parallel.device_num
+
+    def describe(self) -> str:
+        p = self.parallel
+        return (f"dp{p.data_parallel} x mp{p.model_parallel} x pp{p.pipeline_stage}"
+                + (" with optimizer shard" if p.optimizer_shard else ""))
+
+    def slice_of(self, name: str, shape: tuple, rank: int):
+        """The index (tuple of slices) of checkpoint entry `name` that `rank` holds, None if
+        the rank does not hold it, or () for an entry no strategy cuts (kept whole)."""
+        base = laid_out_names(self.params, [name]).get(name)
+        if base is None:
+            return ()
+        param = self.params[base]
+        stage = stage_of_rank(rank, self.parallel)
+        if stage != param.stage and stage not in param.used_on_stages:
+            return None
+        return device_piece(dataclasses.replace(param, stage=stage), self.parallel, rank)
+
+
+def plan_layout(config) -> Layout:
+    """The plan's layout of `config`; UserInputError naming the first rule it breaks."""
+    from model_zoo.plan.report import build_plan, usable_parameters
+    return Layout(config, usable_parameters(build_plan(config), "model-zoo checkpoint"))
+
+
+def layout_config(path: str, overrides=()):
+    """A config (from YAML plus `--set` overrides) whose layout is checked by the plan."""
+    from model_zoo.plan.report import load_plan_config
+    return load_plan_config(path, list(overrides))
+
+
+def read_entries(path: str) -> dict:
+    """{name: numpy value} of a checkpoint file; CheckpointError if unreadable."""
+    from model_zoo.train.checkpoint import read_checkpoint
+    return {name: value.asnumpy() for name, value in read_checkpoint(path).items()}
+
+
+def rank_file(directory: str, rank: int) -> str:
+    """Rank `rank`'s checkpoint in a sliced directory; CheckpointError if missing."""
+    found = sorted(glob.glob(os.path.join(directory, f"rank_{rank}", "*.ckpt")))
+    if not found:
+        raise CheckpointError(f"{os.path.join(directory, f'rank_{rank}')}: no checkpoint of "
+                              f"rank {rank}")
+    return found[-1]   # the one transform_checkpoints reads (the last by name)
+
+
+def check_full_checkpoint(values: dict, layout: Layout, path: str):
+    """CheckpointError unless the full checkpoint holds every parameter of the layout's
+    model with its shape."""
+    for name, param in layout.params.items():
+        if name not in values:
+            raise CheckpointError(f"checkpoint {path!r} does not match the config's model: "
+                                  f"it lacks {name!r}")
+        if tuple(values[name].shape) != tuple(param.shape):
+            raise CheckpointError(f"checkpoint {path!r} does not match the config's model: "
+                                  f"{name!r} has shape {tuple(values[name].shape)}, the model "
+                                  f"{tuple(param.shape)}")
+
+
+def check_sliced(directory: str, layout: Layout) -> list:
+    """Check a sliced directory against its layout before MindSpore reads it: a file for
+    every rank, each readable, each slice of the shape the layout gives that rank. Returns
+    the rank files."""
+    files = [rank_file(directory, rank) for rank in range(layout.device_num)]
+    full_shapes = {}
+    for rank, path in enumerate(files):
+        for name, value in read_entries(path).items():
+            index = layout.slice_of(name, value.shape, rank)
+            if index is None:
+                continue
+            if index == ():
+                full_shapes.setdefault(name, value.shape)
+                continue
+            base = laid_out_names(layout.params, [name])[name]
+            expected = tuple(len(range(*s.indices(n)))
+                             for s, n in zip(index, layout.params[base].shape))
+            if tuple(value.shape) != expected:
+                raise CheckpointError(
+                    f"{path}: {name!r} has shape {tuple(value.shape)}, but the layout in "
+                    f"{os.path.join(directory, STRATEGY_FILE)} ({layout.describe()}) gives rank "
+                    f"{rank} a slice of {expected}; the strategy does not match the checkpoints")
+    return files
+
+
+@contextlib.contextmanager
+def staged_output(path: str):
+    """A staging folder beside `path`, renamed to `path` when the block succeeds and removed
+    when it fails; `path` must not exist yet."""
+    if os.path.exists(path):
+        raise UserInputError(f"{path} already exists; choose another output or delete it")
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(path)}.")
+    try:
+        yield staging
+        os.replace(staging, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_sliced(source_dir: str, source_strategy, layout: Layout, names, output_dir: str):
+    """Slice the checkpoints of `source_dir` (rank folders; `source_strategy` None for one
+    full checkpoint in rank_0) for `layout` into a new sliced directory `output_dir`."""
+    import mindspore as ms
+    with staged_output(output_dir) as staging:
+        strategy = write_strategy_file(os.path.join(staging, STRATEGY_FILE), layout.params,
+                                       layout.parallel, names)
+        save_config(layout.config, os.path.join(staging, CONFIG_FILE))
+        ms.transform_checkpoints(source_dir, staging, PREFIX, source_strategy, strategy)
+
+
+def split(config, ckpt: str, output_dir: str) -> Layout:
+    """`model-zoo checkpoint split`: a full checkpoint -> per-rank slices for config's layout."""
+    layout = plan_layout(config)
+    values = read_entries(ckpt)
+    check_full_checkpoint(values, layout, ckpt)
+    with tempfile.TemporaryDirectory() as source:
+        os.makedirs(os.path.join(source, "rank_0"))
+        os.symlink(os.path.abspath(ckpt), os.path.join(source, "rank_0", "full.ckpt"))
+        write_sliced(source, None, layout, list(values), output_dir)
+    return layout
+
+
+def sliced_layout(directory: str, overrides=()) -> Layout:
+    """The layout of a sliced directory (its config.yaml, with `overrides`)."""
+    for needed in (CONFIG_FILE, STRATEGY_FILE):
+        if not os.path.isfile(os.path.join(directory, needed)):
+            raise CheckpointError(f"{directory} is not a sliced checkpoint directory: "
+                                  f"{needed} is missing (write one with `model-zoo checkpoint "
+                                  f"split`)")
+    layout = plan_layout(layout_config(os.path.join(directory, CONFIG_FILE)))
+    check_strategy_file(os.path.join(directory, STRATEGY_FILE), layout)
+    if overrides:
+        layout = plan_layout(layout_config(os.path.join(directory, CONFIG_FILE), overrides))
+    return layout
+
+
+def check_strategy_file(path: str, layout: Layout):
+    """CheckpointError unless the strategy file at `path` is the one the layout gives for
+    the entries it lists (a strategy of another model or layout would mis-slice)."""
+    from mindspore.train import node_strategy_pb2
+    recorded = node_strategy_pb2.ParallelStrategyMap()
+    try:
+        with open(path, "rb") as handle:
+            recorded.ParseFromString(handle.read())
+    except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and OSError
+        raise CheckpointError(f"{path}: not a readable strategy file ({err})") from None
+    names = dict.fromkeys(item.param_name.split("-", 1)[-1]
+                          for item in recorded.parallel_layout_item)
+    expected = strategy_map(layout.params, layout.parallel, names)
+    if recorded.SerializeToString() != expected.SerializeToString():
+        raise CheckpointError(f"{path} does not match the layout of "
+                              f"{os.path.dirname(path) or '.'}/{CONFIG_FILE} "
+                              f"({layout.describe()}): a strategy of another model or layout")
+
+
+def transform(directory: str, output_dir: str, overrides=()) -> tuple:
+    """`model-zoo checkpoint transform`: re-slice a sliced directory for the layout its
+    config gets with `overrides`. Returns (source layout, target layout)."""
+    source = sliced_layout(directory)
+    target = sliced_layout(directory, overrides)
+    if target.params.keys() != source.params.keys():
+        raise UserInputError("--set changed the model, not only the layout: a checkpoint "
+                             "moves between layouts of one model")
+    check_sliced(directory, source)
+    names = {}   # every entry of the source, from the first rank of each stage
+    for stage_file in _first_rank_of_each_stage(directory, source):
+        names.update(dict.fromkeys(read_entries(stage_file)))
+    write_sliced(directory, os.path.join(directory, STRATEGY_FILE), target, names, output_dir)
+    return source, target
+
+
+def merge(directory: str, output: str) -> Layout:
+    """`model-zoo checkpoint merge`: a sliced directory -> one full checkpoint `output`."""
+    import mindspore as ms
+    layout = sliced_layout(directory)
+    check_sliced(directory, layout)
+    if os.path.exists(output):
+        raise UserInputError(f"{output} already exists; choose another --output or delete it")
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(output))) as work:
+        ms.transform_checkpoints(directory, work, PREFIX,
+                                 os.path.join(directory, STRATEGY_FILE), None)
+        os.replace(rank_file(work, 0), output)
+    return layout
+
+
+def _first_rank_of_each_stage(directory: str, layout: Layout) -> list:
+    per_stage = layout.parallel.devices_per_stage
+    return [rank_file(directory, stage * per_stage)
+            for stage in range(layout.parallel.pipeline_stage)]
+
+
+def inspect(path: str) -> list:
+    """`model-zoo checkpoint inspect`: one line per entry of a checkpoint file, or of a
+    sliced directory (with the full shape and which ranks hold which slice)."""
+    if os.path.isfile(path):
+        return [f"{name}  {tuple(value.shape)}  {value.dtype}"
+                for name, value in read_entries(path).items()]
+    layout = sliced_layout(path)
+    holders = {}
+    for rank, rank_path in enumerate(check_sliced(path, layout)):
+        for name, value in read_entries(rank_path).items():
+            index = layout.slice_of(name, value.shape, rank)
+            if index is None:
+                continue
+            entry = holders.setdefault(name, {"dtype": value.dtype, "ranks": {}})
+            where = "whole" if index == () else "[" + ", ".join(
+                f"{s.start}:{s.stop}" for s in index) + "]"
+            entry["ranks"].setdefault(where, []).append(rank)
+    lines = [f"{path}: {layout.describe()}, {layout.device_num} ranks"]
+    for name, entry in holders.items():
+        base = laid_out_names(layout.params, [name]).get(name)
+        shape = tuple(layout.params[base].shape) if base else "scalar"
+        pieces = "; ".join(f"{where} on ranks {_ranges(ranks)}"
+                           for where, ranks in entry["ranks"].items())
+        lines.append(f"{name}  {shape}  {entry['dtype']}  {pieces}")
+    return lines
+
+
+def _ranges(ranks: list) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    parts, start = [], None
+    for index, rank in enumerate(ranks):
+        if start is None:
+            start = rank
+        if index + 1 == len(ranks) or ranks[index + 1] != rank + 1:
+            parts.append(f"{start}-{rank}" if rank > start else f"{start}")
+            start = None
+    return ",".join(parts)
+

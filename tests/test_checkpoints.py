@@ -1,0 +1,182 @@
+"""Checkpoints across layouts: `model-zoo checkpoint split|transform|merge|inspect` and
+`model-zoo plan --save-strategy`, through MindSpore's own transform_checkpoints.
+
+The slices in each rank's file are MindSpore's; the slices the tests expect come from the
+plan's rank-to-slice mapping (`replication.device_piece`), so the round trip also checks
+that mapping against MindSpore's transform code."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import run_cli, write_tiny_config
+
+# 2 layers (two pipeline stages), 4 heads (model parallel 4), hidden 64: the largest weights
+# pass MindSpore's 64 KB threshold for the parallel optimizer
+MODEL = {"model.num_layers": 2, "model.num_heads": 4, "model.hidden_size": 64}
+D2M2P2 = ["--set", "parallel.data_parallel=2", "--set", "parallel.model_parallel=2",
+          "--set", "parallel.pipeline_stage=2", "--set", "parallel.micro_batch_num=2",
+          "--set", "parallel.optimizer_shard=true"]
+TO_D1M4P2 = ["--set", "parallel.data_parallel=1", "--set", "parallel.model_parallel=4",
+             "--set", "parallel.optimizer_shard=false"]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_dataset, tmp_path_factory):
+    """A 4-step run of the 2-layer model: checkpoints at steps 2 and 4."""
+    root = tmp_path_factory.mktemp("sliced")
+    config = write_tiny_config(root / "tiny.yaml", tiny_dataset,
+                               {**MODEL, "train.steps": 4, "train.save_steps": 2})
+    run_dir = root / "run"
+    result = run_cli("train", config, "--output-dir", run_dir)
+    assert result.returncode == 0, result.stderr
+    return {"config": config, "run_dir": run_dir, "root": root,
+            "ckpt": run_dir / "checkpoints" / "step_00000004.ckpt"}
+
+
+def entries(path):
+    import mindspore as ms
+    return {name: value.asnumpy() for name, value in ms.load_checkpoint(str(path)).items()}
+
+
+def assert_slices_as_planned(directory, full):
+    """Every rank's file holds, of every entry, the slice the plan gives that rank."""
+    from model_zoo.parallel.checkpoints import layout_config, plan_layout, rank_file
+    layout = plan_layout(layout_config(os.path.join(directory, "config.yaml")))
+    held = set()
+    for rank in range(layout.device_num):
+        for name, value in entries(rank_file(str(directory), rank)).items():
+            index = layout.slice_of(name, value.shape, rank)
+            assert index is not None, (rank, name)
+            np.testing.assert_array_equal(value, full[name][index], err_msg=f"{rank} {name}")
+            held.add(name)
+    assert held == set(full)   # every entry is somewhere
+    return layout
+
+
+def test_split_transform_merge_round_trip(trained, tmp_path):
+    full = entries(trained["ckpt"])
+    assert any(name.startswith("adam_m.") for name in full)
+    split_dir, moved_dir, merged = tmp_path / "d2m2p2", tmp_path / "d1m4p2", tmp_path / "m.ckpt"
+
+    result = run_cli("checkpoint", "split", trained["config"], "--ckpt", trained["ckpt"],
+                     "--output-dir", split_dir, *D2M2P2)
+    assert result.returncode == 0, result.stderr
+    assert "for dp2 x mp2 x pp2 with optimizer shard" in result.stdout
+    assert sorted(os.listdir(split_dir)) == ["config.yaml"] + [f"rank_{r}" for r in range(8)] + [
+        "strategy.ckpt"]
+    layout = assert_slices_as_planned(split_dir, full)
+    from model_zoo.parallel.replication import optimizer_shard_size
+    assert any(optimizer_shard_size(p, layout.parallel) > 1 for p in layout.params.values())
+
+    result = run_cli("checkpoint", "transform", split_dir, "--output-dir", moved_dir,
+                     *TO_D1M4P2)
+    assert result.returncode == 0, result.stderr
+    assert "(dp1 x mp4 x pp2, 8 ranks)" in result.stdout
+    assert_slices_as_planned(moved_dir, full)
+
+    result = run_cli("checkpoint", "merge", moved_dir, "--output", merged)
+    assert result.returncode == 0, result.stderr
+    back = entries(merged)
+    assert back.keys() == full.keys()
+    for name, value in full.items():
+        assert back[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+    listing = run_cli("checkpoint", "inspect", split_dir)
+    assert listing.returncode == 0, listing.stderr
+    assert listing.stdout.startswith(f"{split_dir}: dp2 x mp2 x pp2 with optimizer shard, 8 "
+                                     f"ranks")
+    # mp cuts the columns, the optimizer shard the rows over the two copies (ranks 4 and 6)
+    assert ("lm.transformer.blocks.1.mlp.project.weight  (64, 256)  float32  [0:32, 0:128] on "
+            "ranks 4; [0:32, 128:256] on ranks 5; [32:64, 0:128] on ranks 6") in listing.stdout
+
+
+def test_resume_from_a_transformed_checkpoint_trains_the_same(trained, tmp_path):
+    """Step 2's checkpoint split for d2m2p2, moved to d1m4p2, merged and resumed on CPU
+    gives the same losses at steps 3 and 4 as the run that never left one process."""
+    step_2 = trained["run_dir"] / "checkpoints" / "step_00000002.ckpt"
+    for args in (["split", trained["config"], "--ckpt", step_2, "--output-dir",
+                  tmp_path / "a", *D2M2P2],
+                 ["transform", tmp_path / "a", "--output-dir", tmp_path / "b", *TO_D1M4P2],
+                 ["merge", tmp_path / "b", "--output", tmp_path / "merged.ckpt"]):
+        result = run_cli("checkpoint", *args)
+        assert result.returncode == 0, result.stderr
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained["run_dir"], run_dir)
+    os.remove(run_dir / "checkpoints" / "step_00000004.ckpt")
+    shutil.copy(tmp_path / "merged.ckpt", run_dir / "checkpoints" / "step_00000002.ckpt")
+
+    result = run_cli("train", trained["config"], "--output-dir", run_dir, "--resume")
+
+    assert result.returncode == 0, result.stderr
+    def losses(directory):
+        return [json.loads(line)["loss"] for line in
+                (directory / "metrics.jsonl").read_text().splitlines()]
+    assert losses(run_dir) == losses(trained["run_dir"])
+
+
+def test_the_plan_writes_the_strategy_mindspore_reads(trained, tmp_path):
+    import mindspore as ms
+    split_dir, offline = tmp_path / "split", tmp_path / "offline.ckpt"
+    assert run_cli("checkpoint", "split", trained["config"], "--ckpt", trained["ckpt"],
+                   "--output-dir", split_dir, *D2M2P2).returncode == 0
+    result = run_cli("plan", trained["config"], *D2M2P2, "--save-strategy", offline)
+    assert offline.is_file(), result.stdout + result.stderr
+    planned = ms.build_searched_strategy(str(offline))
+    written = ms.build_searched_strategy(str(split_dir / "strategy.ckpt"))
+    # a pipeline run on a cluster also checkpoints its gradient accumulation buffers, which
+    # the stand-alone checkpoint split here does not hold
+    assert {name.split("-", 1)[1].split(".")[0] for name in planned.keys() - written.keys()} \
+        == {"accu_grads"}
+    for name, layout in written.items():
+        assert layout.SerializeToString() == planned[name].SerializeToString(), name
+    # one entry per stage for the embedding the last stage's head shares
+    assert {"0-lm.transformer.wte.embedding_table",
+            "1-lm.transformer.wte.embedding_table"} <= planned.keys()
+
+
+def _bad(case, trained, tmp_path):
+    """(arguments, fragment of the one error line) of each bad invocation."""
+    if case == "a layout the model does not divide":
+        return (["split", trained["config"], "--ckpt", trained["ckpt"], "--output-dir",
+                 tmp_path / "out", "--set", "parallel.model_parallel=3"],
+                "the layout cannot be used for this model")
+    if case == "a checkpoint of another model":
+        return (["split", trained["config"], "--ckpt", trained["ckpt"], "--output-dir",
+                 tmp_path / "out", "--set", "model.hidden_size=32"],
+                "does not match the config's model")
+    split_dir = tmp_path / "split"
+    assert run_cli("checkpoint", "split", trained["config"], "--ckpt", trained["ckpt"],
+                   "--output-dir", split_dir, *D2M2P2).returncode == 0
+    if case == "a missing rank file":
+        shutil.rmtree(split_dir / "rank_5")
+        return (["merge", split_dir, "--output", tmp_path / "out"], "no checkpoint of rank 5")
+    if case == "a truncated rank file":
+        rank_3 = split_dir / "rank_3" / "checkpoint_3.ckpt"
+        rank_3.write_bytes(rank_3.read_bytes()[:1000])
+        return (["merge", split_dir, "--output", tmp_path / "out"], "cannot be read")
+    if case == "the strategy of another layout":
+        other = tmp_path / "other"
+        assert run_cli("checkpoint", "transform", split_dir, "--output-dir", other,
+                       *TO_D1M4P2).returncode == 0
+        shutil.copy(other / "strategy.ckpt", split_dir / "strategy.ckpt")
+        return (["transform", split_dir, "--output-dir", tmp_path / "out"],
+                "a strategy of another model or layout")
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["a layout the model does not divide",
+                                  "a checkpoint of another model", "a missing rank file",
+                                  "a truncated rank file", "the strategy of another layout"])
+def test_bad_input_is_one_error_line_and_writes_nothing(trained, tmp_path, case):
+    args, fragment = _bad(case, trained, tmp_path)
+    result = run_cli("checkpoint", *args)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], lines
+    assert not (tmp_path / "out").exists()
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []   # no staging left
