@@ -69,6 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(evaluate)
     evaluate.add_argument("--ckpt", required=True, help="checkpoint file")
 
+    export = commands.add_parser("export", help="a checkpoint as MindIR graphs for inference")
+    add_config_arguments(export)
+    export.add_argument("--ckpt", required=True, help="checkpoint file")
+    export.add_argument("--batch-size", type=int, default=1,
+                        help="the batch the graphs are compiled for (default 1)")
+    export.add_argument("--output", default="",
+                        help="the .mindir file (default: beside the checkpoint); a model with "
+                             "several graphs writes <output stem>_<graph>.mindir each")
+
     registry = Commands(commands)
     models = {}
     for name in available_models():
@@ -165,6 +174,11 @@ def run(args) -> int:
             print(f"{stopped}; continue with: model-zoo train {args.config}{overrides} "
                   f"--output-dir {output_dir} --resume", flush=True)
             return stopped.exit_status
+    elif args.command == "export":
+        from model_zoo.train.export import export_checkpoint
+        for name, path in export_checkpoint(config, args.ckpt, args.batch_size,
+                                            args.output).items():
+            print(f"{name}: {path}")
     elif args.command == "eval":
         from model_zoo.train.checkpoint import evaluate_checkpoint
         print(json.dumps(evaluate_checkpoint(config, args.ckpt)))

@@ -60,6 +60,8 @@ OPTIONAL_HOOKS = {
     "batch_tokens": "batch_tokens(batch) -> int: real (unpadded) tokens of a batch, for the "
                     "throughput line (default: every position)",
     "sample_text": "sample_text(config, network) -> str: a sample printed after training",
+    "inference_graphs": "inference_graphs(config, network, batch_size) -> {name: (cell, "
+                        "example inputs)}: what `model-zoo export` writes as MindIR",
     "run_data_command": "run_data_command(args): `model-zoo data <name>`",
     "run_convert_command": "run_convert_command(args): `model-zoo convert <name>`",
     "run_<verb>": "run_<verb>(config, ckpt, args) -> str: each shared verb add_commands adds",
@@ -71,7 +73,7 @@ OPTIONAL_HOOKS = {
 STANDARD_LOCATIONS = {
     **{name: "tasks" for name in ("build_train_network", "create_train_dataset",
                                   "prepare_data", "dataset_ready", "evaluate", "plan_inputs",
-                                  "sample_text")},
+                                  "sample_text", "inference_graphs")},
     "add_commands": "commands", "add_data_arguments": "data", "run_data_command": "data",
 }
 

@@ -26,6 +26,7 @@ from model_zoo.config import save_config
 from model_zoo.errors import CheckpointError, UserInputError
 from model_zoo.parallel.replication import device_piece, stage_of_rank
 from model_zoo.parallel.strategy_file import laid_out_names, strategy_map, write_strategy_file
+from model_zoo.train.checkpoint import read_checkpoint
 
 CONFIG_FILE = "config.yaml"
 STRATEGY_FILE = "strategy.ckpt"
@@ -53,7 +54,7 @@ class Layout:
         return (f"dp{p.data_parallel} x mp{p.model_parallel} x pp{p.pipeline_stage}"
                 + (" with optimizer shard" if p.optimizer_shard else ""))
 
-    def slice_of(self, name: str, shape: tuple, rank: int):
+    def slice_of(self, name: str, rank: int):
         """The index (tuple of slices) of checkpoint entry `name` that `rank` holds, None if
         the rank does not hold it, or () for an entry no strategy cuts (kept whole)."""
         base = laid_out_names(self.params, [name]).get(name)
@@ -78,12 +79,6 @@ def layout_config(path: str, overrides=()):
     return load_plan_config(path, list(overrides))
 
 
-def read_entries(path: str) -> dict:
-    """{name: numpy value} of a checkpoint file; CheckpointError if unreadable."""
-    from model_zoo.train.checkpoint import read_checkpoint
-    return {name: value.asnumpy() for name, value in read_checkpoint(path).items()}
-
-
 def rank_file(directory: str, rank: int) -> str:
     """Rank `rank`'s checkpoint in a sliced directory; CheckpointError if missing."""
     found = sorted(glob.glob(os.path.join(directory, f"rank_{rank}", "*.ckpt")))
@@ -93,16 +88,21 @@ def rank_file(directory: str, rank: int) -> str:
     return found[-1]   # the one transform_checkpoints reads (the last by name)
 
 
-def check_full_checkpoint(values: dict, layout: Layout, path: str):
-    """CheckpointError unless the full checkpoint holds every parameter of the layout's
-    model with its shape."""
+def read_shapes(path: str) -> dict:
+    """{name: shape} of a checkpoint file (its values are read, then dropped)."""
+    return {name: tuple(value.shape) for name, value in read_checkpoint(path).items()}
+
+
+def check_full_checkpoint(shapes: dict, layout: Layout, path: str):
+    """CheckpointError unless the full checkpoint (`shapes`: its {name: shape}) holds every
+    parameter of the layout's model with its shape."""
     for name, param in layout.params.items():
-        if name not in values:
+        if name not in shapes:
             raise CheckpointError(f"checkpoint {path!r} does not match the config's model: "
                                   f"it lacks {name!r}")
-        if tuple(values[name].shape) != tuple(param.shape):
+        if shapes[name] != tuple(param.shape):
             raise CheckpointError(f"checkpoint {path!r} does not match the config's model: "
-                                  f"{name!r} has shape {tuple(values[name].shape)}, the model "
+                                  f"{name!r} has shape {shapes[name]}, the model "
                                   f"{tuple(param.shape)}")
 
 
@@ -111,21 +111,17 @@ def check_sliced(directory: str, layout: Layout) -> list:
     every rank, each readable, each slice of the shape the layout gives that rank. Returns
     the rank files."""
     files = [rank_file(directory, rank) for rank in range(layout.device_num)]
-    full_shapes = {}
     for rank, path in enumerate(files):
-        for name, value in read_entries(path).items():
-            index = layout.slice_of(name, value.shape, rank)
-            if index is None:
-                continue
-            if index == ():
-                full_shapes.setdefault(name, value.shape)
+        for name, shape in read_shapes(path).items():
+            index = layout.slice_of(name, rank)
+            if index is None or index == ():
                 continue
             base = laid_out_names(layout.params, [name])[name]
             expected = tuple(len(range(*s.indices(n)))
                              for s, n in zip(index, layout.params[base].shape))
-            if tuple(value.shape) != expected:
+            if shape != expected:
                 raise CheckpointError(
-                    f"{path}: {name!r} has shape {tuple(value.shape)}, but the layout in "
+                    f"{path}: {name!r} has shape {shape}, but the layout in "
                     f"{os.path.join(directory, STRATEGY_FILE)} ({layout.describe()}) gives rank "
                     f"{rank} a slice of {expected}; the strategy does not match the checkpoints")
     return files
@@ -161,12 +157,12 @@ def write_sliced(source_dir: str, source_strategy, layout: Layout, names, output
 def split(config, ckpt: str, output_dir: str) -> Layout:
     """`model-zoo checkpoint split`: a full checkpoint -> per-rank slices for config's layout."""
     layout = plan_layout(config)
-    values = read_entries(ckpt)
-    check_full_checkpoint(values, layout, ckpt)
+    shapes = read_shapes(ckpt)
+    check_full_checkpoint(shapes, layout, ckpt)
     with tempfile.TemporaryDirectory() as source:
         os.makedirs(os.path.join(source, "rank_0"))
         os.symlink(os.path.abspath(ckpt), os.path.join(source, "rank_0", "full.ckpt"))
-        write_sliced(source, None, layout, list(values), output_dir)
+        write_sliced(source, None, layout, list(shapes), output_dir)
     return layout
 
 
@@ -214,7 +210,7 @@ def transform(directory: str, output_dir: str, overrides=()) -> tuple:
     check_sliced(directory, source)
     names = {}   # every entry of the source, from the first rank of each stage
     for stage_file in _first_rank_of_each_stage(directory, source):
-        names.update(dict.fromkeys(read_entries(stage_file)))
+        names.update(dict.fromkeys(read_shapes(stage_file)))
     write_sliced(directory, os.path.join(directory, STRATEGY_FILE), target, names, output_dir)
     return source, target
 
@@ -244,12 +240,12 @@ def inspect(path: str) -> list:
     sliced directory (with the full shape and which ranks hold which slice)."""
     if os.path.isfile(path):
         return [f"{name}  {tuple(value.shape)}  {value.dtype}"
-                for name, value in read_entries(path).items()]
+                for name, value in read_checkpoint(path).items()]
     layout = sliced_layout(path)
     holders = {}
     for rank, rank_path in enumerate(check_sliced(path, layout)):
-        for name, value in read_entries(rank_path).items():
-            index = layout.slice_of(name, value.shape, rank)
+        for name, value in read_checkpoint(rank_path).items():
+            index = layout.slice_of(name, rank)
             if index is None:
                 continue
             entry = holders.setdefault(name, {"dtype": value.dtype, "ranks": {}})

@@ -114,6 +114,22 @@ def plan_inputs(config: Config, batch_size: int):
     return [((batch_size, seq), ms.int32)] * 3 + [((batch_size,), ms.int32)]
 
 
+def inference_graphs(config: Config, network, batch_size: int) -> dict:
+    """`model-zoo export`: from input_ids, token_type_ids and attention_mask (int32, batch x
+    seq_length), and for pretraining masked_lm_positions (int32, batch x predictions), the
+    logits: (masked-LM (batch * predictions, vocab), next-sentence (batch, 2)), or the
+    classifier's (batch, num_labels)."""
+    import mindspore as ms
+    import numpy as np
+    shape = (batch_size, config.model.seq_length)
+    inputs = [ms.Tensor(np.zeros(shape, np.int32)), ms.Tensor(np.zeros(shape, np.int32)),
+              ms.Tensor(np.ones(shape, np.int32))]
+    if _pretraining(config):
+        inputs.append(ms.Tensor(np.zeros((batch_size, config.data.max_predictions_per_seq),
+                                         np.int32)))
+    return {"logits": (LogitsCell(network), tuple(inputs))}
+
+
 def create_train_dataset(config: Config, shard, skip_batches: int = 0):
     path, columns = _split(config, "train")
     return create_dataset(path, columns, shard.batch_size, num_shards=shard.num_shards,

@@ -71,6 +71,13 @@ def plan_inputs(config: Config, batch_size: int):
     return [((batch_size, config.model.seq_length + 1), ms.int32)]
 
 
+def inference_graphs(config: Config, network, batch_size: int) -> dict:
+    """`model-zoo export`: the logits (batch, seq_length, vocab) of token ids int32
+    (batch, seq_length)."""
+    ids = ms.Tensor(np.zeros((batch_size, config.model.seq_length), np.int32))
+    return {"logits": (network.lm, (ids,))}
+
+
 def create_train_dataset(config: Config, shard, skip_batches: int = 0):
     """This rank's batches of the train split, resumable at `skip_batches`."""
     return create_dataset(split_path(config.data.dataset_dir, SPLIT_FILES, "train"), ["input_ids"], shard.batch_size,

@@ -49,7 +49,7 @@ class Translator:
         self.cache_dtype = attention.compute_dtype
         self.num_layers = config.num_layers
 
-    def _start(self, source_ids, source_mask, copies: int):
+    def prepare(self, source_ids, source_mask, copies: int):
         """Encode, repeat each sentence `copies` times, and prepare empty caches."""
         memory, source_bias = self.encoder(Tensor(source_ids, ms.int32),
                                            Tensor(source_mask, ms.int32))
@@ -63,15 +63,23 @@ class Translator:
                   tuple(zeros for _ in range(self.num_layers)))
         return caches, (cross_keys, cross_values, source_bias)
 
-    def _step(self, tokens, parents, position, caches, cross, top_k):
-        """Log-probabilities and ids of each hypothesis' `top_k` best next tokens."""
+    def step_cell(self, top_k: int) -> DecoderStep:
+        """The decoder step that keeps `top_k` continuations (compiled once per top_k)."""
         if top_k not in self.steps:
             self.steps[top_k] = DecoderStep(self.encoder.transformer, top_k)
+        return self.steps[top_k]
+
+    def step_arguments(self, tokens, parents, position, caches, cross) -> tuple:
+        """The DecoderStep inputs that feed `tokens` (one per hypothesis) at `position`."""
         write, step_bias = step_inputs(position, self.max_len)
         encoding = Tensor(self.position_table[position:position + 1])
-        values, ids, keys, cache_values = self.steps[top_k](
-            Tensor(tokens.reshape(-1, 1), ms.int32), Tensor(parents, ms.int32), write, step_bias,
-            encoding, caches[0], caches[1], *cross)
+        return (Tensor(tokens.reshape(-1, 1), ms.int32), Tensor(parents, ms.int32), write,
+                step_bias, encoding, caches[0], caches[1], *cross)
+
+    def _step(self, tokens, parents, position, caches, cross, top_k):
+        """Log-probabilities and ids of each hypothesis' `top_k` best next tokens."""
+        values, ids, keys, cache_values = self.step_cell(top_k)(
+            *self.step_arguments(tokens, parents, position, caches, cross))
         return values.asnumpy(), ids.asnumpy(), (keys, cache_values)
 
     def _length_limit(self, source_mask) -> int:
@@ -80,7 +88,7 @@ class Translator:
     def greedy(self, source_ids, source_mask) -> list:
         """The most likely token at every step; one id list per sentence (eos excluded)."""
         config = self.config
-        caches, cross = self._start(source_ids, source_mask, 1)
+        caches, cross = self.prepare(source_ids, source_mask, 1)
         batch = source_ids.shape[0]
         tokens = np.full(batch, config.bos_token_id, np.int64)
         rows = np.arange(batch)
@@ -111,7 +119,7 @@ class Translator:
         beam = beam_size or config.beam_size
         alpha = config.length_penalty if length_penalty is None else length_penalty
         batch = source_ids.shape[0]
-        caches, cross = self._start(source_ids, source_mask, beam)
+        caches, cross = self.prepare(source_ids, source_mask, beam)
         scores = np.full((batch, beam), -np.inf)
         scores[:, 0] = 0.0
         sequences = np.zeros((batch, beam, 0), np.int64)

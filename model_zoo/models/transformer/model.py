@@ -312,6 +312,29 @@ class DecoderStep(nn.Cell):
         return values, ids, new_keys, new_values
 
 
+class FlatDecoderStep(nn.Cell):
+    """DecoderStep with every input a tensor, for export: MindIR keeps a tuple input as a
+    constant of the graph, so the per-layer tuples are given one tensor after another.
+
+    Inputs:
+        token_ids, parents, write, step_bias, position_encoding, then num_layers cache keys,
+        num_layers cache values, num_layers cross keys, num_layers cross values, and
+        source_bias (shapes in DecoderStep).
+    Outputs:
+        as DecoderStep's.
+    """
+
+    def __init__(self, step: DecoderStep):
+        super().__init__(auto_prefix=False)
+        self.step = step
+        self.num_layers = len(step.transformer.decoder_layers)
+
+    def construct(self, *inputs):
+        layers = self.num_layers
+        groups = [inputs[5 + index * layers:5 + (index + 1) * layers] for index in range(4)]
+        return self.step(*inputs[:5], *groups, inputs[5 + 4 * layers])
+
+
 def step_inputs(position: int, max_len: int):
     """The one-hot write mask and the attention bias of decoder position `position`."""
     write = np.zeros((1, 1, max_len, 1), np.float32)

@@ -9,7 +9,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import List
 
+import mindspore as ms
 import numpy as np
+from mindspore import ops
 
 from model_zoo.config import Config, DataConfig
 from model_zoo.data import Tokenizer, split_path
@@ -20,7 +22,7 @@ from .data import (BUILTIN_LOCALE_DE, SPLIT_FILES, TOKENIZER_FILE, build_transla
                    create_translation_dataset, load_pairs, read_examples,
                    translation_dataset_ready)
 from .decode import Translator
-from .model import TransformerForTraining
+from .model import FlatDecoderStep, TransformerForTraining
 
 EVAL_BATCH = 32
 
@@ -75,6 +77,29 @@ def plan_inputs(config: Config, batch_size: int):
     longest bucket."""
     import mindspore as ms
     return [((batch_size, config.model.seq_length), ms.int32)] * 5
+
+
+def inference_graphs(config: Config, network, batch_size: int) -> dict:
+    """`model-zoo export`: the pieces of beam search (model.beam_size beams, as `translate`
+    runs it): the encoder (source ids and mask, int32 batch x seq_length -> memory and source
+    bias), the cross-attention keys and values of the memory, and one decoder step over
+    batch x beam hypotheses (its inputs, the per-layer tuples flattened, in
+    `FlatDecoderStep`)."""
+    translator = Translator(network.transformer)
+    beam = config.model.beam_size
+    shape = (batch_size, config.model.seq_length)
+    source = (ms.Tensor(np.zeros(shape, np.int32)), ms.Tensor(np.ones(shape, np.int32)))
+    beams = ms.Tensor(np.repeat(np.arange(batch_size), beam), ms.int32)
+    memory = ops.gather(translator.encoder(*source)[0], beams, 0)  # (batch x beam, seq, hidden)
+    caches, cross = translator.prepare(source[0].asnumpy(), source[1].asnumpy(), beam)
+    rows = np.arange(batch_size * beam)
+    step = translator.step_arguments(np.full(rows.size, config.model.bos_token_id), rows, 0,
+                                     caches, cross)
+    flat_step = [tensor for item in step
+                 for tensor in (item if isinstance(item, tuple) else (item,))]
+    return {"encoder": (translator.encoder, source),
+            "cross_key_values": (translator.cross, (memory,)),
+            "decoder_step": (FlatDecoderStep(translator.step_cell(2 * beam)), tuple(flat_step))}
 
 
 def create_train_dataset(config: Config, shard, skip_batches: int = 0):
