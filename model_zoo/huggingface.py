@@ -13,9 +13,10 @@ import os
 
 import numpy as np
 
-from model_zoo.errors import CheckpointError, DataError
+from model_zoo.errors import CheckpointError, DataError, UserInputError
 
 CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
 CHECKPOINT_FILE = "model.ckpt"
 CONFIG_YAML = "config.yaml"
 
@@ -83,12 +84,63 @@ def write_checkpoint(params: dict, ckpt_path: str):
 
 def add_convert_arguments(parser, folder: str):
     """The arguments every `model-zoo convert MODEL` takes; `folder` describes --hf-dir."""
-    parser.add_argument("--hf-dir", required=True, help=folder)
+    parser.add_argument("--hf-dir", help=folder + " (to import it)")
+    parser.add_argument("--to-hf", action="store_true",
+                        help="the other way: write --ckpt of --config as a Hugging Face "
+                             "folder (config.json and model.safetensors)")
+    parser.add_argument("--config", help="with --to-hf: the checkpoint's YAML config")
+    parser.add_argument("--ckpt", help="with --to-hf: the checkpoint to export")
     parser.add_argument("--output-dir", required=True,
-                        help="where to write model.ckpt and config.yaml")
+                        help="where to write model.ckpt and config.yaml (with --to-hf: the "
+                             "Hugging Face folder)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an existing OUTPUT_DIR/model.ckpt")
     return parser
+
+
+def run_convert(args, from_hf, to_hf) -> int:
+    """`model-zoo convert MODEL`: `from_hf(hf_dir, output_dir, overwrite)` ->
+    (config_path, ckpt_path), or with --to-hf `to_hf(config, network)` -> (config.json
+    dict, {Hugging Face name: array}) written to --output-dir."""
+    if not args.to_hf:
+        if not args.hf_dir:
+            raise UserInputError("give --hf-dir to import a Hugging Face folder, or --to-hf "
+                                 "--config CONFIG --ckpt CKPT to export one")
+        return report_converted(*from_hf(args.hf_dir, args.output_dir, args.overwrite))
+    missing = [flag for flag, value in (("--config", args.config), ("--ckpt", args.ckpt))
+               if not value]
+    if missing or args.hf_dir:
+        raise UserInputError("--to-hf takes --config and --ckpt (and no --hf-dir)")
+    from model_zoo.config import load_config
+    from model_zoo.train.checkpoint import load_network
+    config = load_config(args.config)
+    hf_config, tensors = to_hf(config, load_network(config, args.ckpt))
+    write_hf_folder(args.output_dir, hf_config, tensors, args.overwrite)
+    print(f"wrote {os.path.join(args.output_dir, CONFIG_FILE)} and "
+          f"{os.path.join(args.output_dir, SAFETENSORS_FILE)}")
+    return 0
+
+
+def write_hf_folder(output_dir: str, hf_config: dict, tensors: dict, overwrite: bool = False):
+    """A `save_pretrained`-style folder: config.json and model.safetensors (metadata format
+    "pt", which `transformers` expects), both renamed into place once written."""
+    from safetensors.numpy import save_file
+    from model_zoo.files import write_atomically
+    weights = os.path.join(output_dir, SAFETENSORS_FILE)
+    if os.path.exists(weights) and not overwrite:
+        raise CheckpointError(f"{weights!r} already exists: pass --overwrite to replace it")
+    os.makedirs(output_dir, exist_ok=True)
+    partial = weights + ".tmp"
+    save_file({name: np.ascontiguousarray(value) for name, value in tensors.items()}, partial,
+              metadata={"format": "pt"})
+    os.replace(partial, weights)
+    write_atomically(os.path.join(output_dir, CONFIG_FILE),
+                     json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+
+
+def parameters_of(network) -> dict:
+    """{parameter name: float32 numpy value} of a network (what the exporters map)."""
+    return {param.name: param.asnumpy().astype(np.float32) for param in network.get_parameters()}
 
 
 def report_converted(config_path: str, ckpt_path: str) -> int:
@@ -153,7 +205,7 @@ def read_weights(hf_dir: str, floating_only: bool = False):
         return load_torch(path, floating_only)
 
     candidates = [
-        ("model.safetensors", safetensors_loader),
+        (SAFETENSORS_FILE, safetensors_loader),
         ("model.safetensors.index.json", None),
         ("pytorch_model.bin", torch_loader),
         ("pytorch_model.bin.index.json", None),

@@ -52,6 +52,16 @@ def fuse_head_projections(parts, num_heads: int) -> np.ndarray:
     return np.ascontiguousarray(stacked.reshape((len(parts) * hidden,) + parts[0].shape[1:]))
 
 
+def split_head_projections(fused, num_heads: int, num_parts: int) -> list:
+    """The inverse of `fuse_head_projections`: a fused projection laid out head by head
+    -> its `num_parts` separate projections (q, k, v), each (hidden, ...)."""
+    fused = np.asarray(fused)
+    hidden = fused.shape[0] // num_parts
+    per_head = fused.reshape((num_heads, num_parts, hidden // num_heads) + fused.shape[1:])
+    return [np.ascontiguousarray(per_head[:, part].reshape((hidden,) + fused.shape[1:]))
+            for part in range(num_parts)]
+
+
 class MultiHeadAttention(nn.Cell):
     """Multi-head attention: self attention (causal or not) or cross attention.
 

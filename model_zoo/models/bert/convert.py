@@ -19,11 +19,11 @@ import os
 import numpy as np
 
 from model_zoo.models.base import folder_name
-from model_zoo.errors import CheckpointError, ConfigError, DataError
+from model_zoo.errors import CheckpointError, ConfigError, DataError, UserInputError
 from model_zoo import huggingface
 from model_zoo.huggingface import (CONFIG_FILE, TensorSource, output_paths, read_hf_config,
-                                   read_weights, report_converted, write_converted)
-from model_zoo.nn.attention import fuse_head_projections
+                                   read_weights, write_converted)
+from model_zoo.nn.attention import fuse_head_projections, split_head_projections
 
 # The converted config's data.dataset_dir, inside the output dir: it holds no tokenizer, so
 # fill-mask inputs are given as ids until a dataset (and its tokenizer) is put there.
@@ -238,6 +238,61 @@ def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>"):
     return {name: np.asarray(value, dtype=np.float32) for name, value in params.items()}, notes
 
 
+def to_hf(config, network) -> tuple:
+    """`model-zoo convert bert --to-hf`: (config.json of a BertForPreTraining, its tensors)
+    for our pretraining network, the inverse of `map_weights` (the MLM decoder stays tied to
+    the word embeddings)."""
+    model = config.model
+    if model.task != "pretrain":
+        raise UserInputError(f"--to-hf exports BertForPreTraining checkpoints (model.task: "
+                             f"pretrain), not model.task={model.task!r}")
+    params = huggingface.parameters_of(network)
+    tensors = {}
+
+    def linear(ours, theirs):
+        tensors[theirs + ".weight"] = params[ours + ".weight"]
+        tensors[theirs + ".bias"] = params[ours + ".bias"]
+
+    def norm(ours, theirs):
+        tensors[theirs + ".weight"] = params[ours + ".gamma"]
+        tensors[theirs + ".bias"] = params[ours + ".beta"]
+
+    emb = OUR_PREFIX + "embeddings."
+    for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+        tensors[f"bert.embeddings.{table}.weight"] = params[f"{emb}{table}.embedding_table"]
+    norm(emb + "layer_norm", "bert.embeddings.LayerNorm")
+    for i in range(model.num_layers):
+        ours, theirs = f"{OUR_PREFIX}encoder.layer.{i}.", f"bert.encoder.layer.{i}."
+        fused = [split_head_projections(params[ours + f"attention.qkv.{kind}"],
+                                        model.num_heads, 3) for kind in ("weight", "bias")]
+        for part, (weight, bias) in zip(("query", "key", "value"), zip(*fused)):
+            tensors[f"{theirs}attention.self.{part}.weight"] = weight
+            tensors[f"{theirs}attention.self.{part}.bias"] = bias
+        linear(ours + "attention.output", theirs + "attention.output.dense")
+        norm(ours + "attention_layer_norm", theirs + "attention.output.LayerNorm")
+        linear(ours + "ffn.expand", theirs + "intermediate.dense")
+        linear(ours + "ffn.project", theirs + "output.dense")
+        norm(ours + "output_layer_norm", theirs + "output.LayerNorm")
+    linear(OUR_PREFIX + "pooler.dense", "bert.pooler.dense")
+    linear(HEADS_PREFIX + "transform", "cls.predictions.transform.dense")
+    norm(HEADS_PREFIX + "transform_layer_norm", "cls.predictions.transform.LayerNorm")
+    tensors["cls.predictions.bias"] = params[HEADS_PREFIX + "output_bias"]
+    linear(HEADS_PREFIX + "seq_relationship", "cls.seq_relationship")
+    hf_config = {
+        "model_type": "bert", "architectures": ["BertForPreTraining"],
+        "vocab_size": model.vocab_size, "hidden_size": model.hidden_size,
+        "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_heads,
+        "intermediate_size": model.ffn_size,
+        "hidden_act": "gelu", "hidden_dropout_prob": model.dropout,
+        "attention_probs_dropout_prob": model.attention_dropout,
+        "max_position_embeddings": model.seq_length, "type_vocab_size": model.type_vocab_size,
+        "initializer_range": model.init_std, "layer_norm_eps": model.layer_norm_eps,
+        "tie_word_embeddings": True,
+        **{key: getattr(model, key) for key in BERT_SPECIAL_IDS},
+    }
+    return hf_config, tensors
+
+
 def add_convert_arguments(parser):
     """Arguments of `model-zoo convert bert`."""
     return huggingface.add_convert_arguments(
@@ -247,5 +302,7 @@ def add_convert_arguments(parser):
 
 def run_convert_command(args) -> int:
     """Run `model-zoo convert bert`; returns the exit status."""
-    return report_converted(*convert_hf_bert(args.hf_dir, args.output_dir,
-                                             overwrite=args.overwrite, log=print))
+    return huggingface.run_convert(
+        args, lambda hf_dir, output_dir, overwrite: convert_hf_bert(hf_dir, output_dir,
+                                                                    overwrite, log=print),
+        to_hf)

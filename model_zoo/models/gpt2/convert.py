@@ -4,6 +4,8 @@
 `save_pretrained` (`config.json` plus `model.safetensors` or `pytorch_model.bin`, sharded
 or not) and writes `OUT/model.ckpt`, named like the parameters of `GPT2ForTraining`, and
 `OUT/config.yaml`, a full validated config whose `model` section describes the same network.
+`model-zoo convert gpt2 --to-hf --config CONFIG --ckpt CKPT --output-dir DIR` goes the other
+way (`to_hf`): a folder `GPT2LMHeadModel.from_pretrained` loads.
 
 Hugging Face's Conv1D stores weights as [in, out]; this project's Linear stores [out, in],
 so every projection is transposed, and the fused `c_attn` [H, 3H], whose columns are
@@ -20,8 +22,8 @@ from model_zoo.models.base import folder_name
 from model_zoo.errors import ConfigError, DataError
 from model_zoo import huggingface
 from model_zoo.huggingface import (CONFIG_FILE, TensorSource, output_paths, read_hf_config,
-                                   read_weights, report_converted, write_converted)
-from model_zoo.nn.attention import fuse_head_projections
+                                   read_weights, write_converted)
+from model_zoo.nn.attention import fuse_head_projections, split_head_projections
 
 PREFIX = "lm.transformer."
 # The converted config's data.dataset_dir, inside the output dir: it holds no tokenizer, so
@@ -176,6 +178,44 @@ def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>") 
     return {name: np.asarray(value, dtype=np.float32) for name, value in params.items()}
 
 
+def to_hf(config, network) -> tuple:
+    """`model-zoo convert gpt2 --to-hf`: (config.json of a GPT2LMHeadModel, its tensors)
+    for our network, the inverse of `map_weights` (the head stays tied to `wte`)."""
+    model = config.model
+    params = huggingface.parameters_of(network)
+    hidden, heads = model.hidden_size, model.num_heads
+    tensors = {"transformer.wte.weight": params[PREFIX + "wte.embedding_table"],
+               "transformer.wpe.weight": params[PREFIX + "wpe.embedding_table"],
+               "transformer.ln_f.weight": params[PREFIX + "ln_f.gamma"],
+               "transformer.ln_f.bias": params[PREFIX + "ln_f.beta"]}
+    for i in range(model.num_layers):
+        ours, theirs = f"{PREFIX}blocks.{i}.", f"transformer.h.{i}."
+        for norm in ("ln_1", "ln_2"):
+            tensors[f"{theirs}{norm}.weight"] = params[f"{ours}{norm}.gamma"]
+            tensors[f"{theirs}{norm}.bias"] = params[f"{ours}{norm}.beta"]
+        # head by head -> [q | k | v] by columns, and every Linear [out, in] -> Conv1D [in, out]
+        q_k_v = split_head_projections(params[ours + "attention.qkv.weight"], heads, 3)
+        tensors[theirs + "attn.c_attn.weight"] = np.concatenate([w.T for w in q_k_v], axis=1)
+        tensors[theirs + "attn.c_attn.bias"] = np.concatenate(
+            split_head_projections(params[ours + "attention.qkv.bias"], heads, 3))
+        for ours_name, theirs_name in (("attention.output", "attn.c_proj"),
+                                       ("mlp.expand", "mlp.c_fc"),
+                                       ("mlp.project", "mlp.c_proj")):
+            tensors[f"{theirs}{theirs_name}.weight"] = params[f"{ours}{ours_name}.weight"].T
+            tensors[f"{theirs}{theirs_name}.bias"] = params[f"{ours}{ours_name}.bias"]
+    hf_config = {
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": model.vocab_size, "n_positions": model.seq_length, "n_embd": hidden,
+        "n_layer": model.num_layers, "n_head": heads,
+        "n_inner": model.ffn_hidden_size or None, "activation_function": "gelu_new",  # 0: 4 x
+        "resid_pdrop": model.dropout, "embd_pdrop": model.dropout,
+        "attn_pdrop": model.attention_dropout, "layer_norm_epsilon": model.layer_norm_eps,
+        "initializer_range": model.init_std, "tie_word_embeddings": True,
+        "bos_token_id": None, "eos_token_id": None,
+    }
+    return hf_config, tensors
+
+
 def add_convert_arguments(parser):
     """Arguments of `model-zoo convert gpt2`."""
     return huggingface.add_convert_arguments(
@@ -184,6 +224,5 @@ def add_convert_arguments(parser):
 
 
 def run_convert_command(args) -> int:
-    """Run `model-zoo convert gpt2`; returns the exit status."""
-    return report_converted(*convert_hf_gpt2(args.hf_dir, args.output_dir,
-                                             overwrite=args.overwrite))
+    """Run `model-zoo convert gpt2` (either way); returns the exit status."""
+    return huggingface.run_convert(args, convert_hf_gpt2, to_hf)
