@@ -58,8 +58,10 @@ def assert_slices_as_planned(directory, full):
 
 
 def test_split_transform_merge_round_trip(trained, tmp_path):
+    from model_zoo.train.checkpoint import saved_step
     full = entries(trained["ckpt"])
     assert any(name.startswith("adam_m.") for name in full)
+    assert saved_step(str(trained["ckpt"])) == 4   # what a sharded --resume reads first
     split_dir, moved_dir, merged = tmp_path / "d2m2p2", tmp_path / "d1m4p2", tmp_path / "m.ckpt"
 
     result = run_cli("checkpoint", "split", trained["config"], "--ckpt", trained["ckpt"],
@@ -91,7 +93,7 @@ def test_split_transform_merge_round_trip(trained, tmp_path):
     assert listing.stdout.startswith(f"{split_dir}: dp2 x mp2 x pp2 with optimizer shard, 8 "
                                      f"ranks")
     # mp cuts the columns, the optimizer shard the rows over the two copies (ranks 4 and 6)
-    assert ("lm.transformer.blocks.1.mlp.project.weight  (64, 256)  float32  [0:32, 0:128] on "
+    assert ("lm.transformer.blocks.1.mlp.project.weight  (64, 256)  Float32  [0:32, 0:128] on "
             "ranks 4; [0:32, 128:256] on ranks 5; [32:64, 0:128] on ranks 6") in listing.stdout
 
 
@@ -180,3 +182,22 @@ def test_bad_input_is_one_error_line_and_writes_nothing(trained, tmp_path, case)
     assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], lines
     assert not (tmp_path / "out").exists()
     assert [p for p in os.listdir(tmp_path) if p.startswith(".")] == []   # no staging left
+
+
+def test_one_rank_gets_its_slices_from_any_layout(trained, tmp_path):
+    """What a semi-auto run does after compiling: MindSpore's per-rank transform, from the
+    full checkpoint or from another layout's slices, gives each rank what split gives it."""
+    from model_zoo.parallel.checkpoints import rank_file, rank_slices
+    split_dir, moved_dir = tmp_path / "d2m2p2", tmp_path / "d1m4p2"
+    assert run_cli("checkpoint", "split", trained["config"], "--ckpt", trained["ckpt"],
+                   "--output-dir", split_dir, *D2M2P2).returncode == 0
+    assert run_cli("checkpoint", "transform", split_dir, "--output-dir", moved_dir,
+                   *TO_D1M4P2).returncode == 0
+    for rank in (0, 3, 6):
+        for source, target in ((str(trained["ckpt"]), split_dir), (str(split_dir), moved_dir)):
+            got = entries(rank_slices(source, rank, str(target / "strategy.ckpt"),
+                                      str(tmp_path / f"rank_{rank}.ckpt")))
+            expected = entries(rank_file(str(target), rank))
+            assert got.keys() == expected.keys()
+            for name in got:
+                np.testing.assert_array_equal(got[name], expected[name], err_msg=name)

@@ -229,6 +229,25 @@ def merge(directory: str, output: str) -> Layout:
     return layout
 
 
+def rank_slices(source: str, rank: int, target_strategy: str, output: str) -> str:
+    """Write to `output` rank `rank`'s slices, in the layout of `target_strategy`, of
+    `source`: a full checkpoint file, or a sliced directory of any layout (written by split
+    or transform). This is MindSpore's transform_checkpoint_by_rank, reading only the source
+    ranks that hold pieces of this rank's slices (rank_list_for_transform); a semi-auto run
+    loads the result once its step is compiled, as MindFormers' auto_trans_ckpt does."""
+    import mindspore as ms
+    if os.path.isfile(source):
+        files, source_strategy = {0: source}, None
+    else:
+        sliced_layout(source)   # a sliced directory, its strategy matching its config
+        source_strategy = os.path.join(source, STRATEGY_FILE)
+        files = {r: rank_file(source, r)
+                 for r in ms.rank_list_for_transform(rank, source_strategy, target_strategy)}
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    ms.transform_checkpoint_by_rank(rank, files, output, source_strategy, target_strategy)
+    return output
+
+
 def _first_rank_of_each_stage(directory: str, layout: Layout) -> list:
     per_stage = layout.parallel.devices_per_stage
     return [rank_file(directory, stage * per_stage)

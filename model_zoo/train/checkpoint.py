@@ -17,7 +17,7 @@ from model_zoo.config import import_model
 from model_zoo.errors import CheckpointError, DataError, DiskError
 from model_zoo.files import check_file
 from model_zoo.nn.layers import dtype_of
-from model_zoo.train.step import STOP_FLAG
+from model_zoo.train.step import STEP_COUNTER, STOP_FLAG
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)\.ckpt$")
 
@@ -102,6 +102,17 @@ def read_checkpoint(path: str) -> dict:
     except Exception as err:  # MindSpore raises ValueError/RuntimeError on bad files
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"checkpoint {path!r} cannot be read: {first_line}") from None
+
+
+def saved_step(path: str) -> int:
+    """The train step a checkpoint was saved at, read without loading its weights."""
+    check_file(path, "checkpoint", CheckpointError, empty_ok=False)
+    try:
+        values = ms.load_checkpoint(path, choice_func=lambda name: name == STEP_COUNTER)
+        return int(values[STEP_COUNTER].asnumpy())
+    except Exception as err:  # noqa: BLE001 - MindSpore's errors on bad files, a KeyError
+        raise CheckpointError(f"checkpoint {path!r} holds no readable step counter "
+                              f"({type(err).__name__})") from None
 
 
 def load_weights(network, path: str, strict: bool = True) -> list:

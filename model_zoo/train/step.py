@@ -16,6 +16,7 @@ from model_zoo.nn.layers import use_cpu_kernels
 
 
 STOP_FLAG = "stop_requested"  # the StopVote parameter; not saved in checkpoints
+STEP_COUNTER = "train_step"   # the TrainStep's count of steps run
 
 
 class StopVote(nn.Cell):
@@ -186,7 +187,7 @@ class TrainStep(nn.Cell):
         self.optimizer_shard = optimizer_shard
         if accumulated_by_compiler:
             self.accu_grads = self.weights.clone(prefix="accu_grads", init="zeros")
-        self.step = Parameter(Tensor(0, ms.int32), name="train_step", requires_grad=False)
+        self.step = Parameter(Tensor(0, ms.int32), name=STEP_COUNTER, requires_grad=False)
         self.hyper_map = ops.HyperMap()
         self.gradient_norm = gradient_norm if gradient_norm is not None else GradientNorm()
         self.stop_vote = stop_vote if stop_vote is not None else StopVote()

@@ -20,12 +20,13 @@ from model_zoo.nn.attention import check_flash_attention_device
 from model_zoo.nn.layers import dtype_of, kernels_for
 from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
 from model_zoo.train.checkpoint import (list_checkpoints, load_weights,
-                                        remove_partial_checkpoints, save_checkpoint)
+                                        remove_partial_checkpoints, save_checkpoint,
+                                        saved_step)
 from model_zoo.train.interrupt import StopRequests, TrainingInterrupted
 from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line
 from model_zoo.train.schedule import build_schedule
-from model_zoo.train.step import (GradientNorm, StopVote, TrainStep, build_optimizer,
-                                  uses_float_status)
+from model_zoo.train.step import (STOP_FLAG, GradientNorm, StopVote, TrainStep,
+                                  build_optimizer, uses_float_status)
 
 
 def default_output_dir(config_path: str) -> str:
@@ -119,19 +120,24 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
     ms.set_seed(config.train.seed)
     network, step_cell = build_model(module, config, context)
     start_step = 0
-    if config.train.init_checkpoint and not resume:
+    if context.semi_auto:   # weights are loaded once the step is compiled (restore_sliced)
+        start_step = saved_step(list_checkpoints(output_dir)[-1][1]) if resume else 0
+    elif resume:
+        start_step = resume_from_checkpoint(step_cell, output_dir)
+    elif config.train.init_checkpoint:
         missing = load_weights(network, config.train.init_checkpoint, strict=False)
         log(f"initialised from {config.train.init_checkpoint}"
             + (f"; new parameters: {', '.join(missing)}" if missing else ""))
-    if resume:
-        start_step = resume_from_checkpoint(step_cell, output_dir)
     dataset = module.create_train_dataset(config, shard, skip_batches=start_step)
-    runnable = wrap_train_step(step_cell, config.parallel, context,
-                               os.path.join(output_dir, "strategy", "param_strategy.ckpt"))
+    strategy_file = os.path.join(output_dir, "strategy", "param_strategy.ckpt")
+    runnable = wrap_train_step(step_cell, config.parallel, context, strategy_file)
     save_config(config, os.path.join(output_dir, "config.yaml"))
     batches = dataset.create_tuple_iterator(num_epochs=1)
     first_batch = next(batches)
     write_run_info(output_dir, config, context, shard, first_batch)
+    if context.semi_auto and (resume or config.train.init_checkpoint):
+        restore_sliced(runnable, step_cell, first_batch, config, context.rank, output_dir,
+                       strategy_file, resume)
 
     metrics = MetricsLog(os.path.join(output_dir, "metrics.jsonl"), resume_step=start_step)
     with StopRequests() as stop:
@@ -162,6 +168,33 @@ def evaluate_run(module, config: Config, network, output_dir: str, on_save) -> d
     if on_save is not None:
         on_save(output_dir)
     return result
+
+
+def restore_sliced(runnable, step_cell, first_batch, config, rank: int, output_dir: str,
+                   strategy_file: str, resume: bool):
+    """Semi-auto runs: parameters are cut into this rank's slices only when the step is
+    compiled, so the step is compiled on the first batch (which writes the layout's
+    strategy file) and the slices are loaded then, as MindFormers does (build the model,
+    then load). --resume loads the rank's own newest checkpoint, which holds its slices;
+    train.init_checkpoint, a full checkpoint, is cut for this rank by MindSpore's
+    transform_checkpoint_by_rank first (`checkpoints.rank_slices`). Only a cluster can
+    run this path: MindSpore refuses semi-auto parallel on CPU."""
+    from model_zoo.parallel.checkpoints import rank_slices
+    runnable.compile(*first_batch)
+    if resume:
+        path = list_checkpoints(output_dir)[-1][1]
+    else:
+        path = rank_slices(config.train.init_checkpoint, rank, strategy_file,
+                           os.path.join(output_dir, "strategy", "init_checkpoint_slices.ckpt"))
+        log(f"cut {config.train.init_checkpoint} into this rank's slices: {path}")
+    not_loaded, _ = ms.load_param_into_net(step_cell, ms.load_checkpoint(path),
+                                           strict_load=False)
+    missing = [name for name in not_loaded if name != STOP_FLAG]
+    if resume and missing:
+        raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "
+                              f"{len(missing)} parameters, e.g. {missing[0]!r}")
+    log(f"loaded {path}" + (f"; left at their initialisation: {', '.join(missing)}"
+                            if missing else ""))
 
 
 def build_model(module, config: Config, context):
