@@ -68,7 +68,8 @@ class TrainConfig:
     """The optimisation loop: steps, batch, AdamW, schedule, precision, outputs.
 
     init_checkpoint: weights to start from (e.g. a pretrained model to fine-tune); the
-    parameters it lacks (a new head) keep their initialisation.
+    parameters it lacks (a new head) keep their initialisation. A full checkpoint, or for a
+    sharded run also a sliced directory (`model-zoo checkpoint split`) of any layout.
     lr_schedule_steps: the length of the cosine schedule; 0 means `steps`. A resumed run
     keeps the length of the run it continues, so `--resume --set train.steps=N` extends the
     run at the floor learning rate instead of re-stretching the cosine (the lr would jump).
@@ -117,7 +118,13 @@ class TrainConfig:
         _check_choice(self, "train", "precision", ("fp32", "fp16"))
         _check_choice(self, "train", "lr_schedule", ("cosine", "inverse_sqrt"))
         _check_choice(self, "train", "device_target", ("auto", "CPU", "Ascend"))
-        if self.init_checkpoint:
+        if self.init_checkpoint and os.path.isdir(self.init_checkpoint):
+            from model_zoo.parallel.strategy_file import STRATEGY_FILE
+            if not os.path.isfile(os.path.join(self.init_checkpoint, STRATEGY_FILE)):
+                raise ConfigError(f"train.init_checkpoint: {self.init_checkpoint!r} is a "
+                                  f"directory without {STRATEGY_FILE}, not a sliced checkpoint "
+                                  f"(write one with `model-zoo checkpoint split`)")
+        elif self.init_checkpoint:
             check_file(self.init_checkpoint, "train.init_checkpoint", ConfigError, empty_ok=False)
 
 

@@ -201,3 +201,71 @@ def test_one_rank_gets_its_slices_from_any_layout(trained, tmp_path):
             assert got.keys() == expected.keys()
             for name in got:
                 np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def _as_cluster_run(split_dir, run_dir, step):
+    """The folders a sharded training run leaves, made from a split directory: each rank's
+    checkpoint under rank_<i>/checkpoints/, the config, and per stage the strategy file
+    MindSpore saves there (unmerged: the stage's entries without the "<stage>-" prefix)."""
+    from mindspore.train import node_strategy_pb2
+    merged = node_strategy_pb2.ParallelStrategyMap()
+    merged.ParseFromString((split_dir / "strategy.ckpt").read_bytes())
+    ranks = sorted(p.name for p in split_dir.iterdir() if p.name.startswith("rank_"))
+    per_stage = len(ranks) // len(merged.parallel_strategy_item)
+    for name in ranks:
+        rank = int(name.split("_")[1])
+        folder = run_dir / name
+        (folder / "checkpoints").mkdir(parents=True)
+        shutil.copy(split_dir / name / f"checkpoint_{rank}.ckpt",
+                    folder / "checkpoints" / f"step_{step:08d}.ckpt")
+        shutil.copy(split_dir / "config.yaml", folder / "config.yaml")
+        stage = rank // per_stage
+        own = node_strategy_pb2.ParallelStrategyMap()
+        own.current_stage = stage
+        own.parallel_strategy_item.add().CopyFrom(merged.parallel_strategy_item[stage])
+        for item in merged.parallel_layout_item:
+            prefix, _, param = item.param_name.partition("-")
+            if int(prefix) == stage:
+                copy = own.parallel_layout_item.add()
+                copy.CopyFrom(item)
+                copy.param_name = param
+        (folder / "strategy").mkdir()
+        (folder / "strategy" / "param_strategy.ckpt").write_bytes(own.SerializeToString())
+
+
+def test_collect_a_cluster_run_and_merge_it(trained, tmp_path):
+    """Cluster -> laptop: the rank folders of a d2m2p2 run collected (MindSpore's per-stage
+    strategies merged by MindSpore) and merged give the full checkpoint back bit for bit."""
+    split_dir, run_dir = tmp_path / "split", tmp_path / "run"
+    assert run_cli("checkpoint", "split", trained["config"], "--ckpt", trained["ckpt"],
+                   "--output-dir", split_dir, *D2M2P2).returncode == 0
+    _as_cluster_run(split_dir, run_dir, step=4)
+
+    result = run_cli("checkpoint", "collect", run_dir, "--output-dir", tmp_path / "collected")
+    assert result.returncode == 0, result.stderr
+    assert "collected the 8 ranks" in result.stdout
+    result = run_cli("checkpoint", "merge", tmp_path / "collected", "--output",
+                     tmp_path / "full.ckpt")
+    assert result.returncode == 0, result.stderr
+    full, back = entries(trained["ckpt"]), entries(tmp_path / "full.ckpt")
+    assert back.keys() == full.keys()
+    for name in full:
+        np.testing.assert_array_equal(back[name], full[name], err_msg=name)
+
+    os.remove(run_dir / "rank_6" / "checkpoints" / "step_00000004.ckpt")
+    result = run_cli("checkpoint", "collect", run_dir, "--output-dir", tmp_path / "again")
+    assert result.returncode == 2 and "share no checkpoint step" in result.stderr
+    assert not (tmp_path / "again").exists()
+
+
+def test_a_sliced_init_checkpoint_needs_a_sharded_run(trained, tmp_path):
+    split_dir = tmp_path / "split"
+    assert run_cli("checkpoint", "split", trained["config"], "--ckpt", trained["ckpt"],
+                   "--output-dir", split_dir, *D2M2P2).returncode == 0
+    result = run_cli("train", trained["config"], "--output-dir", tmp_path / "run",
+                     "--set", f"train.init_checkpoint={split_dir}")
+    assert result.returncode == 2
+    assert f"merge it for this one: model-zoo checkpoint merge {split_dir}" in result.stderr
+    result = run_cli("train", trained["config"], "--output-dir", tmp_path / "run",
+                     "--set", f"train.init_checkpoint={tmp_path}")
+    assert result.returncode == 2 and "not a sliced checkpoint" in result.stderr

@@ -1,4 +1,5 @@
-"""`model-zoo checkpoint`: split, merge, transform and inspect checkpoints across layouts.
+"""`model-zoo checkpoint`: split, merge, transform, collect and inspect checkpoints across
+layouts.
 
 Light to import (the CLI builds its parser from it); `parallel/checkpoints.py` does the work.
 """
@@ -24,6 +25,12 @@ def add_checkpoint_arguments(parser):
     transform.add_argument("--output-dir", required=True, help="new directory for the layout "
                                                                "the --set overrides give")
     _add_overrides(transform)
+    collect = verbs.add_parser("collect", help="a sliced directory from a sharded training "
+                                               "run's rank folders (to merge or transform)")
+    collect.add_argument("run_dir", help="the run's --output-dir (with rank_<i>/ folders)")
+    collect.add_argument("--step", type=int, default=0,
+                         help="the checkpoint step (default: the newest all ranks have)")
+    collect.add_argument("--output-dir", required=True, help="the new sliced directory")
     inspect = verbs.add_parser("inspect", help="entries, shapes, dtypes and which rank "
                                                "holds which slice")
     inspect.add_argument("path", help="a checkpoint file or a sliced directory")
@@ -49,6 +56,10 @@ def run_checkpoint_command(args) -> int:
         source, target = checkpoints.transform(args.directory, args.output_dir, args.overrides)
         done = (f"transformed {args.directory} ({source.describe()}) into {args.output_dir} "
                 f"({target.describe()}, {target.device_num} ranks)")
+    elif args.verb == "collect":
+        layout = checkpoints.collect(args.run_dir, args.output_dir, args.step)
+        done = (f"collected the {layout.device_num} ranks of {args.run_dir} "
+                f"({layout.describe()}) into {args.output_dir}")
     else:
         print("\n".join(checkpoints.inspect(args.path)))
         return 0

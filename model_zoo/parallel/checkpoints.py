@@ -25,12 +25,15 @@ import tempfile
 from model_zoo.config import save_config
 from model_zoo.errors import CheckpointError, UserInputError
 from model_zoo.parallel.replication import device_piece, stage_of_rank
-from model_zoo.parallel.strategy_file import laid_out_names, strategy_map, write_strategy_file
+from model_zoo.parallel.strategy_file import (STRATEGY_FILE, laid_out_names, strategy_map,
+                                             write_strategy_file)
 from model_zoo.train.checkpoint import read_checkpoint
 
 CONFIG_FILE = "config.yaml"
-STRATEGY_FILE = "strategy.ckpt"
 PREFIX = "checkpoint_"
+# In a directory `collect` made from a training run: its strategy.ckpt is the one MindSpore
+# saved on the cluster, checked against the plan slice by slice instead of byte by byte
+COLLECTED_FILE = "collected_from.txt"
 
 
 @dataclasses.dataclass
@@ -174,7 +177,8 @@ def sliced_layout(directory: str, overrides=()) -> Layout:
                                   f"{needed} is missing (write one with `model-zoo checkpoint "
                                   f"split`)")
     layout = plan_layout(layout_config(os.path.join(directory, CONFIG_FILE)))
-    check_strategy_file(os.path.join(directory, STRATEGY_FILE), layout)
+    if not os.path.isfile(os.path.join(directory, COLLECTED_FILE)):
+        check_strategy_file(os.path.join(directory, STRATEGY_FILE), layout)
     if overrides:
         layout = plan_layout(layout_config(os.path.join(directory, CONFIG_FILE), overrides))
     return layout
@@ -226,6 +230,60 @@ def merge(directory: str, output: str) -> Layout:
         ms.transform_checkpoints(directory, work, PREFIX,
                                  os.path.join(directory, STRATEGY_FILE), None)
         os.replace(rank_file(work, 0), output)
+    return layout
+
+
+def collect(run_dir: str, output_dir: str, step: int = 0) -> Layout:
+    """`model-zoo checkpoint collect`: a sliced directory from a sharded training run's
+    folders (`RUN/rank_<i>/checkpoints/step_N.ckpt`, the newest common step unless `step`):
+    the run's config, the strategy MindSpore saved there (with pipeline stages, the first
+    rank of each stage's, merged by MindSpore's merge_pipeline_strategys) and each rank's
+    checkpoint, hard-linked where the file system allows. The slices are then checked
+    against the plan's layout of the run's config (`check_sliced`)."""
+    import mindspore as ms
+    from model_zoo.train.checkpoint import list_checkpoints
+    config_path = os.path.join(run_dir, "rank_0", CONFIG_FILE)
+    if not os.path.isfile(config_path):
+        raise CheckpointError(f"{run_dir} is not the output of a sharded run: "
+                              f"{config_path} is missing")
+    layout = plan_layout(layout_config(config_path))
+    ranks = [os.path.join(run_dir, f"rank_{rank}") for rank in range(layout.device_num)]
+    steps = [{found: path for found, path in list_checkpoints(rank)} for rank in ranks]
+    common = set.intersection(*(set(found) for found in steps))
+    if step == 0 and not common:
+        raise CheckpointError(f"the {len(ranks)} rank folders of {run_dir} share no "
+                              f"checkpoint step")
+    step = step or max(common)
+    for rank, found in zip(ranks, steps):
+        if step not in found:
+            raise CheckpointError(f"{rank}/checkpoints: no checkpoint of step {step}")
+    with staged_output(output_dir) as staging:
+        shutil.copy(config_path, os.path.join(staging, CONFIG_FILE))
+        strategies = os.path.join(staging, ".strategies")
+        os.makedirs(strategies)
+        for stage in range(layout.parallel.pipeline_stage):
+            first = ranks[stage * layout.parallel.devices_per_stage]
+            source = os.path.join(first, "strategy", "param_strategy.ckpt")
+            if not os.path.isfile(source):
+                raise CheckpointError(f"{source} is missing: the strategy MindSpore saved "
+                                      f"for stage {stage}")
+            shutil.copy(source, os.path.join(strategies, f"stage_{stage}.ckpt"))
+        if layout.parallel.pipeline_stage > 1:
+            ms.merge_pipeline_strategys(strategies, os.path.join(staging, STRATEGY_FILE))
+        else:
+            shutil.copy(os.path.join(strategies, "stage_0.ckpt"),
+                        os.path.join(staging, STRATEGY_FILE))
+        shutil.rmtree(strategies)
+        for rank, found in enumerate(steps):
+            target = os.path.join(staging, f"rank_{rank}", f"{PREFIX}{rank}.ckpt")
+            os.makedirs(os.path.dirname(target))
+            try:
+                os.link(found[step], target)
+            except OSError:
+                shutil.copy(found[step], target)
+        with open(os.path.join(staging, COLLECTED_FILE), "w", encoding="utf-8") as handle:
+            handle.write(f"{os.path.abspath(run_dir)} step {step}\n")
+        check_sliced(staging, layout)
     return layout
 
 

@@ -27,6 +27,8 @@ from typing import Dict, Iterable, List, Tuple
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.parallel.replication import mirror_group_size, optimizer_shard_size, split_of
 
+STRATEGY_FILE = "strategy.ckpt"   # its name in a sliced checkpoint directory
+
 # Train-step state named "<prefix>.<parameter>", laid out like the parameter
 STATE_PREFIXES = ("adam_m", "adam_v", "accu_grads")
 

@@ -125,6 +125,11 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
     elif resume:
         start_step = resume_from_checkpoint(step_cell, output_dir)
     elif config.train.init_checkpoint:
+        if os.path.isdir(config.train.init_checkpoint):
+            raise CheckpointError(f"train.init_checkpoint {config.train.init_checkpoint!r} is "
+                                  f"a sliced checkpoint, which a sharded run loads; merge it "
+                                  f"for this one: model-zoo checkpoint merge "
+                                  f"{config.train.init_checkpoint} --output FULL.ckpt")
         missing = load_weights(network, config.train.init_checkpoint, strict=False)
         log(f"initialised from {config.train.init_checkpoint}"
             + (f"; new parameters: {', '.join(missing)}" if missing else ""))
@@ -176,9 +181,10 @@ def restore_sliced(runnable, step_cell, first_batch, config, rank: int, output_d
     compiled, so the step is compiled on the first batch (which writes the layout's
     strategy file) and the slices are loaded then, as MindFormers does (build the model,
     then load). --resume loads the rank's own newest checkpoint, which holds its slices;
-    train.init_checkpoint, a full checkpoint, is cut for this rank by MindSpore's
-    transform_checkpoint_by_rank first (`checkpoints.rank_slices`). Only a cluster can
-    run this path: MindSpore refuses semi-auto parallel on CPU."""
+    train.init_checkpoint, a full checkpoint or a sliced directory of any layout, is cut
+    for this rank by MindSpore's transform_checkpoint_by_rank first
+    (`checkpoints.rank_slices`). Only a cluster can run this path: MindSpore refuses
+    semi-auto parallel on CPU."""
     from model_zoo.parallel.checkpoints import rank_slices
     runnable.compile(*first_batch)
     if resume:
