@@ -223,7 +223,7 @@ def test_incremental_decoder_matches_full_recomputation(placement, pynative):
                             axis=1)
     memory, source_bias = transformer.encode(Tensor(source_ids), Tensor(source_mask))
 
-    caches, cross = translator._start(source_ids, source_mask, 1)
+    caches, cross = translator.prepare(source_ids, source_mask, 1)
     rows = np.arange(2)
     worst = 0.0
     for position in range(prefix.shape[1]):
