@@ -19,6 +19,7 @@ setup(
         "pyyaml",
         "sentencepiece",
         "matplotlib",
+        "safetensors",
     ],
     extras_require={
         "dev": ["pytest", "torch==2.13.0", "transformers", "sacrebleu"],
