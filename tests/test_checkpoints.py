@@ -269,3 +269,31 @@ def test_a_sliced_init_checkpoint_needs_a_sharded_run(trained, tmp_path):
     result = run_cli("train", trained["config"], "--output-dir", tmp_path / "run",
                      "--set", f"train.init_checkpoint={tmp_path}")
     assert result.returncode == 2 and "not a sliced checkpoint" in result.stderr
+
+
+def test_a_pipeline_rank_cuts_its_slices_with_its_own_strategy_file(trained, tmp_path):
+    """On a cluster a rank of stage 1 has only its stage's strategy file (entries without
+    the stage): merged by MindSpore first (`stage_strategy`), the per-rank transform from
+    the full checkpoint gives it what split gives it."""
+    from model_zoo.parallel.checkpoints import layout_config, rank_file, rank_slices, \
+        stage_strategy, strategy_names
+    split_dir, run_dir = tmp_path / "split", tmp_path / "run"
+    assert run_cli("checkpoint", "split", trained["config"], "--ckpt", trained["ckpt"],
+                   "--output-dir", split_dir, *D2M2P2).returncode == 0
+    _as_cluster_run(split_dir, run_dir, step=4)
+    parallel = layout_config(str(split_dir / "config.yaml")).parallel
+    for rank in (1, 5):
+        own = run_dir / f"rank_{rank}" / "strategy" / "param_strategy.ckpt"
+        merged = stage_strategy(str(own), parallel, str(tmp_path / f"merged_{rank}.ckpt"))
+        held = strategy_names(str(own))       # what the trainer loads of the result
+        got = {name: value for name, value in entries(rank_slices(
+            str(trained["ckpt"]), rank, merged, str(tmp_path / f"rank_{rank}.ckpt"))).items()
+            if name in held}
+        expected = {name: value for name, value in entries(rank_file(str(split_dir),
+                                                                     rank)).items()
+                    if name in held}
+        blocks = {name.split(".blocks.")[1].split(".")[0] for name in held if ".blocks." in name}
+        assert blocks == {str(rank // 4)}          # this stage's block only
+        assert got.keys() == expected.keys(), (rank, got.keys() ^ expected.keys())
+        for name in got:
+            np.testing.assert_array_equal(got[name], expected[name], err_msg=name)

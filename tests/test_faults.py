@@ -323,3 +323,29 @@ def test_leftovers_of_killed_runs_and_builds_are_cleaned_up(tiny_dataset, tmp_pa
     assert result.returncode == 0, result.stderr
     assert not staging.exists() and not build_lock.exists()
     assert not (run_dir / ".lock").exists()
+
+
+def test_a_signal_during_the_last_step_stops_before_the_evaluation():
+    """The last step's vote has already been taken when a signal arrives during it: the
+    run must still stop (at once, its checkpoint saved) instead of evaluating."""
+    from model_zoo.train.interrupt import StopRequests, TrainingInterrupted
+    with StopRequests() as stop:
+        stop._handle(signal.SIGTERM, None)
+        with pytest.raises(TrainingInterrupted) as stopped:
+            stop.steps_done(10, "step_00000010.ckpt")
+    assert stopped.value.exit_status == 143 and stopped.value.step == 10
+
+
+def test_ranks_resume_from_the_newest_step_they_all_saved(tmp_path):
+    """A kill between two ranks' saves leaves rank 0 a step ahead: both resume at step 2."""
+    from model_zoo.parallel.context import RunContext
+    from model_zoo.train.trainer import resumable_checkpoints
+    for rank, steps in ((0, (2, 4)), (1, (2,))):
+        folder = tmp_path / f"rank_{rank}" / "checkpoints"
+        folder.mkdir(parents=True)
+        for step in steps:
+            (folder / f"step_{step:08d}.ckpt").write_bytes(b"x")
+    found = resumable_checkpoints(str(tmp_path / "rank_0"), RunContext("CPU", 0, 2))
+    assert [step for step, _ in found] == [2]
+    alone = resumable_checkpoints(str(tmp_path / "rank_0"), RunContext("CPU", 0, 1))
+    assert [step for step, _ in alone] == [2, 4]

@@ -157,19 +157,22 @@ def watch(workers, scheduler, grace: float, timeout: float, stop_timeout: float 
           signals=None) -> int:
     """Wait for the job; returns the exit status of the whole job. A rank that stops on a
     signal (or a signal to the launcher, `signals`) gives the others `stop_timeout` seconds
-    to save; a rank that fails gives them `grace`."""
+    to save, and so does a rank that ends successfully (the others should follow soon; ranks
+    that wait for one that has left would wait forever); a rank that fails gives them
+    `grace`. After a signal to the launcher every exit counts as stopping."""
     started = time.monotonic()
     failed = None
     stopping_since = None
     while True:
         codes = [w.popen.poll() for w in workers]
-        if stopping_since is None and (
-                (signals is not None and signals.signum) or
-                any(code in STOPPED_STATUSES for code in codes)):
+        signalled = signals is not None and signals.signum
+        if stopping_since is None and (signalled or any(
+                code in (0, *STOPPED_STATUSES) for code in codes)):
             stopping_since = time.monotonic()
-            print(f"the ranks are saving a checkpoint and stopping (waiting up to "
-                  f"{stop_timeout:g} s)", file=sys.stderr, flush=True)
-        if failed is None:
+            if signalled or any(code in STOPPED_STATUSES for code in codes):
+                print(f"the ranks are saving a checkpoint and stopping (waiting up to "
+                      f"{stop_timeout:g} s)", file=sys.stderr, flush=True)
+        if failed is None and not signalled:
             for worker, code in zip(workers + [scheduler], codes + [scheduler.popen.poll()]):
                 if code not in (None, 0, *STOPPED_STATUSES):
                     failed, failed_at = worker, time.monotonic()
@@ -181,8 +184,8 @@ def watch(workers, scheduler, grace: float, timeout: float, stop_timeout: float 
         if failed is not None and time.monotonic() - failed_at >= grace:
             break
         if stopping_since is not None and time.monotonic() - stopping_since >= stop_timeout:
-            print(f"the ranks did not stop within --stop-timeout {stop_timeout:g} s; "
-                  f"stopping them", file=sys.stderr, flush=True)
+            print(f"the ranks did not end within --stop-timeout {stop_timeout:g} s of the "
+                  f"first; stopping them", file=sys.stderr, flush=True)
             break
         if timeout and time.monotonic() - started >= timeout:
             print(f"the job ran longer than --timeout {timeout:g} s; stopping it",
@@ -199,6 +202,8 @@ def watch(workers, scheduler, grace: float, timeout: float, stop_timeout: float 
 def job_status(workers, failed, signals) -> int:
     """0 if every rank succeeded; 128 + the signal if the ranks stopped on one; else the
     status of a failed rank (2 for refused input, 1 otherwise), after printing its log."""
+    if failed is None and signals is not None and signals.signum:
+        return 128 + signals.signum
     if failed is None:
         failed = next((w for w in workers
                        if w.popen.returncode not in (0, *STOPPED_STATUSES)), None)
@@ -208,8 +213,6 @@ def job_status(workers, failed, signals) -> int:
               file=sys.stderr, flush=True)
         return BAD_INPUT_STATUS if failed.popen.returncode == BAD_INPUT_STATUS else 1
     stopped = [w.popen.returncode for w in workers if w.popen.returncode in STOPPED_STATUSES]
-    if signals is not None and signals.signum:
-        return 128 + signals.signum
     return stopped[0] if stopped else 0
 
 
@@ -222,8 +225,10 @@ def launch(command, workers: int, output_dir: str, grace: float = 10.0,
                       os.path.join(output_dir, "scheduler.log"), "scheduler")
     processes = [scheduler]
     ranks = []
-    try:
-        with ForwardedSignals(ranks) as signals:
+    # the handlers stay while the job is stopped, so a Ctrl-C then cannot cut the cleanup
+    # short and leave ranks running in their own sessions
+    with ForwardedSignals(ranks) as signals:
+        try:
             for rank in range(workers):
                 ranks.append(start(command,
                                    cluster_env("MS_WORKER", port, workers, cluster_timeout,
@@ -233,8 +238,8 @@ def launch(command, workers: int, output_dir: str, grace: float = 10.0,
                 print(f"rank {rank}: pid {ranks[-1].popen.pid}, log {ranks[-1].log_path}",
                       flush=True)
             return watch(ranks, scheduler, grace, timeout, stop_timeout, signals)
-    finally:
-        stop(processes)
+        finally:
+            stop(processes)
 
 
 def main(argv=None) -> int:

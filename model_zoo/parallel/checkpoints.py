@@ -196,7 +196,7 @@ def check_strategy_file(path: str, layout: Layout):
         raise CheckpointError(f"{path}: not a readable strategy file ({err})") from None
     names = dict.fromkeys(item.param_name.split("-", 1)[-1]
                           for item in recorded.parallel_layout_item)
-    expected = strategy_map(layout.params, layout.parallel, names)
+    expected = strategy_map(layout.params, layout.parallel, names)   # in the file's order
     if recorded.SerializeToString() != expected.SerializeToString():
         raise CheckpointError(f"{path} does not match the layout of "
                               f"{os.path.dirname(path) or '.'}/{CONFIG_FILE} "
@@ -208,7 +208,7 @@ def transform(directory: str, output_dir: str, overrides=()) -> tuple:
     config gets with `overrides`. Returns (source layout, target layout)."""
     source = sliced_layout(directory)
     target = sliced_layout(directory, overrides)
-    if target.params.keys() != source.params.keys():
+    if target.config.model != source.config.model:
         raise UserInputError("--set changed the model, not only the layout: a checkpoint "
                              "moves between layouts of one model")
     check_sliced(directory, source)
@@ -285,6 +285,30 @@ def collect(run_dir: str, output_dir: str, step: int = 0) -> Layout:
             handle.write(f"{os.path.abspath(run_dir)} step {step}\n")
         check_sliced(staging, layout)
     return layout
+
+
+def strategy_names(path: str) -> set:
+    """The entries a strategy file lays out (without the "<stage>-" of merged files)."""
+    from mindspore.train import node_strategy_pb2
+    strategy = node_strategy_pb2.ParallelStrategyMap()
+    with open(path, "rb") as handle:
+        strategy.ParseFromString(handle.read())
+    return {item.param_name.split("-", 1)[-1] for item in strategy.parallel_layout_item}
+
+
+def stage_strategy(strategy_file: str, parallel, output: str) -> str:
+    """The strategy file a rank saved, in the form the transforms read: with pipeline
+    stages MindSpore saves each stage's entries without their stage, and its transforms
+    file those under stage 0, so the file is put through merge_pipeline_strategys (which
+    names them "<stage>-<parameter>"). Without stages, the file as it is."""
+    if parallel.pipeline_stage == 1:
+        return strategy_file
+    import mindspore as ms   # the transform then also passes other stages' entries whole:
+    # load only the names the rank's file lists (`strategy_names`)
+    with tempfile.TemporaryDirectory() as folder:
+        shutil.copy(strategy_file, os.path.join(folder, "rank.ckpt"))
+        ms.merge_pipeline_strategys(folder, output)
+    return output
 
 
 def rank_slices(source: str, rank: int, target_strategy: str, output: str) -> str:

@@ -17,8 +17,9 @@ its pipeline stage:
 
 With pipeline stages the file is in the merged form MindSpore's `merge_pipeline_strategys`
 produces: each entry is named "<stage>-<parameter>". The optimizer's moments (and the
-gradient accumulation buffers) are laid out like their parameters; scalars (step counters,
-loss scale) are not listed, and every rank keeps them whole.
+gradient accumulation buffers, without the optimizer shard) are laid out like their
+parameters; scalars (step counters, loss scale) are not listed, and every rank keeps them
+whole.
 """
 
 import math
@@ -92,6 +93,10 @@ def strategy_map(params: Dict[str, object], parallel: ParallelConfig, names: Ite
     for name, base in laid_out_names(params, names).items():
         param = params[base]
         dev_matrix, tensor_map, shard_step, shard_size = parameter_layout(param, parallel)
+        if name.startswith("accu_grads."):
+            # AutoParallel.hsdp's default level1 shards weights and optimizer state, not
+            # the accumulated gradients (unverified on a cluster)
+            shard_step = shard_size = 0
         stages = sorted({param.stage} | set(param.used_on_stages))
         for stage in stages:
             item = strategy.parallel_layout_item.add()

@@ -45,7 +45,10 @@ class StopRequests:
 
     def steps_done(self, step: int, checkpoint: str):
         """Training ended at `step` with `checkpoint` saved: what follows (the evaluation)
-        has nothing to save, so a signal now stops it at once."""
+        has nothing to save, so a signal now stops it at once (and one that came during
+        the last step, too late for the step's vote, stops the run now)."""
+        if self.signum is not None:
+            raise TrainingInterrupted(self.signum, step, checkpoint)
         self._done = (step, checkpoint)
         self.install()
 

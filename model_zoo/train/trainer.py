@@ -69,13 +69,35 @@ def keep_schedule_length(config: Config, saved_train: dict):
             f"is now {train.steps}); set train.lr_schedule_steps to change it")
 
 
-def resume_from_checkpoint(step_cell, output_dir: str) -> int:
+def resumable_checkpoints(output_dir: str, context) -> list:
+    """(step, path) of the checkpoints this rank may resume from, oldest first. With several
+    ranks whose folders are visible here (one machine, or shared storage), only up to the
+    newest step every rank has: a kill or a full disk between two ranks' saves leaves them
+    a step apart, and ranks that resumed apart would wait for each other forever."""
+    own = list_checkpoints(output_dir)
+    if not context.distributed:
+        return own
+    parent = os.path.dirname(output_dir)
+    folders = [os.path.join(parent, f"rank_{rank}") for rank in range(context.device_num)]
+    if not all(os.path.isdir(folder) for folder in folders):
+        return own
+    common = set.intersection(*({step for step, _ in list_checkpoints(folder)}
+                                for folder in folders))
+    if not common:
+        raise CheckpointError(f"--resume: the {len(folders)} rank folders in {parent} share no "
+                              f"checkpoint step")
+    if max(common) < own[-1][0]:
+        log(f"resuming from step {max(common)}, the newest step every rank saved")
+    return [(step, path) for step, path in own if step <= max(common)]
+
+
+def resume_from_checkpoint(step_cell, output_dir: str, context) -> int:
     """Load the newest readable checkpoint of the run into `step_cell`; returns its step.
     Newer unreadable ones are renamed to `*.unreadable`, and only once an older one loaded."""
     for leftover in remove_partial_checkpoints(output_dir):
         log(f"removed {leftover}, left by an interrupted save")
     unreadable = []
-    for _, path in reversed(list_checkpoints(output_dir)):
+    for _, path in reversed(resumable_checkpoints(output_dir, context)):
         try:
             load_weights(step_cell, path)
         except CheckpointError as err:
@@ -121,9 +143,10 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
     network, step_cell = build_model(module, config, context)
     start_step = 0
     if context.semi_auto:   # weights are loaded once the step is compiled (restore_sliced)
-        start_step = saved_step(list_checkpoints(output_dir)[-1][1]) if resume else 0
+        resume_path = resumable_checkpoints(output_dir, context)[-1][1] if resume else None
+        start_step = saved_step(resume_path) if resume else 0
     elif resume:
-        start_step = resume_from_checkpoint(step_cell, output_dir)
+        start_step = resume_from_checkpoint(step_cell, output_dir, context)
     elif config.train.init_checkpoint:
         if os.path.isdir(config.train.init_checkpoint):
             raise CheckpointError(f"train.init_checkpoint {config.train.init_checkpoint!r} is "
@@ -141,8 +164,8 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
     first_batch = next(batches)
     write_run_info(output_dir, config, context, shard, first_batch)
     if context.semi_auto and (resume or config.train.init_checkpoint):
-        restore_sliced(runnable, step_cell, first_batch, config, context.rank, output_dir,
-                       strategy_file, resume)
+        restore_sliced(runnable, step_cell, network, first_batch, config, context.rank,
+                       output_dir, strategy_file, resume_path)
 
     metrics = MetricsLog(os.path.join(output_dir, "metrics.jsonl"), resume_step=start_step)
     with StopRequests() as stop:
@@ -175,28 +198,36 @@ def evaluate_run(module, config: Config, network, output_dir: str, on_save) -> d
     return result
 
 
-def restore_sliced(runnable, step_cell, first_batch, config, rank: int, output_dir: str,
-                   strategy_file: str, resume: bool):
+def restore_sliced(runnable, step_cell, network, first_batch, config, rank: int,
+                   output_dir: str, strategy_file: str, resume_path=None):
     """Semi-auto runs: parameters are cut into this rank's slices only when the step is
     compiled, so the step is compiled on the first batch (which writes the layout's
     strategy file) and the slices are loaded then, as MindFormers does (build the model,
-    then load). --resume loads the rank's own newest checkpoint, which holds its slices;
-    train.init_checkpoint, a full checkpoint or a sliced directory of any layout, is cut
-    for this rank by MindSpore's transform_checkpoint_by_rank first
-    (`checkpoints.rank_slices`). Only a cluster can run this path: MindSpore refuses
-    semi-auto parallel on CPU."""
-    from model_zoo.parallel.checkpoints import rank_slices
+    then load). --resume (`resume_path`) loads the rank's own checkpoint, which holds its
+    slices and the training state; train.init_checkpoint, a full checkpoint or a sliced
+    directory of any layout, is cut for this rank by MindSpore's
+    transform_checkpoint_by_rank first (`checkpoints.rank_slices`), and only the model's
+    weights are taken from it (not its optimizer state or step). Only a cluster can run
+    this path: MindSpore refuses semi-auto parallel on CPU."""
+    from model_zoo.parallel.checkpoints import rank_slices, stage_strategy, strategy_names
     runnable.compile(*first_batch)
-    if resume:
-        path = list_checkpoints(output_dir)[-1][1]
+    values = None
+    if resume_path:
+        path, target = resume_path, step_cell
     else:
-        path = rank_slices(config.train.init_checkpoint, rank, strategy_file,
-                           os.path.join(output_dir, "strategy", "init_checkpoint_slices.ckpt"))
+        work = os.path.join(output_dir, "strategy")
+        target_strategy = stage_strategy(strategy_file, config.parallel,
+                                         os.path.join(work, "merged_strategy.ckpt"))
+        path = rank_slices(config.train.init_checkpoint, rank, target_strategy,
+                           os.path.join(work, "init_checkpoint_slices.ckpt"))
         log(f"cut {config.train.init_checkpoint} into this rank's slices: {path}")
-    not_loaded, _ = ms.load_param_into_net(step_cell, ms.load_checkpoint(path),
-                                           strict_load=False)
+        target, held = network, strategy_names(strategy_file)   # this stage's weights only
+        values = {name: value for name, value in ms.load_checkpoint(path).items()
+                  if name in held}
+    not_loaded, _ = ms.load_param_into_net(
+        target, values if values is not None else ms.load_checkpoint(path), strict_load=False)
     missing = [name for name in not_loaded if name != STOP_FLAG]
-    if resume and missing:
+    if resume_path and missing:
         raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "
                               f"{len(missing)} parameters, e.g. {missing[0]!r}")
     log(f"loaded {path}" + (f"; left at their initialisation: {', '.join(missing)}"
