@@ -73,6 +73,8 @@ class TrainConfig:
     lr_schedule_steps: the length of the cosine schedule; 0 means `steps`. A resumed run
     keeps the length of the run it continues, so `--resume --set train.steps=N` extends the
     run at the floor learning rate instead of re-stretching the cosine (the lr would jump).
+    checkpoint_format: "ckpt" (MindSpore's protobuf) or "safetensors" (which MindSpore 2.10
+    reads and writes too, and which MindFormers is moving to); --resume reads either.
     """
 
     steps: int = 100
@@ -97,6 +99,7 @@ class TrainConfig:
     device_target: str = "auto"
     init_checkpoint: str = ""
     lr_schedule_steps: int = 0
+    checkpoint_format: str = "ckpt"
 
     @property
     def schedule_steps(self) -> int:
@@ -117,6 +120,7 @@ class TrainConfig:
             raise ConfigError(f"train.min_lr={self.min_lr} is above train.lr={self.lr}")
         _check_choice(self, "train", "precision", ("fp32", "fp16"))
         _check_choice(self, "train", "lr_schedule", ("cosine", "inverse_sqrt"))
+        _check_choice(self, "train", "checkpoint_format", ("ckpt", "safetensors"))
         _check_choice(self, "train", "device_target", ("auto", "CPU", "Ascend"))
         if self.init_checkpoint and os.path.isdir(self.init_checkpoint):
             from model_zoo.parallel.strategy_file import STRATEGY_FILE

@@ -239,3 +239,28 @@ def test_resume_with_more_steps_keeps_the_schedule(trained, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "keeps its length" not in result.stdout
     assert _metrics(stretched)[4]["lr"] > 2e-3
+
+
+def test_safetensors_checkpoints_train_resume_and_evaluate(trained, tmp_path):
+    """train.checkpoint_format=safetensors: the same run, saved as .safetensors, resumes and
+    evaluates as the .ckpt run does."""
+    run_dir = tmp_path / "run"
+    fmt = ["--set", "train.checkpoint_format=safetensors"]
+    result = run_cli("train", trained["config"], "--output-dir", run_dir, *fmt)
+    assert result.returncode == 0, result.stderr
+    checkpoints = run_dir / "checkpoints"
+    assert sorted(os.listdir(checkpoints)) == ["step_00000002.safetensors",
+                                               "step_00000004.safetensors"]
+    assert _metrics(run_dir) == [
+        {**entry, "samples_per_s": new["samples_per_s"], "tokens_per_s": new["tokens_per_s"]}
+        for entry, new in zip(_metrics(trained["run_dir"]), _metrics(run_dir))]
+    evaluated = [run_cli("eval", trained["config"], "--ckpt", ckpt).stdout
+                 for ckpt in (checkpoints / "step_00000004.safetensors", trained["ckpt"])]
+    assert evaluated[0] == evaluated[1] and evaluated[0].startswith("{")
+
+    os.remove(checkpoints / "step_00000004.safetensors")
+    result = run_cli("train", trained["config"], "--output-dir", run_dir, "--resume", *fmt)
+    assert result.returncode == 0, result.stderr
+    assert f"resuming from {checkpoints / 'step_00000002.safetensors'} (step 2)" in result.stdout
+    assert [entry["loss"] for entry in _metrics(run_dir)] == [
+        entry["loss"] for entry in _metrics(trained["run_dir"])]

@@ -19,24 +19,30 @@ from model_zoo.files import check_file
 from model_zoo.nn.layers import dtype_of
 from model_zoo.train.step import STEP_COUNTER, STOP_FLAG
 
-CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)\.ckpt$")
+CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)\.(ckpt|safetensors)$")
 
 
-def checkpoint_path(output_dir: str, step: int) -> str:
-    return os.path.join(output_dir, "checkpoints", f"step_{step:08d}.ckpt")
+def checkpoint_path(output_dir: str, step: int, file_format: str = "ckpt") -> str:
+    return os.path.join(output_dir, "checkpoints", f"step_{step:08d}.{file_format}")
+
+
+def file_format_of(path: str) -> str:
+    """The MindSpore format of a checkpoint file, from its name (load_checkpoint needs it)."""
+    return "safetensors" if str(path).endswith(".safetensors") else "ckpt"
 
 
 def list_checkpoints(output_dir: str):
     """(step, path) of every complete checkpoint in a run's output dir, oldest first."""
     found = []
-    for path in glob.glob(os.path.join(output_dir, "checkpoints", "step_*.ckpt")):
+    for path in glob.glob(os.path.join(output_dir, "checkpoints", "step_*")):
         match = CHECKPOINT_PATTERN.match(os.path.basename(path))
         if match:
             found.append((int(match.group(1)), path))
     return sorted(found)
 
 
-def save_checkpoint(cell, output_dir: str, step: int, keep: int, sliced: bool = False) -> str:
+def save_checkpoint(cell, output_dir: str, step: int, keep: int, sliced: bool = False,
+                    file_format: str = "ckpt") -> str:
     """Save `cell`'s parameters for `step`: write a temporary file, then rename it into place.
 
     A crash mid-save leaves the previous checkpoints intact; only the newest `keep` are kept.
@@ -44,8 +50,9 @@ def save_checkpoint(cell, output_dir: str, step: int, keep: int, sliced: bool = 
     `sliced` (semi-auto parallel): each rank saves only its own slices, described by the
     run's strategy file, instead of gathering whole parameters on every rank (MindFormers'
     CheckpointMonitor turns integrated_save off for semi-auto runs the same way).
+    `file_format`: "ckpt" or "safetensors" (train.checkpoint_format).
     """
-    path = checkpoint_path(output_dir, step)
+    path = checkpoint_path(output_dir, step, file_format)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
         # MindSpore writes step_N.tmp.tmp and renames it to step_N.tmp.ckpt (serialization.py
@@ -53,7 +60,7 @@ def save_checkpoint(cell, output_dir: str, step: int, keep: int, sliced: bool = 
         # reported below as one line, without MindSpore's CRITICAL log of it
         with silent_logging():
             ms.save_checkpoint(cell, partial_path(path), integrated_save=not sliced,
-                               choice_func=lambda name: name != STOP_FLAG)
+                               choice_func=lambda name: name != STOP_FLAG, format=file_format)
         os.replace(partial_path(path), path)
     except OSError as err:
         remove_partial_checkpoints(output_dir)
@@ -79,7 +86,8 @@ def silent_logging():
 
 def partial_path(path: str) -> str:
     """Where `save_checkpoint` writes the checkpoint `path` before renaming it."""
-    return path[:-len(".ckpt")] + ".tmp.ckpt"
+    stem, extension = os.path.splitext(path)
+    return stem + ".tmp" + extension
 
 
 def remove_partial_checkpoints(output_dir: str) -> list:
@@ -98,7 +106,7 @@ def read_checkpoint(path: str) -> dict:
     """Parameters of a checkpoint file; CheckpointError if it is missing or unreadable."""
     check_file(path, "checkpoint", CheckpointError, empty_ok=False)
     try:
-        return ms.load_checkpoint(path)
+        return ms.load_checkpoint(path, format=file_format_of(path))
     except Exception as err:  # MindSpore raises ValueError/RuntimeError on bad files
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"checkpoint {path!r} cannot be read: {first_line}") from None
@@ -108,7 +116,8 @@ def saved_step(path: str) -> int:
     """The train step a checkpoint was saved at, read without loading its weights."""
     check_file(path, "checkpoint", CheckpointError, empty_ok=False)
     try:
-        values = ms.load_checkpoint(path, choice_func=lambda name: name == STEP_COUNTER)
+        values = ms.load_checkpoint(path, choice_func=lambda name: name == STEP_COUNTER,
+                                    format=file_format_of(path))
         return int(values[STEP_COUNTER].asnumpy())
     except Exception as err:  # noqa: BLE001 - MindSpore's errors on bad files, a KeyError
         raise CheckpointError(f"checkpoint {path!r} holds no readable step counter "

@@ -19,7 +19,7 @@ from model_zoo.parallel.context import (data_shard, gradient_reducer, init_paral
 from model_zoo.nn.attention import check_flash_attention_device
 from model_zoo.nn.layers import dtype_of, kernels_for
 from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
-from model_zoo.train.checkpoint import (list_checkpoints, load_weights,
+from model_zoo.train.checkpoint import (list_checkpoints, load_weights, read_checkpoint,
                                         remove_partial_checkpoints, save_checkpoint,
                                         saved_step)
 from model_zoo.train.interrupt import StopRequests, TrainingInterrupted
@@ -222,10 +222,10 @@ def restore_sliced(runnable, step_cell, network, first_batch, config, rank: int,
                            os.path.join(work, "init_checkpoint_slices.ckpt"))
         log(f"cut {config.train.init_checkpoint} into this rank's slices: {path}")
         target, held = network, strategy_names(strategy_file)   # this stage's weights only
-        values = {name: value for name, value in ms.load_checkpoint(path).items()
+        values = {name: value for name, value in read_checkpoint(path).items()
                   if name in held}
     not_loaded, _ = ms.load_param_into_net(
-        target, values if values is not None else ms.load_checkpoint(path), strict_load=False)
+        target, values if values is not None else read_checkpoint(path), strict_load=False)
     missing = [name for name in not_loaded if name != STOP_FLAG]
     if resume_path and missing:
         raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "
@@ -325,7 +325,8 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
         stopping = bool(stop_voted.asnumpy()[0] > 0)
         if step % train.save_steps == 0 or step == train.steps or stopping:
             path = save_checkpoint(step_cell, output_dir, step, train.keep_checkpoints,
-                                   sliced=sliced_checkpoints)
+                                   sliced=sliced_checkpoints,
+                                   file_format=train.checkpoint_format)
             log(f"saved {path}")
             if on_save is not None:
                 on_save(output_dir)
