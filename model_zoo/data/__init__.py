@@ -14,6 +14,7 @@ from model_zoo.data.buckets import (
 from model_zoo.data.corpus import (
     BUILTIN_PYTHON_DOCS,
     Docstring,
+    describe_sources,
     load_documents,
     python_docstring_records,
     python_docstrings_corpus,
@@ -60,6 +61,7 @@ __all__ = [
     "check_no_dataset",
     "check_positive",
     "count_samples",
+    "describe_sources",
     "create_dataset",
     "dataset_ready",
     "global_batches",

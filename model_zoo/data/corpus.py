@@ -4,6 +4,7 @@ import ast
 import inspect
 import os
 import re
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -12,6 +13,15 @@ import numpy as np
 from model_zoo.errors import DataError
 
 BUILTIN_PYTHON_DOCS = "builtin:python-docs"
+
+
+def describe_sources(inputs) -> str:
+    """The inputs of a dataset as its manifest's `source` says them, with the Python version
+    whose standard library the built-in docstrings came from."""
+    source = " ".join(inputs)
+    if BUILTIN_PYTHON_DOCS in inputs:
+        source += f" (Python {sys.version.split()[0]})"
+    return source
 
 EXCLUDED_STDLIB_DIRECTORIES = frozenset(
     {"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"})

@@ -85,15 +85,17 @@ def normalized_source(source: str) -> str:
 
 
 def verify_dataset(dataset_dir, sources=None, checksums: bool = False):
-    """Before training on the dataset in `dataset_dir`: it was built from `sources` (the
-    config's data.sources, if the model has them), its files are whole (sizes, and SHA-256
-    with `checksums`), and its tokenizer loads (found now, not after training)."""
+    """Before training on the dataset in `dataset_dir` (whose file sizes `dataset_ready`
+    has checked): it was built from `sources` (the config's data.sources, if the model has
+    them), its files' SHA-256 match with `checksums`, and its tokenizer loads (found now, not
+    after training)."""
     manifest = read_manifest(dataset_dir)
     if manifest is None:
         raise DataError(f"no dataset in {dataset_dir} ({MANIFEST_FILE} is missing)")
     if sources is not None:
         check_sources(dataset_dir, manifest, sources)
-    check_recorded_files(dataset_dir, manifest, checksums)
+    if checksums:
+        check_recorded_files(dataset_dir, manifest, checksums=True)
     tokenizer = Path(dataset_dir) / TOKENIZER_FILE
     if tokenizer.exists():
         Tokenizer(tokenizer)

@@ -109,13 +109,16 @@ def check_full_checkpoint(shapes: dict, layout: Layout, path: str):
                                   f"{tuple(param.shape)}")
 
 
-def check_sliced(directory: str, layout: Layout) -> list:
+def check_sliced(directory: str, layout: Layout) -> tuple:
     """Check a sliced directory against its layout before MindSpore reads it: a file for
     every rank, each readable, each slice of the shape the layout gives that rank. Returns
-    the rank files."""
+    the rank files and the names of every entry they hold (in rank order)."""
     files = [rank_file(directory, rank) for rank in range(layout.device_num)]
+    names = {}
     for rank, path in enumerate(files):
-        for name, shape in read_shapes(path).items():
+        shapes = read_shapes(path)
+        names.update(dict.fromkeys(shapes))
+        for name, shape in shapes.items():
             index = layout.slice_of(name, rank)
             if index is None or index == ():
                 continue
@@ -127,7 +130,7 @@ def check_sliced(directory: str, layout: Layout) -> list:
                     f"{path}: {name!r} has shape {shape}, but the layout in "
                     f"{os.path.join(directory, STRATEGY_FILE)} ({layout.describe()}) gives rank "
                     f"{rank} a slice of {expected}; the strategy does not match the checkpoints")
-    return files
+    return files, list(names)
 
 
 @contextlib.contextmanager
@@ -169,8 +172,8 @@ def split(config, ckpt: str, output_dir: str) -> Layout:
     return layout
 
 
-def sliced_layout(directory: str, overrides=()) -> Layout:
-    """The layout of a sliced directory (its config.yaml, with `overrides`)."""
+def sliced_layout(directory: str) -> Layout:
+    """The layout of a sliced directory (its config.yaml), its strategy file checked."""
     for needed in (CONFIG_FILE, STRATEGY_FILE):
         if not os.path.isfile(os.path.join(directory, needed)):
             raise CheckpointError(f"{directory} is not a sliced checkpoint directory: "
@@ -179,8 +182,6 @@ def sliced_layout(directory: str, overrides=()) -> Layout:
     layout = plan_layout(layout_config(os.path.join(directory, CONFIG_FILE)))
     if not os.path.isfile(os.path.join(directory, COLLECTED_FILE)):
         check_strategy_file(os.path.join(directory, STRATEGY_FILE), layout)
-    if overrides:
-        layout = plan_layout(layout_config(os.path.join(directory, CONFIG_FILE), overrides))
     return layout
 
 
@@ -207,14 +208,11 @@ def transform(directory: str, output_dir: str, overrides=()) -> tuple:
     """`model-zoo checkpoint transform`: re-slice a sliced directory for the layout its
     config gets with `overrides`. Returns (source layout, target layout)."""
     source = sliced_layout(directory)
-    target = sliced_layout(directory, overrides)
+    target = plan_layout(layout_config(os.path.join(directory, CONFIG_FILE), overrides))
     if target.config.model != source.config.model:
         raise UserInputError("--set changed the model, not only the layout: a checkpoint "
                              "moves between layouts of one model")
-    check_sliced(directory, source)
-    names = {}   # every entry of the source, from the first rank of each stage
-    for stage_file in _first_rank_of_each_stage(directory, source):
-        names.update(dict.fromkeys(read_shapes(stage_file)))
+    _, names = check_sliced(directory, source)
     write_sliced(directory, os.path.join(directory, STRATEGY_FILE), target, names, output_dir)
     return source, target
 
@@ -330,12 +328,6 @@ def rank_slices(source: str, rank: int, target_strategy: str, output: str) -> st
     return output
 
 
-def _first_rank_of_each_stage(directory: str, layout: Layout) -> list:
-    per_stage = layout.parallel.devices_per_stage
-    return [rank_file(directory, stage * per_stage)
-            for stage in range(layout.parallel.pipeline_stage)]
-
-
 def inspect(path: str) -> list:
     """`model-zoo checkpoint inspect`: one line per entry of a checkpoint file, or of a
     sliced directory (with the full shape and which ranks hold which slice)."""
@@ -344,7 +336,7 @@ def inspect(path: str) -> list:
                 for name, value in read_checkpoint(path).items()]
     layout = sliced_layout(path)
     holders = {}
-    for rank, rank_path in enumerate(check_sliced(path, layout)):
+    for rank, rank_path in enumerate(check_sliced(path, layout)[0]):
         for name, value in read_checkpoint(rank_path).items():
             index = layout.slice_of(name, rank)
             if index is None:

@@ -47,12 +47,12 @@ def check_output_dir(output_dir: str, config: Config, resume: bool):
     saved_path = os.path.join(output_dir, "config.yaml")
     if resume and os.path.exists(saved_path):
         saved = read_yaml(saved_path)
-        current = config.to_dict()["model"]
-        for key, value in current.items():
-            if saved.get("model", {}).get(key) != value:
+        saved_model = saved.get("model", {})
+        for key, value in config.to_dict()["model"].items():
+            if saved_model.get(key) != value:
                 raise UserInputError(
                     f"--resume: model.{key} is {value!r} but the run in {output_dir} used "
-                    f"{saved.get('model', {}).get(key)!r}")
+                    f"{saved_model.get(key)!r}")
         keep_schedule_length(config, saved.get("train", {}))
 
 
@@ -211,9 +211,8 @@ def restore_sliced(runnable, step_cell, network, first_batch, config, rank: int,
     this path: MindSpore refuses semi-auto parallel on CPU."""
     from model_zoo.parallel.checkpoints import rank_slices, stage_strategy, strategy_names
     runnable.compile(*first_batch)
-    values = None
     if resume_path:
-        path, target = resume_path, step_cell
+        path, target, values = resume_path, step_cell, read_checkpoint(resume_path)
     else:
         work = os.path.join(output_dir, "strategy")
         target_strategy = stage_strategy(strategy_file, config.parallel,
@@ -224,8 +223,7 @@ def restore_sliced(runnable, step_cell, network, first_batch, config, rank: int,
         target, held = network, strategy_names(strategy_file)   # this stage's weights only
         values = {name: value for name, value in read_checkpoint(path).items()
                   if name in held}
-    not_loaded, _ = ms.load_param_into_net(
-        target, values if values is not None else read_checkpoint(path), strict_load=False)
+    not_loaded, _ = ms.load_param_into_net(target, values, strict_load=False)
     missing = [name for name in not_loaded if name != STOP_FLAG]
     if resume_path and missing:
         raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "

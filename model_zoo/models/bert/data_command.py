@@ -1,11 +1,11 @@
 """`model-zoo data bert`: build the pretraining set or the classification set."""
 
-import sys
 from pathlib import Path
 
 from model_zoo.data import (
     BUILTIN_PYTHON_DOCS,
     check_no_dataset,
+    describe_sources,
     load_documents,
 )
 from model_zoo.errors import UserInputError
@@ -66,15 +66,12 @@ def run_data_command(args):
     if missing:
         raise UserInputError(f"--task pretrain needs {' and '.join(missing)}")
     documents = load_documents(args.input)
-    source = " ".join(args.input)
-    if BUILTIN_PYTHON_DOCS in args.input:
-        source += f" (Python {sys.version.split()[0]})"
     manifest = build_pretraining_dataset(
         output_dir, documents, vocab_size=args.vocab_size, seq_length=args.seq_length,
         max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
         whole_word_mask=args.whole_word_mask, dupe_factor=args.dupe_factor,
         short_seq_prob=args.short_seq_prob, heldout_fraction=args.heldout_fraction,
-        seed=args.seed, source=source, sources=args.input)
+        seed=args.seed, source=describe_sources(args.input), sources=args.input)
     splits = manifest["splits"]
     print(f"bert dataset: {len(documents)} documents, "
           f"{splits['train']['sentences'] + splits['heldout']['sentences']} sentences, "

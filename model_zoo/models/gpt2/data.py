@@ -10,7 +10,6 @@ dataset.json records the source, vocab_size, seq_length, split seed and, per spl
 numbers of documents, tokens (counting the eos that ends each document) and samples.
 """
 
-import sys
 from pathlib import Path
 
 from model_zoo.data import (
@@ -19,6 +18,7 @@ from model_zoo.data import (
     check_no_dataset,
     check_positive,
     dataset_ready,
+    describe_sources,
     load_documents,
     pack_token_stream,
     split_documents,
@@ -105,12 +105,10 @@ def run_data_command(args):
     """Build the dataset described by the parsed arguments and print a one-line summary."""
     check_no_dataset(Path(args.output_dir))
     documents = load_documents(args.input)
-    source = " ".join(args.input)
-    if BUILTIN_PYTHON_DOCS in args.input:
-        source += f" (Python {sys.version.split()[0]})"
     manifest = build_dataset(args.output_dir, documents, vocab_size=args.vocab_size,
                              seq_length=args.seq_length, heldout_fraction=args.heldout_fraction,
-                             seed=args.seed, source=source, sources=args.input)
+                             seed=args.seed, source=describe_sources(args.input),
+                             sources=args.input)
     splits = manifest["splits"]
     print(f"gpt2 dataset: {len(documents)} documents, "
           f"{splits['train']['tokens'] + splits['heldout']['tokens']} tokens, "
