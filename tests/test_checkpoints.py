@@ -219,6 +219,10 @@ def _as_cluster_run(split_dir, run_dir, step):
         shutil.copy(split_dir / name / f"checkpoint_{rank}.ckpt",
                     folder / "checkpoints" / f"step_{step:08d}.ckpt")
         shutil.copy(split_dir / "config.yaml", folder / "config.yaml")
+        (folder / "strategy").mkdir()
+        if per_stage == len(ranks):   # one stage: the file as MindSpore saves it
+            shutil.copy(split_dir / "strategy.ckpt", folder / "strategy" / "param_strategy.ckpt")
+            continue
         stage = rank // per_stage
         own = node_strategy_pb2.ParallelStrategyMap()
         own.current_stage = stage
@@ -229,7 +233,6 @@ def _as_cluster_run(split_dir, run_dir, step):
                 copy = own.parallel_layout_item.add()
                 copy.CopyFrom(item)
                 copy.param_name = param
-        (folder / "strategy").mkdir()
         (folder / "strategy" / "param_strategy.ckpt").write_bytes(own.SerializeToString())
 
 
@@ -297,3 +300,85 @@ def test_a_pipeline_rank_cuts_its_slices_with_its_own_strategy_file(trained, tmp
         assert got.keys() == expected.keys(), (rank, got.keys() ^ expected.keys())
         for name in got:
             np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+D2M2 = ["--set", "parallel.data_parallel=2", "--set", "parallel.model_parallel=2",
+        "--set", "parallel.optimizer_shard=true"]
+
+
+def test_resume_on_another_layout_cuts_each_rank_from_a_snapshot(trained, tmp_path):
+    """`--resume` of a sharded run on a bigger layout (4 ranks d2m2 -> 8 ranks d2m2p2), as
+    every rank runs it before and after compiling (`parallel.resume`, then the per-rank
+    transform of `restore_sliced`): ranks in rank order, each writing its new config as the
+    trainer does; ranks 4-7 have no folder yet. Each rank gets the slices split gives it,
+    training state and step included; the old files are renamed, not lost."""
+    from model_zoo.parallel.checkpoints import layout_config, rank_file, rank_slices
+    from model_zoo.parallel.resume import resume_point
+    from model_zoo.config import save_config
+    old_dir, new_dir, run_dir = tmp_path / "d2m2", tmp_path / "d2m2p2", tmp_path / "run"
+    for target, layout in ((old_dir, D2M2), (new_dir, D2M2P2)):
+        assert run_cli("checkpoint", "split", trained["config"], "--ckpt", trained["ckpt"],
+                       "--output-dir", target, *layout).returncode == 0
+    _as_cluster_run(old_dir, run_dir, step=4)
+    old_files = {rank: entries(run_dir / f"rank_{rank}" / "checkpoints" / "step_00000004.ckpt")
+                 for rank in range(4)}
+    config = layout_config(str(new_dir / "config.yaml"))
+    said = []
+    assert resume_point(str(run_dir / "rank_0"), layout_config(str(old_dir / "config.yaml")),
+                        said.append) is None          # the same layout resumes as it is
+    for rank in range(8):
+        folder = run_dir / f"rank_{rank}"
+        point = resume_point(str(folder), config, said.append)
+        assert point.step == 4 and point.path == str(run_dir / "earlier_layouts" /
+                                                     "step_00000004")
+        folder.mkdir(exist_ok=True)
+        save_config(config, str(folder / "config.yaml"))
+        got = entries(rank_slices(point.path, rank, str(new_dir / "strategy.ckpt"),
+                                  str(tmp_path / f"cut_{rank}.ckpt")))
+        expected = entries(rank_file(str(new_dir), rank))
+        assert got.keys() == expected.keys(), rank
+        for name in got:
+            np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{rank} {name}")
+    assert "the layout changed from dp2 x mp2 x pp1 with optimizer shard (4 ranks) to dp2 x " \
+           "mp2 x pp2 with optimizer shard (8 ranks)" in "\n".join(said)
+    for rank, values in old_files.items():
+        checkpoints = run_dir / f"rank_{rank}" / "checkpoints"
+        assert [p.name for p in checkpoints.iterdir()] == \
+            ["step_00000004.dp2-mp2-pp1-os-4ranks.ckpt"]
+        kept = entries(checkpoints / "step_00000004.dp2-mp2-pp1-os-4ranks.ckpt")
+        for name in values:
+            np.testing.assert_array_equal(kept[name], values[name], err_msg=name)
+    # stopped before its first save: a second --resume starts from the snapshot again,
+    # also on yet another layout
+    again = resume_point(str(run_dir / "rank_3"), layout_config(
+        str(new_dir / "config.yaml"), TO_D1M4P2[1::2]), said.append)
+    assert again.path == str(run_dir / "earlier_layouts" / "step_00000004")
+    assert len(list((run_dir / "earlier_layouts").iterdir())) == 1
+
+
+
+def test_safetensors_checkpoints_split_collect_and_merge(trained, tmp_path):
+    """train.checkpoint_format: safetensors files go through the same commands (rewritten
+    as .ckpt, the format MindSpore's per-rank transform reads) and come back bit for bit."""
+    import mindspore as ms
+    full = tmp_path / "full.safetensors"
+    ms.save_checkpoint(ms.load_checkpoint(str(trained["ckpt"])), str(full),
+                       format="safetensors")
+    split_dir, run_dir = tmp_path / "split", tmp_path / "run"
+    assert run_cli("checkpoint", "split", trained["config"], "--ckpt", full,
+                   "--output-dir", split_dir, *D2M2).returncode == 0
+    _as_cluster_run(split_dir, run_dir, step=4)
+    for rank in range(4):
+        ckpt = run_dir / f"rank_{rank}" / "checkpoints" / "step_00000004.ckpt"
+        ms.save_checkpoint(ms.load_checkpoint(str(ckpt)), str(ckpt.with_suffix(".safetensors")),
+                           format="safetensors")
+        ckpt.unlink()
+    assert run_cli("checkpoint", "collect", run_dir, "--output-dir",
+                   tmp_path / "collected").returncode == 0
+    result = run_cli("checkpoint", "merge", tmp_path / "collected", "--output",
+                     tmp_path / "merged.ckpt")
+    assert result.returncode == 0, result.stderr
+    original, back = entries(trained["ckpt"]), entries(tmp_path / "merged.ckpt")
+    assert back.keys() == original.keys()
+    for name in original:
+        np.testing.assert_array_equal(back[name], original[name], err_msg=name)

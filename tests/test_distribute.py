@@ -164,3 +164,35 @@ def test_a_rank_refusing_its_input_makes_the_job_exit_2(tmp_path, write_config):
         capture_output=True, text=True, timeout=120, env=dict(os.environ, GLOG_v="3"))
     assert result.returncode == 2, result.stderr
     assert "error: train.lr must be a finite number, got inf" in result.stderr
+
+
+def test_a_data_parallel_run_resumes_on_more_ranks(tmp_path, write_config):
+    """Resumed on 4 ranks after 2: ranks 2 and 3 start from rank 0's checkpoint, the step
+    count continues, and all four end with the same state."""
+    config = write_config({"train.steps": 4, "train.save_steps": 2,
+                           "train.global_batch_size": 8})
+    out = tmp_path / "out"
+
+    def launch(workers, *extra):
+        return subprocess.run(
+            [sys.executable, "-m", "model_zoo.launch", "--workers", str(workers),
+             "--output-dir", str(out), "--", sys.executable, "-m", "model_zoo", "train",
+             config, "--output-dir", str(out), *extra],
+            capture_output=True, text=True, timeout=300, env=dict(os.environ, GLOG_v="3"))
+
+    first = launch(2, "--set", "parallel.data_parallel=2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    resumed = launch(4, "--resume", "--set", "parallel.data_parallel=4", "--set",
+                     "train.steps=6")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for rank in (2, 3):
+        log = (out / f"rank_{rank}" / "train.log").read_text()
+        assert "resumes from rank 0's" in log and "step 5/6" in log
+        info = json.loads((out / f"rank_{rank}" / "run_info.json").read_text())
+        assert (info["num_shards"], info["batch_size_per_rank"]) == (4, 2)
+    final = [read_checkpoint(out / f"rank_{r}" / "checkpoints" / "step_00000006.ckpt")
+             for r in range(4)]
+    for name in final[0]:
+        for other in final[1:]:
+            np.testing.assert_array_equal(final[0][name], other[name], err_msg=name)
+    assert int(final[0]["train_step"]) == 6

@@ -27,7 +27,7 @@ from model_zoo.errors import CheckpointError, UserInputError
 from model_zoo.parallel.replication import device_piece, stage_of_rank
 from model_zoo.parallel.strategy_file import (STRATEGY_FILE, laid_out_names, strategy_map,
                                              write_strategy_file)
-from model_zoo.train.checkpoint import read_checkpoint
+from model_zoo.train.checkpoint import file_format_of, list_checkpoints, read_checkpoint
 
 CONFIG_FILE = "config.yaml"
 PREFIX = "checkpoint_"
@@ -94,6 +94,16 @@ def rank_file(directory: str, rank: int) -> str:
 def read_shapes(path: str) -> dict:
     """{name: shape} of a checkpoint file (its values are read, then dropped)."""
     return {name: tuple(value.shape) for name, value in read_checkpoint(path).items()}
+
+
+def as_ckpt_file(path: str, ckpt_path: str) -> str:
+    """`path` itself if it is a .ckpt file, else (safetensors) its entries written to
+    `ckpt_path` as .ckpt: MindSpore's per-rank transform reads only that format."""
+    if file_format_of(path) == "ckpt":
+        return path
+    import mindspore as ms
+    ms.save_checkpoint(read_checkpoint(path), ckpt_path)
+    return ckpt_path
 
 
 def check_full_checkpoint(shapes: dict, layout: Layout, path: str):
@@ -167,7 +177,9 @@ def split(config, ckpt: str, output_dir: str) -> Layout:
     check_full_checkpoint(shapes, layout, ckpt)
     with tempfile.TemporaryDirectory() as source:
         os.makedirs(os.path.join(source, "rank_0"))
-        os.symlink(os.path.abspath(ckpt), os.path.join(source, "rank_0", "full.ckpt"))
+        full = os.path.join(source, "rank_0", "full.ckpt")
+        if as_ckpt_file(ckpt, full) == ckpt:
+            os.symlink(os.path.abspath(ckpt), full)
         write_sliced(source, None, layout, list(shapes), output_dir)
     return layout
 
@@ -231,32 +243,31 @@ def merge(directory: str, output: str) -> Layout:
     return layout
 
 
-def collect(run_dir: str, output_dir: str, step: int = 0) -> Layout:
+def collect(run_dir: str, output_dir: str, step: int = 0, config=None) -> Layout:
     """`model-zoo checkpoint collect`: a sliced directory from a sharded training run's
     folders (`RUN/rank_<i>/checkpoints/step_N.ckpt`, the newest common step unless `step`):
-    the run's config, the strategy MindSpore saved there (with pipeline stages, the first
-    rank of each stage's, merged by MindSpore's merge_pipeline_strategys) and each rank's
-    checkpoint, hard-linked where the file system allows. The slices are then checked
-    against the plan's layout of the run's config (`check_sliced`)."""
+    the run's config (`config`, or the one in rank_0), the strategy MindSpore saved there
+    (with pipeline stages, the first rank of each stage's, merged by MindSpore's
+    merge_pipeline_strategys) and each rank's checkpoint, hard-linked where the file system
+    allows (safetensors files are rewritten as .ckpt, the format MindSpore's per-rank
+    transform reads). The slices are then checked against the plan's layout of the run's
+    config (`check_sliced`)."""
     import mindspore as ms
-    from model_zoo.train.checkpoint import list_checkpoints
-    config_path = os.path.join(run_dir, "rank_0", CONFIG_FILE)
-    if not os.path.isfile(config_path):
-        raise CheckpointError(f"{run_dir} is not the output of a sharded run: "
-                              f"{config_path} is missing")
-    layout = plan_layout(layout_config(config_path))
+    if config is None:
+        config_path = os.path.join(run_dir, "rank_0", CONFIG_FILE)
+        if not os.path.isfile(config_path):
+            raise CheckpointError(f"{run_dir} is not the output of a sharded run: "
+                                  f"{config_path} is missing")
+        config = layout_config(config_path)
+    layout = plan_layout(config)
     ranks = [os.path.join(run_dir, f"rank_{rank}") for rank in range(layout.device_num)]
     steps = [{found: path for found, path in list_checkpoints(rank)} for rank in ranks]
-    common = set.intersection(*(set(found) for found in steps))
-    if step == 0 and not common:
-        raise CheckpointError(f"the {len(ranks)} rank folders of {run_dir} share no "
-                              f"checkpoint step")
-    step = step or max(common)
+    step = step or newest_common_step(run_dir, layout.device_num)
     for rank, found in zip(ranks, steps):
         if step not in found:
             raise CheckpointError(f"{rank}/checkpoints: no checkpoint of step {step}")
     with staged_output(output_dir) as staging:
-        shutil.copy(config_path, os.path.join(staging, CONFIG_FILE))
+        save_config(config, os.path.join(staging, CONFIG_FILE))
         strategies = os.path.join(staging, ".strategies")
         os.makedirs(strategies)
         for stage in range(layout.parallel.pipeline_stage):
@@ -275,6 +286,8 @@ def collect(run_dir: str, output_dir: str, step: int = 0) -> Layout:
         for rank, found in enumerate(steps):
             target = os.path.join(staging, f"rank_{rank}", f"{PREFIX}{rank}.ckpt")
             os.makedirs(os.path.dirname(target))
+            if as_ckpt_file(found[step], target) == target:
+                continue
             try:
                 os.link(found[step], target)
             except OSError:
@@ -283,6 +296,16 @@ def collect(run_dir: str, output_dir: str, step: int = 0) -> Layout:
             handle.write(f"{os.path.abspath(run_dir)} step {step}\n")
         check_sliced(staging, layout)
     return layout
+
+
+def newest_common_step(run_dir: str, device_num: int) -> int:
+    """The newest checkpoint step that ranks 0..device_num-1 of a run all saved."""
+    common = set.intersection(*({step for step, _ in list_checkpoints(
+        os.path.join(run_dir, f"rank_{rank}"))} for rank in range(device_num)))
+    if not common:
+        raise CheckpointError(f"the {device_num} rank folders of {run_dir} share no "
+                              f"checkpoint step")
+    return max(common)
 
 
 def strategy_names(path: str) -> set:
@@ -316,15 +339,18 @@ def rank_slices(source: str, rank: int, target_strategy: str, output: str) -> st
     ranks that hold pieces of this rank's slices (rank_list_for_transform); a semi-auto run
     loads the result once its step is compiled, as MindFormers' auto_trans_ckpt does."""
     import mindspore as ms
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    converted = os.path.splitext(output)[0] + ".source.ckpt"
     if os.path.isfile(source):
-        files, source_strategy = {0: source}, None
+        files, source_strategy = {0: as_ckpt_file(source, converted)}, None
     else:
         sliced_layout(source)   # a sliced directory, its strategy matching its config
         source_strategy = os.path.join(source, STRATEGY_FILE)
         files = {r: rank_file(source, r)
                  for r in ms.rank_list_for_transform(rank, source_strategy, target_strategy)}
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     ms.transform_checkpoint_by_rank(rank, files, output, source_strategy, target_strategy)
+    if os.path.exists(converted):
+        os.remove(converted)
     return output
 
 

@@ -19,6 +19,7 @@ from model_zoo.parallel.context import (data_shard, gradient_reducer, init_paral
 from model_zoo.nn.attention import check_flash_attention_device
 from model_zoo.nn.layers import dtype_of, kernels_for
 from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
+from model_zoo.parallel.resume import resume_point
 from model_zoo.train.checkpoint import (list_checkpoints, load_weights, read_checkpoint,
                                         remove_partial_checkpoints, save_checkpoint,
                                         saved_step)
@@ -34,17 +35,22 @@ def default_output_dir(config_path: str) -> str:
     return os.path.join("outputs", name)
 
 
-def check_output_dir(output_dir: str, config: Config, resume: bool):
+def check_output_dir(output_dir: str, config: Config, resume: bool, distributed: bool = False):
     """Refuse to start where it would overwrite a previous run, or resume an incompatible one.
-    A resumed run keeps the learning-rate schedule length of the run it continues."""
+    A resumed run keeps the learning-rate schedule length of the run it continues. A rank
+    of a distributed run may have no checkpoint of its own (the run had fewer ranks): it
+    resumes from the others' (`resumable_checkpoints`, `parallel.resume`), and checks
+    against rank 0's config."""
     checkpoints = list_checkpoints(output_dir)
     if checkpoints and not resume:
         raise UserInputError(
             f"{output_dir} already holds a run (newest checkpoint: step {checkpoints[-1][0]}); "
             f"pass --resume to continue it, or choose another --output-dir")
-    if resume and not checkpoints:
+    if resume and not checkpoints and not distributed:
         raise UserInputError(f"--resume: no checkpoint in {output_dir}/checkpoints to resume from")
     saved_path = os.path.join(output_dir, "config.yaml")
+    if distributed and not os.path.exists(saved_path):
+        saved_path = os.path.join(os.path.dirname(output_dir), "rank_0", "config.yaml")
     if resume and os.path.exists(saved_path):
         saved = read_yaml(saved_path)
         saved_model = saved.get("model", {})
@@ -72,20 +78,27 @@ def keep_schedule_length(config: Config, saved_train: dict):
 def resumable_checkpoints(output_dir: str, context) -> list:
     """(step, path) of the checkpoints this rank may resume from, oldest first. With several
     ranks whose folders are visible here (one machine, or shared storage), only up to the
-    newest step every rank has: a kill or a full disk between two ranks' saves leaves them
-    a step apart, and ranks that resumed apart would wait for each other forever."""
+    newest step every rank that saved any has: a kill or a full disk between two ranks'
+    saves leaves them a step apart, and ranks that resumed apart would wait for each other
+    forever. A data-parallel rank the run did not have yet resumes from rank 0's
+    checkpoints (data-parallel ranks hold the same state)."""
     own = list_checkpoints(output_dir)
     if not context.distributed:
         return own
     parent = os.path.dirname(output_dir)
     folders = [os.path.join(parent, f"rank_{rank}") for rank in range(context.device_num)]
-    if not all(os.path.isdir(folder) for folder in folders):
-        return own
-    common = set.intersection(*({step for step, _ in list_checkpoints(folder)}
-                                for folder in folders))
+    saved = [steps for steps in ({step for step, _ in list_checkpoints(folder)}
+                                 for folder in folders if os.path.isdir(folder)) if steps]
+    if not saved:
+        raise CheckpointError(f"--resume: no checkpoint in the rank folders of {parent}")
+    common = set.intersection(*saved)
     if not common:
-        raise CheckpointError(f"--resume: the {len(folders)} rank folders in {parent} share no "
+        raise CheckpointError(f"--resume: the {len(saved)} rank folders in {parent} share no "
                               f"checkpoint step")
+    if not own and not context.semi_auto:
+        own = list_checkpoints(folders[0])
+        log(f"this rank has no checkpoint of its own (the run had {len(saved)} ranks): it "
+            f"resumes from rank 0's, as data-parallel ranks hold the same state")
     if max(common) < own[-1][0]:
         log(f"resuming from step {max(common)}, the newest step every rank saved")
     return [(step, path) for step, path in own if step <= max(common)]
@@ -113,6 +126,18 @@ def resume_from_checkpoint(step_cell, output_dir: str, context) -> int:
                           f"{unreadable[0][1]}")
 
 
+def sharded_saved_step(path: str, step: int) -> int:
+    """The step of a sharded run's checkpoint. Its ranks must all resume from one step, so
+    an unreadable file is not skipped on one rank alone (as `resume_from_checkpoint` does):
+    the error says how to make every rank take the step before."""
+    try:
+        return saved_step(path)
+    except CheckpointError as err:
+        raise CheckpointError(f"{err}; every rank resumes from the same step, so rename "
+                              f"step_{step:08d}.* to *.unreadable in every rank folder's "
+                              f"checkpoints/ and resume again from the step before") from None
+
+
 def train(config: Config, output_dir: str, resume: bool = False, on_save=None,
           verify_data: bool = False) -> dict:
     """Train `config`'s model; returns the final evaluation. Outputs go to `output_dir`
@@ -132,7 +157,7 @@ def train(config: Config, output_dir: str, resume: bool = False, on_save=None,
 def _train(module, config: Config, context, output_dir: str, resume: bool, on_save,
            verify_data: bool) -> dict:
     """`train` once this process holds `output_dir`."""
-    check_output_dir(output_dir, config, resume)
+    check_output_dir(output_dir, config, resume, context.distributed)
     shard = data_shard(config.parallel, context.rank, config.train.global_batch_size)
     with building(config.data.dataset_dir):
         module.prepare_data(config)
@@ -142,9 +167,14 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
     ms.set_seed(config.train.seed)
     network, step_cell = build_model(module, config, context)
     start_step = 0
-    if context.semi_auto:   # weights are loaded once the step is compiled (restore_sliced)
-        resume_path = resumable_checkpoints(output_dir, context)[-1][1] if resume else None
-        start_step = saved_step(resume_path) if resume else 0
+    resume_path = resharded_from = None
+    if context.semi_auto and resume:   # loaded once the step is compiled (restore_sliced)
+        point = resume_point(output_dir, config, log)
+        if point is None:
+            step, resume_path = resumable_checkpoints(output_dir, context)[-1]
+            start_step = sharded_saved_step(resume_path, step)
+        else:
+            resharded_from, start_step = point.path, point.step
     elif resume:
         start_step = resume_from_checkpoint(step_cell, output_dir, context)
     elif config.train.init_checkpoint:
@@ -165,7 +195,7 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
     write_run_info(output_dir, config, context, shard, first_batch)
     if context.semi_auto and (resume or config.train.init_checkpoint):
         restore_sliced(runnable, step_cell, network, first_batch, config, context.rank,
-                       output_dir, strategy_file, resume_path)
+                       output_dir, strategy_file, resume_path, resharded_from)
 
     metrics = MetricsLog(os.path.join(output_dir, "metrics.jsonl"), resume_step=start_step)
     with StopRequests() as stop:
@@ -199,35 +229,46 @@ def evaluate_run(module, config: Config, network, output_dir: str, on_save) -> d
 
 
 def restore_sliced(runnable, step_cell, network, first_batch, config, rank: int,
-                   output_dir: str, strategy_file: str, resume_path=None):
+                   output_dir: str, strategy_file: str, resume_path=None, resharded_from=None):
     """Semi-auto runs: parameters are cut into this rank's slices only when the step is
     compiled, so the step is compiled on the first batch (which writes the layout's
     strategy file) and the slices are loaded then, as MindFormers does (build the model,
-    then load). --resume (`resume_path`) loads the rank's own checkpoint, which holds its
-    slices and the training state; train.init_checkpoint, a full checkpoint or a sliced
-    directory of any layout, is cut for this rank by MindSpore's
-    transform_checkpoint_by_rank first (`checkpoints.rank_slices`), and only the model's
-    weights are taken from it (not its optimizer state or step). Only a cluster can run
-    this path: MindSpore refuses semi-auto parallel on CPU."""
-    from model_zoo.parallel.checkpoints import rank_slices, stage_strategy, strategy_names
+    then load). Three sources:
+    - --resume on the same layout (`resume_path`): the rank's own checkpoint;
+    - --resume on another layout (`resharded_from`, `parallel.resume`): this rank's slices
+      cut from a snapshot of the run, training state and step included;
+    - train.init_checkpoint, a full checkpoint or a sliced directory of any layout: the
+      model's weights only (not its optimizer state or step).
+    Slices are cut by MindSpore's transform_checkpoint_by_rank (`checkpoints.rank_slices`).
+    A rank holds, and must find, only the entries MindSpore laid out on it (with pipeline
+    stages, its stage's). Only a cluster runs this path: MindSpore refuses semi-auto
+    parallel on CPU."""
+    from model_zoo.parallel.checkpoints import (STRATEGY_FILE, rank_slices, stage_strategy,
+                                                strategy_names)
     runnable.compile(*first_batch)
+    held = strategy_names(strategy_file)
     if resume_path:
         path, target, values = resume_path, step_cell, read_checkpoint(resume_path)
     else:
+        source = resharded_from or config.train.init_checkpoint
         work = os.path.join(output_dir, "strategy")
         target_strategy = stage_strategy(strategy_file, config.parallel,
                                          os.path.join(work, "merged_strategy.ckpt"))
-        path = rank_slices(config.train.init_checkpoint, rank, target_strategy,
-                           os.path.join(work, "init_checkpoint_slices.ckpt"))
-        log(f"cut {config.train.init_checkpoint} into this rank's slices: {path}")
-        target, held = network, strategy_names(strategy_file)   # this stage's weights only
-        values = {name: value for name, value in read_checkpoint(path).items()
-                  if name in held}
+        path = rank_slices(source, rank, target_strategy, os.path.join(work, "cut_slices.ckpt"))
+        log(f"cut {source} into this rank's slices: {path}")
+        values = read_checkpoint(path)
+        if resharded_from:   # drop only the other stages' entries, passed whole
+            target, laid_out = step_cell, strategy_names(os.path.join(source, STRATEGY_FILE))
+            values = {name: value for name, value in values.items()
+                      if name in held or name not in laid_out}
+        else:
+            target = network
+            values = {name: value for name, value in values.items() if name in held}
     not_loaded, _ = ms.load_param_into_net(target, values, strict_load=False)
-    missing = [name for name in not_loaded if name != STOP_FLAG]
-    if resume_path and missing:
+    missing = [name for name in not_loaded if name in held and name != STOP_FLAG]
+    if target is step_cell and missing:
         raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "
-                              f"{len(missing)} parameters, e.g. {missing[0]!r}")
+                              f"{len(missing)} parameters of this rank, e.g. {missing[0]!r}")
     log(f"loaded {path}" + (f"; left at their initialisation: {', '.join(missing)}"
                             if missing else ""))
 
@@ -313,7 +354,8 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
             entry = {"step": step, "loss": float(np.mean(interval_losses)),
                      "lr": lr.asnumpy().item(),
                      "loss_scale": scale.asnumpy().item(),
-                     "grad_norm": grad_norm.asnumpy().item(), "finite": bool(finite.asnumpy().item()),
+                     "grad_norm": grad_norm.asnumpy().item(),
+                     "finite": bool(finite.asnumpy().item()),
                      "samples_per_s": samples_per_s,
                      "tokens_per_s": interval_tokens / elapsed}
             metrics.write(entry)
