@@ -182,7 +182,19 @@ def load_config(path: str, overrides: Optional[List[str]] = None) -> Config:
     return config_from_dict(raw, origin=path)
 
 
+def shipped_config(path: str) -> str:
+    """`model_zoo/<model>/configs/X.yaml`, the short form of a shipped config, names
+    `model_zoo/models/<model>/configs/X.yaml`; any other path is returned as given."""
+    parts = os.path.normpath(path).split(os.sep)
+    if os.path.exists(path) or len(parts) < 4 or parts[0] != "model_zoo" or \
+            parts[2] != "configs":
+        return path
+    shipped = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models", *parts[1:])
+    return shipped if os.path.exists(shipped) else path
+
+
 def read_yaml(path: str) -> dict:
+    path = shipped_config(path)
     check_file(path, "config file", ConfigError)
     try:
         with open(path, encoding="utf-8") as handle:

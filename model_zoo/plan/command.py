@@ -8,7 +8,7 @@ import json
 import os
 
 from model_zoo.errors import UserInputError
-from model_zoo.plan.devices import DEVICES
+from model_zoo.plan.devices import DEVICE_KEYS
 
 DOC_PATH = os.path.join("docs", "parallelism.md")   # the guide, from the repository root
 
@@ -21,9 +21,13 @@ def add_plan_arguments(parser: argparse.ArgumentParser):
                         metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
     parser.add_argument("--device-num", type=int, default=None,
                         help="devices the job will have (default: dp x mp x pp of the config)")
-    parser.add_argument("--device", choices=sorted(DEVICES), default="ascend910",
-                        help="device whose memory the estimate is held against "
-                             "(ascend910: 32 GiB, ascend910b: 64 GiB)")
+    parser.add_argument("--device", choices=DEVICE_KEYS, default="ascend910",
+                        help="device profile (model_zoo/plan/device_profiles/) whose memory "
+                             "the estimate is held against and whose speeds time the step "
+                             "(ascend910: 32 GiB, ascend910b: 64 GiB, a100: 40 GiB)")
+    parser.add_argument("--devices-per-server", type=int, default=0, metavar="K",
+                        help="devices per server, which decides the links a collective "
+                             "crosses (default: the profile's, 8)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--save-strategy", metavar="FILE",
                         help="also write the layout's strategy file in MindSpore's format "
@@ -63,7 +67,8 @@ def run_plan_command(args) -> int:
         raise UserInputError("model-zoo plan needs a CONFIG (or --update-docs, "
                              "--strategy-table, --layout-table)")
     config = load_plan_config(args.config, args.overrides)
-    plan = build_plan(config, args.config, args.device_num, args.device)
+    plan = build_plan(config, args.config, args.device_num, args.device,
+                      devices_per_server=args.devices_per_server)
     if args.save_strategy:
         save_strategy(plan, args.save_strategy)
     if args.json:

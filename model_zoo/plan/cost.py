@@ -155,6 +155,11 @@ SAVES_NOTHING = {"Add", "Sub", "BiasAdd", "Cast", "Reshape", "Transpose", "Strid
                  "AddExt", "SubExt", "Select"}
 
 
+# operators that move no data (a new view of their input, or a constant)
+VIEWS = {"Reshape", "ExpandDims", "Squeeze", "Identity", "Ones", "Zeros", "ZerosLike",
+         "OnesLike", "Shape"}
+
+
 def gpt2_layer_activation_bytes(batch, seq, hidden, heads, dp=1, mp=1, compute_bytes=2,
                                 dropout=True, sequence_parallel=False) -> float:
     """Closed form of one GPT-2 block's activations per device and micro batch.
@@ -196,6 +201,7 @@ class StageMemory:
     recompute_peak: float = 0
     backward_working: float = 0
     parameters: int = 0            # elements of the parameter slices this device holds
+    optimizer_parameters: float = 0   # elements this device's optimizer updates (/ z)
 
     @property
     def total(self) -> float:
@@ -219,14 +225,19 @@ class StageCommunication:
     stage: int
     bytes: Dict[str, float] = field(default_factory=lambda: {kind: 0.0 for kind in KINDS})
     details: Dict[tuple, List[float]] = field(default_factory=dict)
+    groups: Dict[tuple, List[int]] = field(default_factory=dict)
 
-    def add(self, kind, reason, amount):
+    def add(self, kind, reason, amount, group=(1, 1), times=1):
+        """`amount` bytes sent in `times` collectives over a group of `group` = (ranks,
+        stride between them); `details` sums bytes and operators by (kind, reason),
+        `groups` keeps the group and the collectives for the time model (`timing`)."""
         if amount <= 0:
             return
         self.bytes[kind] += amount
         entry = self.details.setdefault((kind, reason), [0.0, 0])
         entry[0] += amount
         entry[1] += 1
+        self.groups.setdefault((kind, reason), [*group, 0])[2] += times
 
     @property
     def total(self) -> float:
@@ -234,7 +245,8 @@ class StageCommunication:
 
     def to_dict(self):
         return {"stage": self.stage, **self.bytes, "total": self.total,
-                "details": [{"kind": kind, "what": reason, "bytes": amount, "count": count}
+                "details": [{"kind": kind, "what": reason, "bytes": amount, "count": count,
+                             "group_size": self.groups[(kind, reason)][0]}
                             for (kind, reason), (amount, count) in sorted(
                                 self.details.items(), key=lambda item: -item[1][0])]}
 
@@ -359,6 +371,7 @@ def estimate_memory(rec, parallel: ParallelConfig, accumulation: int = 1) -> Lis
         if param.requires_grad:
             memory.gradients += gradient_sets * GRADIENT_BYTES * slice_numel
             memory.optimizer += ADAM_BYTES * slice_numel / z
+            memory.optimizer_parameters += slice_numel / z
         for other in param.used_on_stages - {param.stage}:
             stages[other].working_copy += (WEIGHT_BYTES + casts.get(param.name, 0)) * slice_numel
             if param.requires_grad:
@@ -438,6 +451,9 @@ def estimate_communication(rec, parallel: ParallelConfig,
     casts = _cast_bytes(rec)
     calls = rec.calls
     crossing = set()
+    # the stages' devices, `devices_per_stage` apart: placed as one group spanning them all
+    # (the pipeline goes at the pace of its slowest boundary)
+    between_stages = (parallel.pipeline_stage, parallel.devices_per_stage)
     for call in calls:
         comm = stages[call.stage]
         forward = micro_steps * (2 if call.recompute_root else 1)
@@ -454,12 +470,14 @@ def estimate_communication(rec, parallel: ParallelConfig,
                     unscattered = _slice_bytes(out, (m, n))
                     comm.add("reduce_scatter", f"{where}: partial sums (k split {k}) "
                                                f"scattered over the rows",
-                             forward * _collective(k) * unscattered)
+                             forward * _collective(k) * unscattered, (k, 1), forward)
                     comm.add("all_gather", f"{where}: output gradient (rows split {m * k} "
-                                           f"-> {m})", backward * _collective(k) * unscattered)
+                                           f"-> {m})", backward * _collective(k) * unscattered,
+                             (k, 1), backward)
                 else:
                     comm.add("all_reduce", f"{where}: partial sums (k split {k})",
-                             forward * _ring(k) * _slice_bytes(out, out.layout))
+                             forward * _ring(k) * _slice_bytes(out, out.layout), (k, 1),
+                             forward)
                 x, w = tensors[0], tensors[1]
                 if x.needs_grad:
                     # an input all-gathered first (sequence parallel) gets its gradient
@@ -468,19 +486,22 @@ def estimate_communication(rec, parallel: ParallelConfig,
                     # group too, so only the rest of the n split is all-reduced
                     n_summed = n // math.gcd(n, _gather_factor(x.layout, call.strategy[0]))
                     comm.add("all_reduce", f"{where}: input gradient (n split {n})",
-                             backward * _ring(n_summed) * _slice_bytes(x, call.strategy[0]))
+                             backward * _ring(n_summed) * _slice_bytes(x, call.strategy[0]),
+                             (n_summed, 1), backward)
                 if w.needs_grad and w.param is None:
                     comm.add("all_reduce", f"{where}: operand gradient (m split {m})",
-                             backward * _ring(m) * _slice_bytes(w, call.strategy[1]))
+                             backward * _ring(m) * _slice_bytes(w, call.strategy[1]),
+                             (m, 1), backward)
             elif call.name == "Gather":
                 axis = int(call.args[2]) % len(call.strategy[0])
                 p = call.strategy[0][axis]
                 comm.add("all_reduce", f"{where}: vocabulary-split lookup (split {p})",
-                         forward * _ring(p) * _slice_bytes(out, out.layout))
+                         forward * _ring(p) * _slice_bytes(out, out.layout), (p, 1), forward)
             elif call.name in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"):
                 reduced = math.prod(call.strategy[0]) // max(1, math.prod(out.layout or ()))
                 comm.add("all_reduce", f"{where}: reduction over a split dimension",
-                         forward * _ring(reduced) * _slice_bytes(out, out.layout))
+                         forward * _ring(reduced) * _slice_bytes(out, out.layout),
+                         (reduced, 1), forward)
             elif call.name in ELEMENTWISE:
                 # an activation broadcast along a dimension the output splits gets its
                 # gradient summed over that split in the backward pass; not along the batch
@@ -496,7 +517,8 @@ def estimate_communication(rec, parallel: ParallelConfig,
                     if summed > 1:
                         comm.add("all_reduce", f"{where}: gradient of broadcast input {index}",
                                  backward * _ring(summed)
-                                 * _slice_bytes(info, call.strategy[index]))
+                                 * _slice_bytes(info, call.strategy[index]), (summed, 1),
+                                 backward)
             for index, info in enumerate(tensors):
                 if info.param is not None:
                     continue
@@ -506,10 +528,12 @@ def estimate_communication(rec, parallel: ParallelConfig,
                 if gather > 1:
                     amount = _collective(gather) * _slice_bytes(info, wanted)
                     comm.add("all_gather", f"{where}: input {index} redistributed "
-                                           f"{have} -> {wanted}", forward * amount)
+                                           f"{have} -> {wanted}", forward * amount,
+                             (gather, 1), forward)
                     if info.needs_grad:
                         comm.add("reduce_scatter", f"{where}: gradient of input {index} "
-                                                   f"{wanted} -> {have}", backward * amount)
+                                                   f"{wanted} -> {have}", backward * amount,
+                                 (gather, 1), backward)
         for index, info in enumerate(tensors):
             if info.param is not None or info.producer is None:
                 continue
@@ -520,49 +544,62 @@ def estimate_communication(rec, parallel: ParallelConfig,
                 amount = _slice_bytes(info, split)
                 stages[source].add("send_receive",
                                    f"stage {source} -> {call.stage}: {info.shape} activations",
-                                   micro_steps * amount)
+                                   micro_steps * amount, between_stages, micro_steps)
                 if info.needs_grad:
                     stages[call.stage].add("send_receive", f"stage {call.stage} -> {source}: "
                                                            f"{info.shape} gradients",
-                                           micro_steps * amount)
+                                           micro_steps * amount, between_stages, micro_steps)
     for param in rec.params.values():
         replicas = mirror_group_size(param, parallel)
         grad_bytes = GRADIENT_BYTES * param.slice_numel
         z = optimizer_shard_size(param, parallel)
+        # replicas are the devices of the stage holding the same slice: the parameter's
+        # split takes the device matrix's inner dimensions, so they stride the rest
+        mirrors = (replicas, max(1, parallel.devices_per_stage // replicas))
         for stage in {param.stage} | param.used_on_stages:
             comm = stages[stage]
             if param.requires_grad and replicas > 1:
                 # once per step: micro batches and accumulation slices are summed first
                 if z > 1:
                     comm.add("reduce_scatter", "parameter gradients (optimizer shard)",
-                             _collective(replicas) * grad_bytes)
+                             _collective(replicas) * grad_bytes, mirrors)
                     # the compute-dtype copy is gathered (fp16: half of the fp32 weight)
                     gathered = casts.get(param.name, WEIGHT_BYTES) * param.slice_numel
                     comm.add("all_gather", "weights (optimizer shard)",
-                             micro_steps * _collective(replicas) * gathered)
+                             micro_steps * _collective(replicas) * gathered, mirrors,
+                             micro_steps)
                 else:
                     comm.add("all_reduce", "parameter gradients (data parallel)",
-                             _ring(replicas) * grad_bytes)
+                             _ring(replicas) * grad_bytes, mirrors)
         for other in param.used_on_stages - {param.stage}:
             amount = WEIGHT_BYTES * param.slice_numel
-            stages[param.stage].add("send_receive", f"shared parameter {param.name}", amount)
+            stages[param.stage].add("send_receive", f"shared parameter {param.name}", amount,
+                                    between_stages)
             if param.requires_grad:
-                stages[other].add("send_receive", f"gradient of shared {param.name}", amount)
+                stages[other].add("send_receive", f"gradient of shared {param.name}", amount,
+                                  between_stages)
     if parallel.device_num > 1:
         for comm in stages:
             comm.add("all_reduce", "gradient norm and overflow flag (all devices)",
-                     _ring(parallel.device_num) * STEP_FLAGS_BYTES)
+                     _ring(parallel.device_num) * STEP_FLAGS_BYTES, (parallel.device_num, 1))
     return stages
 
 
 @dataclass
 class StageCompute:
-    """MatMul FLOPs one device of a stage executes per step."""
+    """What one device of a stage executes per step: MatMul FLOPs (forward, backward,
+    recompute; `attention` of them in BatchMatMul and FlashAttentionScore), the bytes the
+    other operators read and write, and the operator launches. `model` is the stage's
+    FLOPs of the whole model (all devices, no recomputation), for MFU."""
 
     stage: int
     forward: float = 0.0
     backward: float = 0.0
     recompute: float = 0.0
+    attention: float = 0.0
+    memory_bytes: float = 0.0
+    launches: float = 0.0
+    model: float = 0.0
 
     @property
     def total(self) -> float:
@@ -570,43 +607,65 @@ class StageCompute:
 
     def to_dict(self):
         return {"stage": self.stage, "forward": self.forward, "backward": self.backward,
-                "recompute": self.recompute, "total": self.total}
+                "recompute": self.recompute, "total": self.total,
+                "attention": self.attention, "memory_bound_bytes": self.memory_bytes,
+                "launches": self.launches, "model_flops": self.model}
 
 
-def matmul_flops(call) -> float:
-    """FLOPs of one MatMul/BatchMatMul call on one device (module docstring)."""
+def matmul_flops(call, whole: bool = False) -> float:
+    """FLOPs of one MatMul/BatchMatMul call on one device (module docstring), or of the
+    whole product (`whole`)."""
     x, out = call.tensors[0], call.outputs[0]
     contracted = x.shape[-2] if call.attr("transpose_a", False) else x.shape[-1]
     parts = 1
-    if call.strategy and len(call.strategy) == 2:  # (a malformed one is reported by the check)
-        parts = math.prod(device_matrix(call))
+    if call.strategy and len(call.strategy) == 2 and not whole:  # (a malformed one is
+        parts = math.prod(device_matrix(call))                     # reported by the check)
     return 2.0 * out.numel * contracted / parts
 
 
 def estimate_compute(rec, parallel: ParallelConfig,
                      accumulation: int = 1) -> List[StageCompute]:
-    """MatMul FLOPs per device of every stage per step (module docstring)."""
+    """FLOPs, memory-bound bytes and launches per device of every stage per step (module
+    docstring). An operator other than a product moves its inputs and outputs once
+    forward, twice backward (reading the output gradient and what it saved, writing the
+    input gradients) when it has a gradient, and once more when recomputed."""
     stages = [StageCompute(k) for k in range(_stage_count(rec, parallel))]
     micro_steps = parallel.micro_batch_num * accumulation
     for call in rec.calls:
         compute = stages[call.stage]
+        differentiable = bool(call.outputs) and call.outputs[0].needs_grad
+        passes = 1 + (2 if differentiable else 0) + (1 if call.recompute_root else 0)
+        if call.name not in VIEWS:
+            compute.launches += micro_steps * passes
         if call.name == "FlashAttentionScore":
             # its two products (scores, context); the backward pass computes the four
             # gradient products and recomputes the scores
             query, key = call.tensors[0].shape, call.tensors[1].shape   # BNSD
-            flops = (micro_steps * 2 * 2 * math.prod(query) * key[2]
-                     / math.prod(call.strategy[0] if call.strategy else (1,)))
+            whole = micro_steps * 2 * 2 * math.prod(query) * key[2]
+            flops = whole / math.prod(call.strategy[0] if call.strategy else (1,))
             compute.forward += flops
             compute.backward += 2 * flops
             compute.recompute += flops / 2
+            compute.attention += 3.5 * flops
+            compute.model += 3 * whole
             continue
         if call.name not in ("MatMul", "BatchMatMul") or not call.outputs:
+            if call.name not in VIEWS:
+                moved = (sum(_slice_bytes(info, _input_split(call, index, info))
+                             for index, info in enumerate(call.tensors))
+                         + sum(_slice_bytes(out, out.layout) for out in call.outputs))
+                compute.memory_bytes += micro_steps * passes * moved
             continue
         flops = micro_steps * matmul_flops(call)
+        gradients = sum(1 for info in call.tensors[:2] if info.needs_grad)
+        done = flops * (1 + gradients + (1 if call.recompute_root is not None else 0))
         compute.forward += flops
-        compute.backward += flops * sum(1 for info in call.tensors[:2] if info.needs_grad)
+        compute.backward += flops * gradients
         if call.recompute_root is not None:
             compute.recompute += flops
+        if call.name == "BatchMatMul":
+            compute.attention += done
+        compute.model += (1 + gradients) * micro_steps * matmul_flops(call, whole=True)
     return stages
 
 

@@ -15,7 +15,8 @@ from typing import Any, Dict, List, Optional
 
 from model_zoo.errors import ConfigError, UserInputError
 from model_zoo.plan import cost
-from model_zoo.plan.devices import DEVICES
+from model_zoo.plan import timing
+from model_zoo.plan.devices import DeviceProfile, load_profile
 from model_zoo.plan.rules import Violation, check_layout, check_recording
 from model_zoo.plan.trace import PlanError, Recording, ParamInfo, record
 
@@ -30,7 +31,7 @@ class Plan:
     config: Any
     config_path: str
     device_num: int
-    device: str
+    profile: DeviceProfile
     micro_batch: int
     violations: List[Violation]
     recording: Optional[Recording] = None
@@ -38,14 +39,19 @@ class Plan:
     communication: list = field(default_factory=list)
     compute: list = field(default_factory=list)
     bubble: float = 0.0
+    time: Optional[timing.StepTime] = None
+
+    @property
+    def device(self) -> str:
+        return self.profile.key
 
     @property
     def device_name(self) -> str:
-        return DEVICES[self.device][0]
+        return self.profile.name
 
     @property
     def device_memory(self) -> int:
-        return DEVICES[self.device][1]
+        return self.profile.memory
 
     @property
     def worst_stage(self):
@@ -86,7 +92,9 @@ class Plan:
                       "micro_batch": self.micro_batch, "precision": train.precision},
             "checked_operator_calls": self.checked_calls,
             "violations": [v.to_dict() for v in self.violations],
-            "device": {"name": self.device_name, "memory": self.device_memory},
+            "device": {"name": self.device_name, "memory": self.device_memory,
+                       "key": self.device,
+                       "devices_per_server": self.profile.devices_per_server},
             "memory": {"stages": [m.to_dict() for m in self.memory],
                        "worst_stage": worst.stage if worst else None,
                        "total": worst.total if worst else None, "fits": self.fits},
@@ -98,6 +106,7 @@ class Plan:
                         "worst_stage": worst_compute.stage if worst_compute else None,
                         "flops": worst_compute.total if worst_compute else None},
             "pipeline_bubble": self.bubble,
+            "time": self.time.to_dict() if self.time else None,
         }
 
 
@@ -166,23 +175,26 @@ def usable_parameters(plan, purpose: str) -> Dict[str, ParamInfo]:
 
 
 def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
-               device: str = "ascend910", customize=None) -> Plan:
+               device: str = "ascend910", customize=None, devices_per_server: int = 0) -> Plan:
     """Check `config`'s layout and operators and estimate its cost (see the module doc).
 
     Args:
         config: a Config (from `load_plan_config`).
         config_path: shown in the report.
         device_num: the devices the job will have (default: dp x mp x pp).
-        device: a key of DEVICES, whose memory the estimate is held against.
+        device: a device profile's key (`devices.DEVICE_KEYS`): the memory the estimate is
+            held against, and the speeds that time the step (`timing`).
         customize: optional function called with the built network before the recording
             (the tests use it to break strategies on purpose).
+        devices_per_server: overrides the profile's server size (0: the profile's).
     """
     from mindspore.nn.utils import no_init_parameters
     from model_zoo.config import import_model
     from model_zoo.nn.layers import dtype_of, kernels_for
 
-    if device not in DEVICES:
-        raise UserInputError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if devices_per_server < 0:
+        raise UserInputError(f"--devices-per-server must be >= 1, got {devices_per_server}")
+    profile = load_profile(device, devices_per_server)
     parallel, train = config.parallel, config.train
     device_num = device_num or parallel.device_num
     if device_num < 1:
@@ -194,9 +206,9 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
     if getattr(config.model, "flash_attention", False) and device != "ascend910b":
         violations.append(Violation(
             "flash_attention", f"model.flash_attention: FlashAttentionScore runs on Ascend "
-                               f"910B (Atlas A2) only, not on {DEVICES[device][0]}; plan with "
+                               f"910B (Atlas A2) only, not on {profile.name}; plan with "
                                f"--device ascend910b"))
-    plan = Plan(config, config_path, device_num, device, micro_batch, violations)
+    plan = Plan(config, config_path, device_num, profile, micro_batch, violations)
     if any(v.rule == "layout" and "must be >= 1" in v.message for v in violations):
         return plan
     module = import_model(config.model.name)
@@ -215,6 +227,10 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
                                                      train.grad_accumulation)
     plan.compute = cost.estimate_compute(plan.recording, parallel, train.grad_accumulation)
     plan.bubble = cost.pipeline_bubble(parallel, train.grad_accumulation)
+    plan.time = timing.estimate_time(plan.compute, plan.communication, plan.memory, parallel,
+                                     train.precision, train.global_batch_size,
+                                     config.model.seq_length, profile,
+                                     parallel.micro_batch_num * train.grad_accumulation)
     return plan
 
 
@@ -297,6 +313,8 @@ def format_report(plan: Plan, max_violations: int = 20) -> str:
         for c in plan.compute:
             lines.append(f"  {c.stage:>5} {c.forward / 1e12:>9.2f} {c.backward / 1e12:>9.2f} "
                          f"{c.recompute / 1e12:>10.2f} {c.total / 1e12:>9.2f}")
+    if plan.time:
+        lines.extend(format_time(plan))
     lines.append("")
     if plan.violations:
         lines.append(f"violations ({len(plan.violations)}):")
@@ -313,3 +331,26 @@ def format_report(plan: Plan, max_violations: int = 20) -> str:
                        f"{plan.device_name} has {_gib(plan.device_memory)}")
     lines.append(f"{verdict}" + (": " + "; ".join(reasons) if reasons else ""))
     return "\n".join(lines)
+
+
+def format_time(plan: Plan) -> List[str]:
+    """The predicted step time (`timing`): per stage, then the step and its throughput."""
+    time, profile = plan.time, plan.profile
+    micro = plan.config.parallel.micro_batch_num * plan.config.train.grad_accumulation
+    lines = ["", f"time per step, seconds (predicted for {profile.name}, "
+                 f"{profile.devices_per_server} per server)",
+             f"  {'stage':>5} {'compute':>9} {'exposed comm.':>14} {'gradient sync':>14} "
+             f"{'optimizer':>10}"]
+    for stage in time.stages:
+        lines.append(f"  {stage.stage:>5} {stage.compute:>9.3f} "
+                     f"{stage.exposed_communication:>14.3f} {stage.gradient_sync:>14.3f} "
+                     f"{stage.optimizer:>10.3f}")
+    slowest = time.slowest
+    per_micro = (slowest.compute + slowest.exposed_communication) / micro
+    sync = max(s.gradient_sync + s.optimizer for s in time.stages)
+    lines.append(f"  step {time.step:.3f} s = {micro} micro steps x {per_micro:.3f} s "
+                 f"(stage {slowest.stage}) + bubble {time.bubble:.3f} s + gradient sync and "
+                 f"optimizer {sync:.3f} s")
+    lines.append(f"  {time.samples_per_s:,.1f} samples/s, {time.tokens_per_s:,.0f} tokens/s, "
+                 f"MFU {100 * time.mfu:.1f}%")
+    return lines

@@ -1,0 +1,125 @@
+"""Published throughput measurements against the time model: read them, plan every row's
+layout, predict its samples/s with a device profile, and fit a profile's free constants.
+
+`benchmarks/measurements/libai_a100_calibration.csv` holds LiBai's published single-axis
+runs of BERT-large and GPT-2-medium shapes on A100s (columns in its README). A row becomes
+the project's bert-large / gpt2-1024 config with the row's layers, layout and batch:
+pipeline runs take the micro steps as micro batches, the others as gradient accumulation.
+"""
+
+import csv
+import dataclasses
+import os
+
+MEASUREMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "benchmarks", "measurements", "libai_a100_calibration.csv")
+CONFIGS = {"BERT": "model_zoo/bert/configs/bert-large.yaml",
+           "GPT-2": "model_zoo/gpt2/configs/gpt2-1024.yaml"}
+
+
+def read_rows(path: str = MEASUREMENTS) -> list:
+    with open(path, encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def row_overrides(row: dict) -> list:
+    """The `--set` overrides that make a row's run of the shipped config."""
+    dp, tp, pp = int(row["dp"]), int(row["tp"]), int(row["pp"])
+    micro_steps = int(row["global_batch"]) // (int(row["micro_batch"]) * dp)
+    return [f"model.num_layers={row['layers']}", f"parallel.data_parallel={dp}",
+            f"parallel.model_parallel={tp}", f"parallel.pipeline_stage={pp}",
+            f"parallel.micro_batch_num={micro_steps if pp > 1 else 1}",
+            f"parallel.recompute={'true' if row['recompute'] == '1' else 'false'}",
+            "parallel.optimizer_shard=false", f"train.global_batch_size={row['global_batch']}",
+            f"train.grad_accumulation={1 if pp > 1 else micro_steps}", "train.precision=fp16"]
+
+
+def plan_rows(rows: list, device: str = "a100") -> list:
+    """(row, plan) for every row, planned with `device`'s profile."""
+    from model_zoo.plan.report import build_plan, load_plan_config
+    planned = []
+    for row in rows:
+        config = load_plan_config(CONFIGS[row["model"]], row_overrides(row))
+        planned.append((row, build_plan(config, CONFIGS[row["model"]], device=device,
+                                        devices_per_server=int(row["gpus_per_node"]))))
+    return planned
+
+
+def predict(plan, profile) -> float:
+    """Samples/s of a plan's layout on `profile` (the plan's own profile by default)."""
+    from model_zoo.plan.timing import estimate_time
+    config = plan.config
+    profile = dataclasses.replace(profile, devices_per_server=plan.profile.devices_per_server)
+    return estimate_time(plan.compute, plan.communication, plan.memory, config.parallel,
+                         config.train.precision, config.train.global_batch_size,
+                         config.model.seq_length, profile,
+                         config.parallel.micro_batch_num * config.train.grad_accumulation
+                         ).samples_per_s
+
+
+def errors(planned: list, profile) -> list:
+    """Relative error (predicted / measured - 1) of every planned row."""
+    return [predict(plan, profile) / float(row["samples_per_s"]) - 1 for row, plan in planned]
+
+
+# the constants a profile may fit: (where in the profile, name in its YAML)
+FREE = {"inside_server.bandwidth_gbs": ("inside_server", "bandwidth", 1e9),
+        "between_servers.bandwidth_gbs": ("between_servers", "bandwidth", 1e9),
+        "matmul": (None, "matmul_efficiency", 1), "attention": (None, "attention_efficiency", 1),
+        "memory_bound": (None, "memory_efficiency", 1),
+        "kernel_overhead_us": (None, "kernel_overhead", 1e-6)}
+
+
+def with_constants(profile, values: dict):
+    """`profile` with the fitted constants `values` ({YAML name: value in YAML units})."""
+    for name, value in values.items():
+        link, attribute, unit = FREE[name]
+        if link is None:
+            profile = dataclasses.replace(profile, **{attribute: value * unit})
+        else:
+            moved = dataclasses.replace(getattr(profile, link), **{attribute: value * unit})
+            profile = dataclasses.replace(profile, **{link: moved})
+    return profile
+
+
+def constants_of(profile, names) -> dict:
+    found = {}
+    for name in names:
+        link, attribute, unit = FREE[name]
+        holder = profile if link is None else getattr(profile, link)
+        found[name] = getattr(holder, attribute) / unit
+    return found
+
+
+def fit(planned: list, profile, names, iterations: int = 100) -> dict:
+    """The values of the constants `names` that minimise the squared log errors of the
+    predicted samples/s: Levenberg-Marquardt on the logarithms of the constants, with a
+    numerical Jacobian (20 rows and 4 constants: each evaluation is arithmetic on the
+    plans, no new recording)."""
+    import numpy as np
+    start = constants_of(profile, names)
+    theta = np.log([start[name] for name in names])
+
+    def residuals(point):
+        values = dict(zip(names, np.exp(point)))
+        return np.log1p(errors(planned, with_constants(profile, values)))
+
+    current, damping = residuals(theta), 1e-3
+    for _ in range(iterations):
+        jacobian = np.stack([(residuals(theta + h) - current) / 1e-6
+                             for h in np.eye(len(theta)) * 1e-6], axis=1)
+        normal = jacobian.T @ jacobian
+        gradient = jacobian.T @ current
+        while damping < 1e12:
+            step = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12),
+                                   -gradient)
+            trial = residuals(theta + step)
+            if trial @ trial < current @ current:
+                theta, current, damping = theta + step, trial, damping / 3
+                break
+            damping *= 4
+        else:
+            break
+        if np.abs(step).max() < 1e-7:
+            break
+    return dict(zip(names, (float(v) for v in np.exp(theta))))
