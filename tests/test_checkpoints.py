@@ -324,13 +324,15 @@ def test_resume_on_another_layout_cuts_each_rank_from_a_snapshot(trained, tmp_pa
                  for rank in range(4)}
     config = layout_config(str(new_dir / "config.yaml"))
     said = []
-    assert resume_point(str(run_dir / "rank_0"), layout_config(str(old_dir / "config.yaml")),
-                        said.append) is None          # the same layout resumes as it is
+    same = resume_point(str(run_dir / "rank_0"), layout_config(str(old_dir / "config.yaml")),
+                        said.append)                  # the same layout resumes as it is
+    assert (same.step, same.cut) == (4, False)
+    assert same.path.endswith("rank_0/checkpoints/step_00000004.ckpt")
     for rank in range(8):
         folder = run_dir / f"rank_{rank}"
         point = resume_point(str(folder), config, said.append)
-        assert point.step == 4 and point.path == str(run_dir / "earlier_layouts" /
-                                                     "step_00000004")
+        assert point.cut and point.step == 4
+        assert point.path == str(run_dir / "earlier_layouts" / "step_00000004")
         folder.mkdir(exist_ok=True)
         save_config(config, str(folder / "config.yaml"))
         got = entries(rank_slices(point.path, rank, str(new_dir / "strategy.ckpt"),
@@ -354,6 +356,11 @@ def test_resume_on_another_layout_cuts_each_rank_from_a_snapshot(trained, tmp_pa
         str(new_dir / "config.yaml"), TO_D1M4P2[1::2]), said.append)
     assert again.path == str(run_dir / "earlier_layouts" / "step_00000004")
     assert len(list((run_dir / "earlier_layouts").iterdir())) == 1
+    # back on the 4 ranks of the first layout: ranks 4-7 keep nothing that could mislead
+    # (their folders are newer than nothing), and the first four resume from the snapshot
+    first = layout_config(str(old_dir / "config.yaml"))
+    for rank in range(4):
+        assert resume_point(str(run_dir / f"rank_{rank}"), first, said.append).cut
 
 
 

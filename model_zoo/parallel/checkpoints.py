@@ -298,10 +298,12 @@ def collect(run_dir: str, output_dir: str, step: int = 0, config=None) -> Layout
     return layout
 
 
-def newest_common_step(run_dir: str, device_num: int) -> int:
-    """The newest checkpoint step that ranks 0..device_num-1 of a run all saved."""
+def newest_common_step(run_dir: str, device_num: int, after: int = -1) -> int:
+    """The newest checkpoint step after `after` that ranks 0..device_num-1 of a run all
+    saved."""
     common = set.intersection(*({step for step, _ in list_checkpoints(
-        os.path.join(run_dir, f"rank_{rank}"))} for rank in range(device_num)))
+        os.path.join(run_dir, f"rank_{rank}")) if step > after}
+        for rank in range(device_num)))
     if not common:
         raise CheckpointError(f"the {device_num} rank folders of {run_dir} share no "
                               f"checkpoint step")

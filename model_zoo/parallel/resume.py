@@ -35,11 +35,12 @@ SNAPSHOTS = "earlier_layouts"
 
 @dataclasses.dataclass
 class ResumePoint:
-    """Where a rank of a changed layout resumes: the sliced directory (of another layout)
-    to cut its slices from, and its step."""
+    """Where a rank of a sharded run resumes: its own checkpoint `path` of the step, or
+    (`cut`) a sliced directory of another layout to cut its slices from."""
 
     step: int
     path: str
+    cut: bool = False
 
 
 def layout_tag(parallel) -> str:
@@ -58,89 +59,110 @@ def same_layout(a: checkpoints.Layout, b: checkpoints.Layout) -> bool:
             == strategy_map(b.params, b.parallel, names).SerializeToString())
 
 
-def resume_point(output_dir: str, config, log):
+def resume_point(output_dir: str, config, log) -> ResumePoint:
     """Where the rank whose folder is `output_dir` resumes a sharded run with `config`'s
-    layout: None when its checkpoints are of that layout (resumed as they are), else a
-    ResumePoint, after steps 1 and 2 of the module docstring.
+    layout, after steps 1 and 2 of the module docstring when the layout changed. Every rank
+    comes to the same step by the same rules:
 
-    The layout the checkpoints were saved under is this rank's config.yaml, or, for a rank
-    the earlier layout did not have, rank 0's (read before listing its checkpoints: rank 0
-    rewrites it only after renaming its checkpoints, so a config of the new layout comes
-    with an empty folder)."""
+    - checkpoints no newer than the newest snapshot are of a layout left behind (a folder a
+      smaller layout did not use keeps its earlier files) and are not considered;
+    - the layout the rest were saved under is this rank's config.yaml, or, for a rank
+      without checkpoints, rank 0's (read before listing rank 0's checkpoints: rank 0
+      rewrites it only after setting its own aside, so a config of the new layout comes
+      with an empty folder);
+    - on the same layout, the newest step every rank saved; if the ranks share none (one
+      was stopped before its first save), the newest snapshot."""
     run_dir = os.path.dirname(output_dir)
-    own = list_checkpoints(output_dir)
+    snapshot = _newest_snapshot(run_dir)
+    after = snapshot[0] if snapshot else -1
+    own = [(step, path) for step, path in list_checkpoints(output_dir) if step > after]
     reference = output_dir if own else os.path.join(run_dir, "rank_0")
     config_path = os.path.join(reference, checkpoints.CONFIG_FILE)
     recorded = (checkpoints.layout_config(config_path) if os.path.isfile(config_path)
                 else None)
-    if recorded is None or not list_checkpoints(reference):
-        return _from_newest_snapshot(run_dir, output_dir, log)
-    current = checkpoints.plan_layout(config)
-    earlier = checkpoints.plan_layout(recorded)
+    listed = [step for step, _ in list_checkpoints(reference) if step > after]
+    if recorded is None or not listed:
+        return _from_snapshot(snapshot, output_dir, log)
+    current, earlier = checkpoints.plan_layout(config), checkpoints.plan_layout(recorded)
     if same_layout(earlier, current):
-        if not own:
-            raise CheckpointError(f"--resume: {output_dir}/checkpoints is empty, but rank 0 "
-                                  f"has checkpoints of this layout; was the folder removed?")
-        return None
-    snapshot = _snapshot(run_dir, recorded, log)
-    for step, path in own:
-        os.replace(path, _set_aside_name(path, step, recorded.parallel))
-    if own:
-        log(f"renamed this rank's {len(own)} checkpoints of {earlier.describe()} to "
-            f"step_N.{layout_tag(recorded.parallel)}.ckpt")
+        try:
+            step = checkpoints.newest_common_step(run_dir, current.device_num, after)
+        except CheckpointError as err:
+            if snapshot is None:
+                raise CheckpointError(f"--resume: {err}") from None
+            log(f"warning: {err}; every rank resumes from the newest snapshot")
+            return _from_snapshot(snapshot, output_dir, log)
+        if step < own[-1][0]:
+            log(f"resuming from step {step}, the newest step every rank saved")
+        return ResumePoint(step, dict(own)[step])
+    path = _snapshot(run_dir, recorded, listed, after, log)
+    _set_aside(output_dir, None, log)
     log(f"the layout changed from {earlier.describe()} ({earlier.device_num} ranks) to "
         f"{current.describe()} ({current.device_num} ranks): this rank's slices are cut "
-        f"from {snapshot} once the step is compiled")
-    return ResumePoint(saved_step(checkpoints.rank_file(snapshot, 0)), snapshot)
+        f"from {path} once the step is compiled")
+    return ResumePoint(saved_step(checkpoints.rank_file(path, 0)), path, cut=True)
 
 
-def _set_aside_name(path: str, step: int, parallel) -> str:
-    folder, extension = os.path.dirname(path), os.path.splitext(path)[1]
-    name = os.path.join(folder, f"step_{step:08d}.{layout_tag(parallel)}{extension}")
-    suffix = 1
-    while os.path.exists(name):   # the same layout left aside twice: keep both
-        name = os.path.join(folder, f"step_{step:08d}.{layout_tag(parallel)}.{suffix}"
-                                    f"{extension}")
-        suffix += 1
-    return name
+def _set_aside(output_dir: str, upto, log):
+    """Rename this rank's checkpoints (up to step `upto`, or all) to `step_N.<layout>.ckpt`,
+    the layout of its config.yaml (this rank writes it only once it resumed), so they are
+    kept but never resumed from again."""
+    config_path = os.path.join(output_dir, checkpoints.CONFIG_FILE)
+    tag = (layout_tag(checkpoints.layout_config(config_path).parallel)
+           if os.path.isfile(config_path) else "earlier-layout")
+    moved = 0
+    for step, path in list_checkpoints(output_dir):
+        if upto is not None and step > upto:
+            continue
+        folder, extension = os.path.dirname(path), os.path.splitext(path)[1]
+        name, suffix = os.path.join(folder, f"step_{step:08d}.{tag}{extension}"), 1
+        while os.path.exists(name):   # the same layout set aside twice: keep both
+            name = os.path.join(folder, f"step_{step:08d}.{tag}.{suffix}{extension}")
+            suffix += 1
+        os.replace(path, name)
+        moved += 1
+    if moved:
+        log(f"renamed this rank's {moved} checkpoints of its earlier layout to "
+            f"step_N.{tag}.ckpt")
 
 
-def _snapshot(run_dir: str, recorded, log) -> str:
-    """The snapshot of the run's newest step all ranks of the `recorded` layout saved,
-    written unless another rank's is already in place."""
+def _snapshot(run_dir: str, recorded, listed: list, after: int, log) -> str:
+    """The snapshot of the newest step all ranks of the `recorded` layout saved, written
+    unless another rank's is already in place. `listed`: the steps this rank saw in its
+    reference folder (after another rank set its files aside, only a snapshot of one of
+    them will do)."""
     try:
-        step = checkpoints.newest_common_step(run_dir, recorded.parallel.device_num)
-    except CheckpointError:
-        step = None   # another rank renamed its files already: its snapshot is in place
-    if step is not None:
-        target = os.path.join(run_dir, SNAPSHOTS, f"step_{step:08d}")
-        if os.path.isdir(target):
-            return target
+        step = checkpoints.newest_common_step(run_dir, recorded.parallel.device_num, after)
+    except CheckpointError as err:
+        found = _newest_snapshot(run_dir)
+        if found is not None and found[0] in listed:   # set aside after its snapshot
+            return found[1]
+        raise CheckpointError(f"--resume: the layout changed, and {err}") from None
+    target = os.path.join(run_dir, SNAPSHOTS, f"step_{step:08d}")
+    if not os.path.isdir(target):
         try:
             checkpoints.collect(run_dir, target, step, config=recorded)
             log(f"snapshot of step {step} of the earlier layout: {target}")
-            return target
-        except (OSError, UserInputError):   # lost the race, or files renamed under us
-            pass
-    newest = _newest_snapshot(run_dir)
-    if newest is None:
-        raise CheckpointError(f"--resume: cannot collect the checkpoints of {run_dir} "
-                              f"for the new layout, and no {SNAPSHOTS}/ snapshot is there")
-    return newest
+        except (OSError, UserInputError):
+            if not os.path.isdir(target):   # not a race another rank won: a real error
+                raise
+    return target
 
 
 def _newest_snapshot(run_dir: str):
+    """(step, path) of the newest snapshot in the run, or None."""
     folder = os.path.join(run_dir, SNAPSHOTS)
-    steps = sorted(name for name in (os.listdir(folder) if os.path.isdir(folder) else [])
+    steps = sorted(int(name[5:]) for name in (os.listdir(folder) if os.path.isdir(folder)
+                                              else [])
                    if name.startswith("step_") and name[5:].isdigit())
-    return os.path.join(folder, steps[-1]) if steps else None
+    return (steps[-1], os.path.join(folder, f"step_{steps[-1]:08d}")) if steps else None
 
 
-def _from_newest_snapshot(run_dir: str, output_dir: str, log) -> ResumePoint:
-    snapshot = _newest_snapshot(run_dir)
+def _from_snapshot(snapshot, output_dir: str, log) -> ResumePoint:
     if snapshot is None:
         raise CheckpointError(f"--resume: no checkpoint in {output_dir}/checkpoints, none in "
-                              f"rank 0's and no {SNAPSHOTS}/ snapshot in {run_dir}")
-    log(f"this rank has no checkpoint of the current layout: its slices are cut from "
-        f"{snapshot} once the step is compiled")
-    return ResumePoint(saved_step(checkpoints.rank_file(snapshot, 0)), snapshot)
+                              f"rank 0's and no {SNAPSHOTS}/ snapshot beside them")
+    _set_aside(output_dir, snapshot[0], log)
+    log(f"this rank resumes from the snapshot {snapshot[1]}: its slices are cut from it "
+        f"once the step is compiled")
+    return ResumePoint(snapshot[0], snapshot[1], cut=True)

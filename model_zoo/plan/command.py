@@ -101,3 +101,40 @@ def update_docs(path: str) -> int:
         handle.write(text)
     print(f"updated {path}")
     return 0
+
+
+# --- `model-zoo advise` -------------------------------------------------------------------------
+
+def add_advise_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument("config", help="YAML config whose model and global batch to lay out")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
+    parser.add_argument("--device-num", type=int, required=True, help="devices of the job")
+    parser.add_argument("--device", choices=DEVICE_KEYS, default="ascend910",
+                        help="device profile (model_zoo/plan/device_profiles/)")
+    parser.add_argument("--devices-per-server", type=int, default=0, metavar="K",
+                        help="devices per server (default: the profile's)")
+    parser.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--write", metavar="FILE",
+                        help="write the config with the best layout to FILE (YAML)")
+    parser.epilog = "Exit status: 0 when a layout fits, 1 when none does, 2 for bad input."
+
+
+def run_advise_command(args) -> int:
+    from model_zoo.config import save_config
+    from model_zoo.plan.advisor import advise, format_advice
+    from model_zoo.plan.report import load_plan_config
+    if args.devices_per_server < 0:
+        raise UserInputError(f"--devices-per-server must be >= 1, got {args.devices_per_server}")
+    config = load_plan_config(args.config, args.overrides)
+    advice = advise(config, args.device_num, args.device, args.devices_per_server, args.top)
+    if args.write and advice.best:
+        save_config(advice.best[0].layout.apply(config), args.write)
+    if args.json:
+        print(json.dumps(advice.to_dict(), indent=2))
+    else:
+        print(format_advice(advice, args.config))
+        if args.write and advice.best:
+            print(f"wrote {args.write}")
+    return 0 if advice.best else 1

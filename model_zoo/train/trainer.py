@@ -3,6 +3,7 @@
 import hashlib
 import itertools
 import json
+import math
 import os
 import time
 
@@ -76,29 +77,33 @@ def keep_schedule_length(config: Config, saved_train: dict):
 
 
 def resumable_checkpoints(output_dir: str, context) -> list:
-    """(step, path) of the checkpoints this rank may resume from, oldest first. With several
-    ranks whose folders are visible here (one machine, or shared storage), only up to the
-    newest step every rank that saved any has: a kill or a full disk between two ranks'
-    saves leaves them a step apart, and ranks that resumed apart would wait for each other
-    forever. A data-parallel rank the run did not have yet resumes from rank 0's
-    checkpoints (data-parallel ranks hold the same state)."""
+    """(step, path) of the checkpoints this rank may resume from, oldest first (sharded
+    runs: `parallel.resume`). With several ranks whose folders are visible here (one
+    machine, or shared storage), only up to the newest step every rank that saved any has:
+    a kill or a full disk between two ranks' saves leaves them a step apart, and ranks that
+    resumed apart would wait for each other forever. A data-parallel rank the run did not
+    have yet resumes from another rank's checkpoints (data-parallel ranks hold the same
+    state)."""
     own = list_checkpoints(output_dir)
     if not context.distributed:
         return own
     parent = os.path.dirname(output_dir)
-    folders = [os.path.join(parent, f"rank_{rank}") for rank in range(context.device_num)]
-    saved = [steps for steps in ({step for step, _ in list_checkpoints(folder)}
-                                 for folder in folders if os.path.isdir(folder)) if steps]
+    saved = {}
+    for rank in range(context.device_num):
+        steps = dict(list_checkpoints(os.path.join(parent, f"rank_{rank}")))
+        if steps:
+            saved[rank] = steps
     if not saved:
         raise CheckpointError(f"--resume: no checkpoint in the rank folders of {parent}")
-    common = set.intersection(*saved)
+    common = set.intersection(*(set(steps) for steps in saved.values()))
     if not common:
         raise CheckpointError(f"--resume: the {len(saved)} rank folders in {parent} share no "
                               f"checkpoint step")
-    if not own and not context.semi_auto:
-        own = list_checkpoints(folders[0])
+    if not own:
+        lender = min(saved)
+        own = sorted(saved[lender].items())
         log(f"this rank has no checkpoint of its own (the run had {len(saved)} ranks): it "
-            f"resumes from rank 0's, as data-parallel ranks hold the same state")
+            f"resumes from rank {lender}'s, as data-parallel ranks hold the same state")
     if max(common) < own[-1][0]:
         log(f"resuming from step {max(common)}, the newest step every rank saved")
     return [(step, path) for step, path in own if step <= max(common)]
@@ -117,6 +122,9 @@ def resume_from_checkpoint(step_cell, output_dir: str, context) -> int:
             unreadable.append((path, err))
             continue
         for bad, err in unreadable:
+            if os.path.dirname(os.path.dirname(bad)) != output_dir:   # another rank's
+                log(f"warning: {err}")
+                continue
             os.replace(bad, bad + ".unreadable")
             log(f"warning: {err}; renamed it to {os.path.basename(bad)}.unreadable")
         step = int(step_cell.step.asnumpy())
@@ -170,11 +178,10 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
     resume_path = resharded_from = None
     if context.semi_auto and resume:   # loaded once the step is compiled (restore_sliced)
         point = resume_point(output_dir, config, log)
-        if point is None:
-            step, resume_path = resumable_checkpoints(output_dir, context)[-1]
-            start_step = sharded_saved_step(resume_path, step)
-        else:
+        if point.cut:
             resharded_from, start_step = point.path, point.step
+        else:
+            resume_path, start_step = point.path, sharded_saved_step(point.path, point.step)
     elif resume:
         start_step = resume_from_checkpoint(step_cell, output_dir, context)
     elif config.train.init_checkpoint:
@@ -265,7 +272,10 @@ def restore_sliced(runnable, step_cell, network, first_batch, config, rank: int,
             target = network
             values = {name: value for name, value in values.items() if name in held}
     not_loaded, _ = ms.load_param_into_net(target, values, strict_load=False)
-    missing = [name for name in not_loaded if name in held and name != STOP_FLAG]
+    # scalars (the step, the loss scale) are in no strategy file, yet every rank has them
+    parameters = target.parameters_dict()
+    missing = [name for name in not_loaded if name != STOP_FLAG
+               and (name in held or math.prod(parameters[name].shape) <= 1)]
     if target is step_cell and missing:
         raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "
                               f"{len(missing)} parameters of this rank, e.g. {missing[0]!r}")

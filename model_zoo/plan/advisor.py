@@ -1,0 +1,311 @@
+"""`model-zoo advise`: every layout a model and its global batch allow on N devices, checked
+against the rules, held against the device's memory and ranked by predicted throughput
+(the plan's memory and time models, `cost` and `timing`).
+
+Layouts: dp x mp x pp = N with mp dividing the heads and pp the layers; m micro steps per
+step, powers of two from 1 (from pp on a pipeline, where they are micro batches; gradient
+accumulation otherwise) while the global batch divides; recompute on and off; the optimizer
+shard on and off (dp > 1); sequence parallel on and off (mp > 1). The config's other
+settings (precision, vocab_emb_dp, flash attention) are kept.
+
+What does not change between layouts is recorded once. On N devices dp follows from mp and
+pp, and every cost is affine in the per-device micro batch b (activations, their
+communication and FLOPs grow with it; weights, their gradients' reduction and the launches
+do not), so the costs at b are those at b = 1 plus (b - 1) times their growth from b = 1 to
+b = 2: two recordings per (mp, pp, sequence parallel) serve every micro batch, micro step
+count and optimizer shard. Recompute marks checkpoints on the same graph, so a layout
+without it uses that recording with them cleared. `tests/test_advisor.py` holds both
+shortcuts against full plans. The best layouts are then planned in full (their own
+recording and every rule) before they are shown.
+"""
+
+import dataclasses
+import time
+from typing import Dict, List, Optional
+
+from model_zoo.errors import UserInputError
+from model_zoo.plan import cost, timing
+from model_zoo.plan.devices import load_profile
+from model_zoo.plan.rules import check_layout, check_recording
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One candidate: the parallel section and the gradient accumulation it sets."""
+
+    dp: int
+    mp: int
+    pp: int
+    micro_steps: int
+    recompute: bool
+    optimizer_shard: bool
+    sequence_parallel: bool
+
+    def apply(self, config):
+        """`config` with this layout (a new Config; `config` is not changed)."""
+        pipeline = self.pp > 1
+        parallel = dataclasses.replace(
+            config.parallel, data_parallel=self.dp, model_parallel=self.mp,
+            pipeline_stage=self.pp, micro_batch_num=self.micro_steps if pipeline else 1,
+            recompute=self.recompute, optimizer_shard=self.optimizer_shard,
+            sequence_parallel=self.sequence_parallel)
+        train = dataclasses.replace(config.train,
+                                    grad_accumulation=1 if pipeline else self.micro_steps)
+        return dataclasses.replace(config, parallel=parallel, train=train)
+
+    def describe(self) -> str:
+        options = [name for name, on in (("recompute", self.recompute),
+                                         ("optimizer shard", self.optimizer_shard),
+                                         ("sequence parallel", self.sequence_parallel)) if on]
+        if self.pp > 1:
+            options.insert(0, f"{self.micro_steps} micro batches")
+        elif self.micro_steps > 1:
+            options.insert(0, f"{self.micro_steps} accumulation steps")
+        return f"dp{self.dp} x mp{self.mp} x pp{self.pp}" + "".join(f", {o}" for o in options)
+
+    def overrides(self) -> List[str]:
+        pipeline = self.pp > 1
+        return [f"parallel.data_parallel={self.dp}", f"parallel.model_parallel={self.mp}",
+                f"parallel.pipeline_stage={self.pp}",
+                f"parallel.micro_batch_num={self.micro_steps if pipeline else 1}",
+                f"train.grad_accumulation={1 if pipeline else self.micro_steps}",
+                f"parallel.recompute={str(self.recompute).lower()}",
+                f"parallel.optimizer_shard={str(self.optimizer_shard).lower()}",
+                f"parallel.sequence_parallel={str(self.sequence_parallel).lower()}"]
+
+
+@dataclasses.dataclass
+class Scored:
+    layout: Layout
+    memory: float                   # worst stage, bytes per device
+    time: timing.StepTime
+    confirmed: Optional[bool] = None   # planned in full: every rule holds and it fits
+
+    def to_dict(self) -> dict:
+        return {"layout": dataclasses.asdict(self.layout), "describe": self.layout.describe(),
+                "overrides": self.layout.overrides(), "memory_per_device": self.memory,
+                "time": self.time.to_dict(), "confirmed": self.confirmed}
+
+
+def _divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts(config, device_num: int) -> List[Layout]:
+    """Every layout of the module docstring for `device_num` devices."""
+    model, global_batch = config.model, config.train.global_batch_size
+    found = []
+    for mp in _divisors(device_num):
+        if model.num_heads % mp or model.hidden_size % mp:
+            continue
+        for pp in _divisors(device_num // mp):
+            dp = device_num // (mp * pp)
+            if model.num_layers % pp or global_batch % dp:
+                continue
+            micro = pp if pp > 1 else 1
+            while (global_batch // dp) % micro == 0:
+                for recompute in (False, True):
+                    for shard in ((False, True) if dp > 1 else (False,)):
+                        for sequence in ((False, True) if mp > 1 else (False,)):
+                            found.append(Layout(dp, mp, pp, micro, recompute, shard, sequence))
+                micro *= 2
+    return found
+
+
+class Advisor:
+    """Scores layouts of one config on one device profile, recording each shape once."""
+
+    def __init__(self, config, device: str = "ascend910", devices_per_server: int = 0):
+        self.config = config
+        self.profile = load_profile(device, devices_per_server)
+        self.recordings: Dict[tuple, object] = {}
+        self.recording_seconds = 0.0
+
+    def recording(self, layout: Layout, micro_batch: int):
+        """The recording of `micro_batch` sequences per device (with recompute marked) and
+        the violations its strategies have, cached by what shapes it."""
+        key = (layout.dp, layout.mp, layout.pp, layout.sequence_parallel, micro_batch)
+        if key not in self.recordings:
+            from mindspore.nn.utils import no_init_parameters
+            from model_zoo.config import import_model
+            from model_zoo.nn.layers import dtype_of, kernels_for
+            from model_zoo.plan.report import record_training_network
+            started = time.perf_counter()
+            shape = dataclasses.replace(layout, micro_steps=max(layout.pp, 1),
+                                        recompute=True, optimizer_shard=False)
+            config = shape.apply(self.config)
+            config = dataclasses.replace(config, train=dataclasses.replace(
+                config.train, global_batch_size=layout.dp * micro_batch * shape.micro_steps,
+                grad_accumulation=1))
+            module = import_model(config.model.name)
+            with no_init_parameters(), kernels_for("Ascend"):
+                network = module.build_train_network(config, dtype_of(config.train.precision))
+            rec = record_training_network(config, network)
+            violations = check_recording(rec, config.parallel, config.parallel.device_num)
+            self.recordings[key] = (rec, violations)
+            self.recording_seconds += time.perf_counter() - started
+        return self.recordings[key]
+
+    def score(self, layout: Layout) -> Optional[Scored]:
+        """The layout's worst-stage memory and predicted time, or None when it breaks a
+        rule (of the layout, or of its operators' strategies)."""
+        config = layout.apply(self.config)
+        parallel, train = config.parallel, config.train
+        if check_layout(parallel, parallel.device_num, config.model.num_layers,
+                        train.global_batch_size, train.grad_accumulation,
+                        config.model.seq_length):
+            return None
+        micro_batch = train.global_batch_size // (layout.dp * layout.micro_steps)
+        estimates = []
+        for recorded_batch in (1, 2):
+            rec, violations = self.recording(layout, recorded_batch)
+            if violations:
+                return None
+            if not layout.recompute:
+                rec = without_recompute(rec)
+            accumulation = train.grad_accumulation
+            estimates.append((cost.estimate_memory(rec, parallel, accumulation),
+                              cost.estimate_communication(rec, parallel, accumulation),
+                              cost.estimate_compute(rec, parallel, accumulation)))
+        memory, communication, compute = affine(*estimates, micro_batch)
+        step = timing.estimate_time(compute, communication, memory, parallel, train.precision,
+                                    train.global_batch_size, config.model.seq_length,
+                                    self.profile, layout.micro_steps)
+        return Scored(layout, max(m.total for m in memory), step)
+
+
+def affine(at_one, at_two, batch: float):
+    """at_one + (batch - 1) (at_two - at_one), through the cost estimates' dataclasses,
+    lists and dicts (dicts of reasons that name a shape pair up in order, keeping the
+    keys of `at_two`); values equal in both (a stage's index, a group) stay as they are."""
+    if isinstance(at_one, bool) or at_one == at_two:
+        return at_one
+    if isinstance(at_one, (int, float)):
+        return at_one + (batch - 1) * (at_two - at_one)
+    if isinstance(at_one, (list, tuple)):
+        return type(at_one)(affine(a, b, batch) for a, b in zip(at_one, at_two))
+    if isinstance(at_one, dict):
+        return {key: affine(a, b, batch)
+                for (key, b), a in zip(at_two.items(), at_one.values())}
+    if dataclasses.is_dataclass(at_one):
+        return dataclasses.replace(at_one, **{
+            f.name: affine(getattr(at_one, f.name), getattr(at_two, f.name), batch)
+            for f in dataclasses.fields(at_one)})
+    return at_two
+
+
+def without_recompute(rec):
+    """The recording of the same graph without recomputed cells."""
+    calls = [dataclasses.replace(call, recompute_root=None) for call in rec.calls]
+    return dataclasses.replace(rec, calls=calls, checkpoints={})
+
+
+@dataclasses.dataclass
+class Advice:
+    """What `model-zoo advise` found: counts, and the best layouts planned in full."""
+
+    device_num: int
+    profile: object
+    layouts: int
+    breaking_rules: int
+    not_fitting: int
+    fitting: int
+    recordings: int
+    recording_seconds: float
+    seconds: float
+    best: List[Scored]
+
+    def to_dict(self) -> dict:
+        return {"device_num": self.device_num, "device": self.profile.name,
+                "devices_per_server": self.profile.devices_per_server,
+                "memory_per_device": self.profile.memory, "layouts": self.layouts,
+                "breaking_rules": self.breaking_rules, "not_fitting": self.not_fitting,
+                "fitting": self.fitting, "recordings": self.recordings,
+                "recording_seconds": self.recording_seconds, "seconds": self.seconds,
+                "top": [s.to_dict() for s in self.best]}
+
+
+def advise(config, device_num: int, device: str = "ascend910", devices_per_server: int = 0,
+           top: int = 5) -> Advice:
+    """Score every layout, keep those that fit, rank them by samples/s and plan the best
+    `top` in full (a layout the full plan refuses is replaced by the next one)."""
+    from model_zoo.plan.report import build_plan
+    if device_num < 1:
+        raise UserInputError(f"--device-num must be >= 1, got {device_num}")
+    if top < 1:
+        raise UserInputError(f"--top must be >= 1, got {top}")
+    started = time.perf_counter()
+    advisor = Advisor(config, device, devices_per_server)
+    candidates = layouts(config, device_num)
+    scored, broken, too_big = [], 0, 0
+    for layout in candidates:
+        result = advisor.score(layout)
+        if result is None:
+            broken += 1
+        elif result.memory > advisor.profile.memory:
+            too_big += 1
+        else:
+            scored.append(result)
+    scored.sort(key=lambda s: -s.time.samples_per_s)
+    best = []
+    for result in scored:
+        if len(best) == top:
+            break
+        plan = build_plan(result.layout.apply(config), device=device,
+                          devices_per_server=devices_per_server)
+        result.confirmed = plan.ok
+        if plan.ok:   # the full plan's own figures
+            result.time, result.memory = plan.time, plan.worst_stage.total
+            best.append(result)
+    best.sort(key=lambda s: -s.time.samples_per_s)
+    return Advice(device_num, advisor.profile, len(candidates), broken, too_big, len(scored),
+                  len(advisor.recordings), advisor.recording_seconds,
+                  time.perf_counter() - started, best)
+
+
+def format_advice(advice: Advice, config_path: str) -> str:
+    """The text `model-zoo advise` prints: counts, the ranked layouts, why the best wins."""
+    gib, profile = 2 ** 30, advice.profile
+    lines = [f"advise: {config_path} on {advice.device_num} x {profile.name} "
+             f"({profile.devices_per_server} per server, {profile.memory / gib:.2f} GiB each)",
+             f"  {advice.layouts} layouts: {advice.breaking_rules} break a rule, "
+             f"{advice.not_fitting} do not fit, {advice.fitting} fit; "
+             f"{advice.recordings} recordings in {advice.recording_seconds:.1f} s, "
+             f"{advice.seconds:.1f} s in all", ""]
+    if not advice.best:
+        lines.append("no layout fits: more devices, a smaller global batch, or a device with "
+                     "more memory")
+        return "\n".join(lines)
+    lines.append(f"  {'rank':>4} {'samples/s':>10} {'tokens/s':>11} {'MFU':>6} {'step s':>8} "
+                 f"{'compute':>8} {'comm.':>7} {'bubble':>7} {'GiB':>6}  layout")
+    for rank, result in enumerate(advice.best, 1):
+        t = result.time.to_dict()
+        lines.append(f"  {rank:>4} {t['samples_per_s']:>10.1f} {t['tokens_per_s']:>11,.0f} "
+                     f"{100 * t['mfu']:>5.1f}% {t['step_s']:>8.3f} {t['compute_s']:>8.3f} "
+                     f"{t['communication_s']:>7.3f} {t['bubble_s']:>7.3f} "
+                     f"{result.memory / gib:>6.2f}  {result.layout.describe()}")
+    lines.append("")
+    lines.append("why the best wins: " + why_best(advice.best))
+    lines.append("best: " + " ".join(f"--set {o}" for o in advice.best[0].layout.overrides()))
+    return "\n".join(lines)
+
+
+def why_best(best: List[Scored]) -> str:
+    """The parts of the step the best layout saves against the runner-up."""
+    if len(best) < 2:
+        return "it is the only layout that fits and keeps every rule"
+    first, second = best[0].time.to_dict(), best[1].time.to_dict()
+    parts = {"compute": "compute_s", "communication": "communication_s",
+             "pipeline bubble": "bubble_s", "optimizer": "optimizer_s"}
+    saved = sorted(((second[key] - first[key], name) for name, key in parts.items()),
+                   reverse=True)
+    text = ", ".join(f"{name} {_seconds(-delta, sign=True)}" for delta, name in saved
+                     if abs(delta) >= 1e-3 * second["step_s"])
+    return (f"against #2 ({best[1].layout.describe()}), a step of "
+            f"{_seconds(first['step_s'])} instead of {_seconds(second['step_s'])}: "
+            + (text or "the same parts, within 0.1%"))
+
+
+def _seconds(value: float, sign: bool = False) -> str:
+    form = "+" if sign else ""
+    return (f"{value * 1e3:{form}.2f} ms" if abs(value) < 1 else f"{value:{form}.3f} s")

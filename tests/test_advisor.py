@@ -1,0 +1,95 @@
+"""`model-zoo advise`: the layouts it enumerates, the shortcuts that make it fast held
+against full plans (costs affine in the micro batch, recompute cleared on the same graph),
+and the command's ranking, JSON and written config."""
+
+import json
+
+import pytest
+
+from conftest import run_cli
+from model_zoo.plan import advisor, cost
+from model_zoo.plan.report import build_plan, load_plan_config
+
+TINY = "model_zoo/gpt2/configs/tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def config():
+    # 4 layers, 4 heads, hidden 64: mp and pp up to 4
+    return load_plan_config(TINY, ["model.num_layers=4", "model.num_heads=4",
+                                   "model.hidden_size=64", "train.global_batch_size=32"])
+
+
+def test_layouts_cover_the_products_the_model_divides(config):
+    found = advisor.layouts(config, 8)
+    assert {(l.dp, l.mp, l.pp) for l in found} == {
+        (dp, mp, pp) for mp in (1, 2, 4) for pp in (1, 2, 4) for dp in (8 // (mp * pp),)
+        if dp * mp * pp == 8}
+    assert all(l.micro_steps >= l.pp for l in found)
+    assert not any(l.optimizer_shard for l in found if l.dp == 1)
+    assert not any(l.sequence_parallel for l in found if l.mp == 1)
+    assert len(set(found)) == len(found)
+
+
+@pytest.mark.parametrize("layout", [
+    advisor.Layout(4, 2, 1, 2, False, True, False),
+    advisor.Layout(2, 2, 2, 4, True, False, True),
+    advisor.Layout(1, 4, 2, 2, True, False, False),
+    advisor.Layout(2, 1, 4, 4, False, True, False),
+], ids=lambda layout: layout.describe())
+def test_the_advisor_scores_a_layout_as_its_full_plan_does(config, layout):
+    """Its recordings of 1 and 2 sequences per device, extrapolated, give the full plan's
+    memory and time (the plan records the layout's own micro batch)."""
+    scored = advisor.Advisor(config, "a100").score(layout)
+    plan = build_plan(layout.apply(config), device="a100")
+    assert not plan.violations
+    assert scored.memory == pytest.approx(plan.worst_stage.total, rel=1e-9)
+    full = plan.time.to_dict()
+    for key, value in scored.time.to_dict().items():
+        if key != "stages":
+            assert value == pytest.approx(full[key], rel=1e-9), key
+
+
+def test_a_layout_without_recompute_is_the_same_graph_without_checkpoints(config):
+    with_it = advisor.Layout(2, 2, 2, 2, True, False, False)
+    plan = build_plan(with_it.apply(config), device="a100")
+    cleared = advisor.without_recompute(plan.recording)
+    direct = build_plan(advisor.Layout(2, 2, 2, 2, False, False, False).apply(config),
+                        device="a100")
+    parallel = direct.config.parallel
+    for ours, theirs in zip(cost.estimate_memory(cleared, parallel), direct.memory):
+        assert ours.total == pytest.approx(theirs.total, rel=1e-12)
+    for ours, theirs in zip(cost.estimate_communication(cleared, parallel),
+                            direct.communication):
+        assert ours.total == pytest.approx(theirs.total, rel=1e-12)
+
+
+def test_advise_ranks_layouts_and_writes_the_best(tmp_path):
+    written = tmp_path / "best.yaml"
+    result = run_cli("advise", TINY, "--device-num", "8", "--device", "a100", "--top", "3",
+                     "--json", "--write", written)
+    assert result.returncode == 0, result.stderr
+    advice = json.loads(result.stdout)
+    top = advice["top"]
+    assert len(top) == 3 and all(entry["confirmed"] for entry in top)
+    speeds = [entry["time"]["samples_per_s"] for entry in top]
+    assert speeds == sorted(speeds, reverse=True)
+    assert advice["layouts"] == advice["breaking_rules"] + advice["not_fitting"] + \
+        advice["fitting"]
+    replan = run_cli("plan", written, "--device", "a100", "--json")
+    assert replan.returncode == 0, replan.stderr
+    planned = json.loads(replan.stdout)
+    assert planned["time"]["samples_per_s"] == pytest.approx(speeds[0])
+    layout = top[0]["layout"]
+    assert (planned["layout"]["data_parallel"], planned["layout"]["model_parallel"],
+            planned["layout"]["pipeline_stage"]) == (layout["dp"], layout["mp"], layout["pp"])
+
+    text = run_cli("advise", TINY, "--device-num", "8", "--device", "a100", "--top", "2")
+    assert text.returncode == 0 and "why the best wins: against #2" in text.stdout
+
+
+def test_advise_says_when_nothing_fits():
+    result = run_cli("advise", "model_zoo/gpt2/configs/plan/gpt-10b-d1m8p2.yaml",
+                     "--device-num", "1")   # 10B parameters' weights alone fill 40 GB
+    assert result.returncode == 1
+    assert "no layout fits" in result.stdout
