@@ -11,12 +11,14 @@ settings (precision, vocab_emb_dp, flash attention) are kept.
 What does not change between layouts is recorded once. On N devices dp follows from mp and
 pp, and every cost is affine in the per-device micro batch b (activations, their
 communication and FLOPs grow with it; weights, their gradients' reduction and the launches
-do not), so the costs at b are those at b = 1 plus (b - 1) times their growth from b = 1 to
-b = 2: two recordings per (mp, pp, sequence parallel) serve every micro batch, micro step
-count and optimizer shard. Recompute marks checkpoints on the same graph, so a layout
-without it uses that recording with them cleared. `tests/test_advisor.py` holds both
-shortcuts against full plans. The best layouts are then planned in full (their own
-recording and every rule) before they are shown.
+do not) and in the blocks per pipeline stage n (each block adds the same), so the costs
+are interpolated exactly from four recordings, of b = u or 2u sequences per device through
+n = 1 or 2 blocks per stage, for each (mp, pp, sequence parallel): they serve every micro
+batch, micro step count and optimizer shard (u = 1, or the smallest power of two at which
+the operators' shape rules hold: `Advisor.unit_batch`). Recompute marks checkpoints on the same
+graph, so a layout without it uses those recordings with them cleared.
+`tests/test_advisor.py` holds both shortcuts against full plans. The best layouts are then
+planned in full (their own recording and every rule) before they are shown.
 """
 
 import dataclasses
@@ -121,10 +123,11 @@ class Advisor:
         self.recordings: Dict[tuple, object] = {}
         self.recording_seconds = 0.0
 
-    def recording(self, layout: Layout, micro_batch: int):
-        """The recording of `micro_batch` sequences per device (with recompute marked) and
-        the violations its strategies have, cached by what shapes it."""
-        key = (layout.dp, layout.mp, layout.pp, layout.sequence_parallel, micro_batch)
+    def recording(self, layout: Layout, micro_batch: int, blocks: int, recompute: bool):
+        """The recording of `micro_batch` sequences per device through `blocks` blocks per
+        pipeline stage, with or without recompute, and the violations its strategies have;
+        cached by what shapes it."""
+        key = (layout.dp, layout.mp, layout.pp, layout.sequence_parallel, micro_batch, blocks)
         if key not in self.recordings:
             from mindspore.nn.utils import no_init_parameters
             from model_zoo.config import import_model
@@ -134,17 +137,49 @@ class Advisor:
             shape = dataclasses.replace(layout, micro_steps=max(layout.pp, 1),
                                         recompute=True, optimizer_shard=False)
             config = shape.apply(self.config)
-            config = dataclasses.replace(config, train=dataclasses.replace(
-                config.train, global_batch_size=layout.dp * micro_batch * shape.micro_steps,
-                grad_accumulation=1))
+            config = dataclasses.replace(
+                config, model=dataclasses.replace(config.model, num_layers=blocks * layout.pp),
+                train=dataclasses.replace(
+                    config.train, global_batch_size=layout.dp * micro_batch * shape.micro_steps,
+                    grad_accumulation=1))
             module = import_model(config.model.name)
             with no_init_parameters(), kernels_for("Ascend"):
                 network = module.build_train_network(config, dtype_of(config.train.precision))
             rec = record_training_network(config, network)
             violations = check_recording(rec, config.parallel, config.parallel.device_num)
-            self.recordings[key] = (rec, violations)
+            self.recordings[key] = (rec, without_recompute(rec), violations)
             self.recording_seconds += time.perf_counter() - started
-        return self.recordings[key]
+        rec, cleared, violations = self.recordings[key]
+        return (rec if recompute else cleared), violations
+
+    def unit_batch(self, layout: Layout, micro_batch: int) -> Optional[int]:
+        """The smallest power of two dividing `micro_batch` at which the layout's operators
+        keep every rule, or None when none does (then `micro_batch` breaks one too). The
+        rules on shapes are divisibility: what holds at u holds at every multiple of u, so
+        recordings at u and 2u stand for the micro batch."""
+        unit = 1
+        while micro_batch % unit == 0:
+            if not any(self.recording(layout, batch, blocks, True)[1]
+                       for batch in (unit, 2 * unit) for blocks in (1, 2)):
+                return unit
+            unit *= 2
+        return None
+
+    def fix_backward_working(self, memory, layout: Layout, unit: int, x: float):
+        """Set each stage's backward working set W_k, the largest of its calls' (each affine
+        in the micro batch, but their largest is not: a weight's gradient can lead at a
+        small batch and an activation's at a large one), from the calls of the one-block
+        recordings at u and 2u sequences (blocks repeat, so one is enough)."""
+        at_unit, at_double = (cost.backward_working_sets(self.recording(
+            layout, batch, 1, layout.recompute)[0]) for batch in (unit, 2 * unit))
+        working = {}
+        for (stage, low), (_, high) in zip(at_unit, at_double):
+            working[stage] = max(working.get(stage, 0.0), low + (x - 1) * (high - low))
+        for stage in memory:
+            stage.backward_working = working.get(stage.stage, 0.0)
+            stage.activations = (stage.micro_batches_in_flight
+                                 * stage.activations_per_micro_batch
+                                 + stage.recompute_peak + stage.backward_working)
 
     def score(self, layout: Layout) -> Optional[Scored]:
         """The layout's worst-stage memory and predicted time, or None when it breaks a
@@ -156,40 +191,46 @@ class Advisor:
                         config.model.seq_length):
             return None
         micro_batch = train.global_batch_size // (layout.dp * layout.micro_steps)
-        estimates = []
-        for recorded_batch in (1, 2):
-            rec, violations = self.recording(layout, recorded_batch)
-            if violations:
-                return None
-            if not layout.recompute:
-                rec = without_recompute(rec)
-            accumulation = train.grad_accumulation
-            estimates.append((cost.estimate_memory(rec, parallel, accumulation),
-                              cost.estimate_communication(rec, parallel, accumulation),
-                              cost.estimate_compute(rec, parallel, accumulation)))
-        memory, communication, compute = affine(*estimates, micro_batch)
+        unit = self.unit_batch(layout, micro_batch)
+        if unit is None:
+            return None
+        corners = {}
+        for batch in (unit, 2 * unit):
+            for blocks in (1, 2):
+                rec, _ = self.recording(layout, batch, blocks, layout.recompute)
+                corners[batch // unit, blocks] = (
+                    cost.estimate_memory(rec, parallel, train.grad_accumulation),
+                    cost.estimate_communication(rec, parallel, train.grad_accumulation),
+                    cost.estimate_compute(rec, parallel, train.grad_accumulation))
+        memory, communication, compute = affine(
+            affine(corners[1, 1], corners[2, 1], micro_batch / unit),
+            affine(corners[1, 2], corners[2, 2], micro_batch / unit),
+            config.model.num_layers // layout.pp)
+        self.fix_backward_working(memory, layout, unit, micro_batch / unit)
         step = timing.estimate_time(compute, communication, memory, parallel, train.precision,
                                     train.global_batch_size, config.model.seq_length,
                                     self.profile, layout.micro_steps)
         return Scored(layout, max(m.total for m in memory), step)
 
 
-def affine(at_one, at_two, batch: float):
-    """at_one + (batch - 1) (at_two - at_one), through the cost estimates' dataclasses,
-    lists and dicts (dicts of reasons that name a shape pair up in order, keeping the
-    keys of `at_two`); values equal in both (a stage's index, a group) stay as they are."""
+def affine(at_one, at_two, x: float):
+    """at_one + (x - 1) (at_two - at_one): the value at x of what is at_one at 1 and at_two
+    at 2, through the cost estimates' dataclasses, lists and dicts (dicts whose reasons name
+    a shape pair up in order, keeping the keys of `at_two`); values equal in both (a stage's
+    index, a group) stay as they are."""
     if isinstance(at_one, bool) or at_one == at_two:
         return at_one
     if isinstance(at_one, (int, float)):
-        return at_one + (batch - 1) * (at_two - at_one)
+        return at_one + (x - 1) * (at_two - at_one)
+    if isinstance(at_one, (list, tuple, dict)) and len(at_one) != len(at_two):
+        raise ValueError("the two estimates differ in their items: not affine")
     if isinstance(at_one, (list, tuple)):
-        return type(at_one)(affine(a, b, batch) for a, b in zip(at_one, at_two))
+        return type(at_one)(affine(a, b, x) for a, b in zip(at_one, at_two))
     if isinstance(at_one, dict):
-        return {key: affine(a, b, batch)
-                for (key, b), a in zip(at_two.items(), at_one.values())}
+        return {key: affine(a, b, x) for (key, b), a in zip(at_two.items(), at_one.values())}
     if dataclasses.is_dataclass(at_one):
         return dataclasses.replace(at_one, **{
-            f.name: affine(getattr(at_one, f.name), getattr(at_two, f.name), batch)
+            f.name: affine(getattr(at_one, f.name), getattr(at_two, f.name), x)
             for f in dataclasses.fields(at_one)})
     return at_two
 

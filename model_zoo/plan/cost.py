@@ -353,6 +353,19 @@ def _cast_bytes(rec) -> Dict[str, int]:
     return found
 
 
+def backward_working_sets(rec) -> List[tuple]:
+    """(stage, bytes) of every call: the gradients of its outputs and of its activation
+    inputs, alive together while its backward pass runs (W_k is the largest per stage)."""
+    found = []
+    for call in rec.calls:
+        amount = sum(_slice_bytes(out, out.layout) for out in call.outputs if out.needs_grad)
+        amount += sum(_slice_bytes(info, _input_split(call, index, info))
+                      for index, info in enumerate(call.tensors)
+                      if info.needs_grad and info.param is None)
+        found.append((call.stage, amount))
+    return found
+
+
 def estimate_memory(rec, parallel: ParallelConfig, accumulation: int = 1) -> List[StageMemory]:
     """Memory per device of every pipeline stage (formulas in the module docstring)."""
     stages = [StageMemory(k) for k in range(_stage_count(rec, parallel))]
@@ -401,12 +414,8 @@ def estimate_memory(rec, parallel: ParallelConfig, accumulation: int = 1) -> Lis
         per_micro[stage] += sum(_slice_bytes(info, info.layout) for info in inputs
                                 if info.param is None)
     working = [0.0] * len(stages)
-    for call in rec.calls:
-        amount = sum(_slice_bytes(out, out.layout) for out in call.outputs if out.needs_grad)
-        amount += sum(_slice_bytes(info, _input_split(call, index, info))
-                      for index, info in enumerate(call.tensors)
-                      if info.needs_grad and info.param is None)
-        working[call.stage] = max(working[call.stage], amount)
+    for stage, amount in backward_working_sets(rec):
+        working[stage] = max(working[stage], amount)
     pp = parallel.pipeline_stage
     for memory in stages:
         k = memory.stage
