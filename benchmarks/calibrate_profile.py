@@ -47,6 +47,13 @@ def main():
     print(f"samples/s error: median {100 * statistics.median(absolute):.1f}%, mean "
           f"{100 * statistics.mean(absolute):.1f}%, max {100 * max(absolute):.1f}% "
           f"over {len(errors)} rows")
+    measured = [float(row["samples_per_s"]) for row, _ in planned]
+    predicted = [calibration.predict(plan, profile) for _, plan in planned]
+    print(f"Spearman rank correlation, all rows: "
+          f"{calibration.spearman(measured, predicted):.3f}")
+    for (model, devices), same in calibration.fastest_agree(planned, profile).items():
+        print(f"  {model} on {devices} device{'s' if devices > 1 else ''}: the fastest "
+              f"predicted is {'the fastest measured' if same else 'NOT the fastest measured'}")
 
 
 if __name__ == "__main__":

@@ -89,3 +89,18 @@ def test_an_unknown_device_is_one_error_line():
     result = run_cli("plan", "model_zoo/gpt2/configs/tiny.yaml", "--device", "h100")
     assert result.returncode == 2
     assert "invalid choice: 'h100'" in result.stderr
+
+
+def test_the_a100_profile_ranks_the_rows_as_measured(planned):
+    profile = load_profile("a100")
+    measured = [float(row["samples_per_s"]) for row, _ in planned]
+    predicted = [calibration.predict(plan, profile) for _, plan in planned]
+    assert calibration.spearman(measured, predicted) > 0.95
+    agree = calibration.fastest_agree(planned, profile)
+    assert len(agree) == 6 and all(agree.values()), agree   # BERT and GPT-2 on 1, 4 and 8
+
+
+def test_spearman_against_a_hand_count():
+    assert calibration.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == 1
+    assert calibration.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == -1
+    assert calibration.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)

@@ -123,3 +123,36 @@ def fit(planned: list, profile, names, iterations: int = 100) -> dict:
         if np.abs(step).max() < 1e-7:
             break
     return dict(zip(names, (float(v) for v in np.exp(theta))))
+
+
+def spearman(first: list, second: list) -> float:
+    """Spearman's rank correlation of two equally long lists (no ties expected)."""
+    def ranks(values):
+        order = sorted(range(len(values)), key=values.__getitem__)
+        found = [0] * len(values)
+        for rank, index in enumerate(order):
+            found[index] = rank
+        return found
+    a, b, n = ranks(first), ranks(second), len(first)
+    return 1 - 6 * sum((x - y) ** 2 for x, y in zip(a, b)) / (n * (n * n - 1))
+
+
+def groups(planned: list) -> dict:
+    """{(model, devices): [(row, plan), ...]}: the rows one model ran on one device count."""
+    found = {}
+    for row, plan in planned:
+        devices = int(row["nodes"]) * int(row["gpus_per_node"])
+        found.setdefault((row["model"], devices), []).append((row, plan))
+    return found
+
+
+def fastest_agree(planned: list, profile) -> dict:
+    """{group: whether the layout predicted fastest is the one measured fastest}, for the
+    groups of more than one row."""
+    agree = {}
+    for key, members in groups(planned).items():
+        if len(members) > 1:
+            measured = max(members, key=lambda m: float(m[0]["samples_per_s"]))
+            predicted = max(members, key=lambda m: predict(m[1], profile))
+            agree[key] = measured is predicted
+    return agree

@@ -108,13 +108,16 @@ reduce-scatter (n - 1) / n B of the full result.
 Compute per step
 ----------------
 FLOPs one device of each stage executes per step in MatMul, BatchMatMul and
-FlashAttentionScore (the other operators are a few percent of a transformer's): a call of output shape (..., m, n) and
-contracted size k costs 2 m n k x batch / prod(device matrix) per device (replicated work
-counts on every replica). The backward pass costs it again for each operand that needs a
-gradient (input and weight: 2x), a recomputed cell's forward pass runs twice, and all of
-it happens micro_batch_num x grad_accumulation times a step. FlashAttentionScore counts its
-two products, 4 b a s_q s_k d / (dp mp), twice that backward, and half of it again as
-recomputation (its backward pass recomputes the scores).
+FlashAttentionScore: a call of output shape (..., m, n) and contracted size k costs
+2 m n k x batch / prod(device matrix) per device (replicated work counts on every
+replica). The backward pass costs it again for each operand that needs a gradient (input
+and weight: 2x), a recomputed cell's forward pass runs twice, and all of it happens
+micro_batch_num x grad_accumulation times a step. FlashAttentionScore counts its two
+products, 4 b a s_q s_k d / (dp mp), twice that backward, and half of it again as
+recomputation (its backward pass recomputes the scores). Every other operator (but views)
+counts the bytes of its input and output slices, once forward, twice backward when it has
+a gradient and once more when recomputed, and one launch per pass: the time model
+(`timing`) runs those at the memory bandwidth and a launch cost.
 """
 
 import math
