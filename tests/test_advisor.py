@@ -105,3 +105,24 @@ def test_advise_says_when_nothing_fits():
                      "--device-num", "1")   # 10B parameters' weights alone fill 40 GB
     assert result.returncode == 1
     assert "no layout fits" in result.stdout
+
+
+def test_on_an_ascend_910b_flash_attention_is_a_layout_option():
+    config = load_plan_config(TINY, ["model.num_layers=4", "model.num_heads=4",
+                                     "model.hidden_size=64", "train.global_batch_size=32",
+                                     "model.attention_dropout=0", "train.precision=fp16"])
+    assert {l.flash_attention for l in advisor.layouts(config, 8, flash_attention=True)} == \
+        {False, True}
+    assert not any(l.flash_attention for l in advisor.layouts(config, 8))
+    layout = advisor.Layout(2, 2, 2, 4, True, False, False, flash_attention=True)
+    scored = advisor.Advisor(config, "ascend910b").score(layout)
+    plan = build_plan(layout.apply(config), device="ascend910b")
+    assert not plan.violations
+    assert any(call.name == "FlashAttentionScore" for call in plan.recording.calls)
+    assert scored.time.step == pytest.approx(plan.time.step, rel=1e-7)
+    assert scored.memory == pytest.approx(plan.worst_stage.total, rel=1e-7)
+    # with attention dropout the layer refuses it: the layout is rejected, not an error
+    dropout = advisor.Advisor(load_plan_config(TINY, ["train.precision=fp16",
+                                                      "model.attention_dropout=0.1"]),
+                              "ascend910b")
+    assert dropout.score(advisor.Layout(8, 1, 1, 1, False, False, False, True)) is None

@@ -5,8 +5,9 @@ against the rules, held against the device's memory and ranked by predicted thro
 Layouts: dp x mp x pp = N with mp dividing the heads and pp the layers; m micro steps per
 step, powers of two from 1 (from pp on a pipeline, where they are micro batches; gradient
 accumulation otherwise) while the global batch divides; recompute on and off; the optimizer
-shard on and off (dp > 1); sequence parallel on and off (mp > 1). The config's other
-settings (precision, vocab_emb_dp, flash attention) are kept.
+shard on and off (dp > 1); sequence parallel on and off (mp > 1); on an Ascend 910B, flash
+attention on and off. The config's other settings (precision, vocab_emb_dp, dropout) are
+kept.
 
 What does not change between layouts is recorded once. On N devices dp follows from mp and
 pp, and every cost is affine in the per-device micro batch b (activations, their
@@ -25,7 +26,7 @@ import dataclasses
 import time
 from typing import Dict, List, Optional
 
-from model_zoo.errors import UserInputError
+from model_zoo.errors import ConfigError, UserInputError
 from model_zoo.plan import cost, timing
 from model_zoo.plan.devices import load_profile
 from model_zoo.plan.rules import check_layout, check_recording
@@ -42,6 +43,7 @@ class Layout:
     recompute: bool
     optimizer_shard: bool
     sequence_parallel: bool
+    flash_attention: bool = False   # model.flash_attention (Ascend 910B)
 
     def apply(self, config):
         """`config` with this layout (a new Config; `config` is not changed)."""
@@ -53,12 +55,16 @@ class Layout:
             sequence_parallel=self.sequence_parallel)
         train = dataclasses.replace(config.train,
                                     grad_accumulation=1 if pipeline else self.micro_steps)
-        return dataclasses.replace(config, parallel=parallel, train=train)
+        model = config.model
+        if self.flash_attention or getattr(model, "flash_attention", False):
+            model = dataclasses.replace(model, flash_attention=self.flash_attention)
+        return dataclasses.replace(config, parallel=parallel, train=train, model=model)
 
     def describe(self) -> str:
         options = [name for name, on in (("recompute", self.recompute),
                                          ("optimizer shard", self.optimizer_shard),
-                                         ("sequence parallel", self.sequence_parallel)) if on]
+                                         ("sequence parallel", self.sequence_parallel),
+                                         ("flash attention", self.flash_attention)) if on]
         if self.pp > 1:
             options.insert(0, f"{self.micro_steps} micro batches")
         elif self.micro_steps > 1:
@@ -73,7 +79,8 @@ class Layout:
                 f"train.grad_accumulation={1 if pipeline else self.micro_steps}",
                 f"parallel.recompute={str(self.recompute).lower()}",
                 f"parallel.optimizer_shard={str(self.optimizer_shard).lower()}",
-                f"parallel.sequence_parallel={str(self.sequence_parallel).lower()}"]
+                f"parallel.sequence_parallel={str(self.sequence_parallel).lower()}"] + (
+                    ["model.flash_attention=true"] if self.flash_attention else [])
 
 
 @dataclasses.dataclass
@@ -93,9 +100,12 @@ def _divisors(n: int) -> List[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layouts(config, device_num: int) -> List[Layout]:
-    """Every layout of the module docstring for `device_num` devices."""
+def layouts(config, device_num: int, flash_attention: bool = False) -> List[Layout]:
+    """Every layout of the module docstring for `device_num` devices; with
+    `flash_attention` (an Ascend 910B and a model that has it) each also with it on."""
     model, global_batch = config.model, config.train.global_batch_size
+    flash = (False, True) if flash_attention and hasattr(model, "flash_attention") else (
+        (getattr(model, "flash_attention", False),))
     found = []
     for mp in _divisors(device_num):
         if model.num_heads % mp or model.hidden_size % mp:
@@ -109,7 +119,8 @@ def layouts(config, device_num: int) -> List[Layout]:
                 for recompute in (False, True):
                     for shard in ((False, True) if dp > 1 else (False,)):
                         for sequence in ((False, True) if mp > 1 else (False,)):
-                            found.append(Layout(dp, mp, pp, micro, recompute, shard, sequence))
+                            found.extend(Layout(dp, mp, pp, micro, recompute, shard, sequence,
+                                                on) for on in flash)
                 micro *= 2
     return found
 
@@ -127,7 +138,8 @@ class Advisor:
         """The recording of `micro_batch` sequences per device through `blocks` blocks per
         pipeline stage, with or without recompute, and the violations its strategies have;
         cached by what shapes it."""
-        key = (layout.dp, layout.mp, layout.pp, layout.sequence_parallel, micro_batch, blocks)
+        key = (layout.dp, layout.mp, layout.pp, layout.sequence_parallel,
+               layout.flash_attention, micro_batch, blocks)
         if key not in self.recordings:
             from mindspore.nn.utils import no_init_parameters
             from model_zoo.config import import_model
@@ -143,8 +155,13 @@ class Advisor:
                     config.train, global_batch_size=layout.dp * micro_batch * shape.micro_steps,
                     grad_accumulation=1))
             module = import_model(config.model.name)
-            with no_init_parameters(), kernels_for("Ascend"):
-                network = module.build_train_network(config, dtype_of(config.train.precision))
+            try:
+                with no_init_parameters(), kernels_for("Ascend"):
+                    network = module.build_train_network(config,
+                                                         dtype_of(config.train.precision))
+            except ConfigError as err:   # a layer refuses the layout (e.g. flash attention
+                self.recordings[key] = (None, None, [str(err)])   # with dropout)
+                return None, [str(err)]
             rec = record_training_network(config, network)
             violations = check_recording(rec, config.parallel, config.parallel.device_num)
             self.recordings[key] = (rec, without_recompute(rec), violations)
@@ -277,7 +294,7 @@ def advise(config, device_num: int, device: str = "ascend910", devices_per_serve
         raise UserInputError(f"--top must be >= 1, got {top}")
     started = time.perf_counter()
     advisor = Advisor(config, device, devices_per_server)
-    candidates = layouts(config, device_num)
+    candidates = layouts(config, device_num, flash_attention=device == "ascend910b")
     scored, broken, too_big = [], 0, 0
     for layout in candidates:
         result = advisor.score(layout)
