@@ -42,6 +42,14 @@ def entries(path):
     return {name: value.asnumpy() for name, value in ms.load_checkpoint(str(path)).items()}
 
 
+def assert_same_entries(got: dict, expected: dict, where=""):
+    """The same entry names, dtypes and values, bit for bit."""
+    assert got.keys() == expected.keys(), (where, got.keys() ^ expected.keys())
+    for name, value in expected.items():
+        assert got[name].dtype == value.dtype, f"{where} {name}"
+        np.testing.assert_array_equal(got[name], value, err_msg=f"{where} {name}")
+
+
 def assert_slices_as_planned(directory, full):
     """Every rank's file holds, of every entry, the slice the plan gives that rank."""
     from model_zoo.parallel.checkpoints import layout_config, plan_layout, rank_file
@@ -82,11 +90,7 @@ def test_split_transform_merge_round_trip(trained, tmp_path):
 
     result = run_cli("checkpoint", "merge", moved_dir, "--output", merged)
     assert result.returncode == 0, result.stderr
-    back = entries(merged)
-    assert back.keys() == full.keys()
-    for name, value in full.items():
-        assert back[name].dtype == value.dtype, name
-        np.testing.assert_array_equal(back[name], value, err_msg=name)
+    assert_same_entries(entries(merged), full)
 
     listing = run_cli("checkpoint", "inspect", split_dir)
     assert listing.returncode == 0, listing.stderr
@@ -197,10 +201,7 @@ def test_one_rank_gets_its_slices_from_any_layout(trained, tmp_path):
         for source, target in ((str(trained["ckpt"]), split_dir), (str(split_dir), moved_dir)):
             got = entries(rank_slices(source, rank, str(target / "strategy.ckpt"),
                                       str(tmp_path / f"rank_{rank}.ckpt")))
-            expected = entries(rank_file(str(target), rank))
-            assert got.keys() == expected.keys()
-            for name in got:
-                np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+            assert_same_entries(got, entries(rank_file(str(target), rank)), rank)
 
 
 def _as_cluster_run(split_dir, run_dir, step):
@@ -250,10 +251,7 @@ def test_collect_a_cluster_run_and_merge_it(trained, tmp_path):
     result = run_cli("checkpoint", "merge", tmp_path / "collected", "--output",
                      tmp_path / "full.ckpt")
     assert result.returncode == 0, result.stderr
-    full, back = entries(trained["ckpt"]), entries(tmp_path / "full.ckpt")
-    assert back.keys() == full.keys()
-    for name in full:
-        np.testing.assert_array_equal(back[name], full[name], err_msg=name)
+    assert_same_entries(entries(tmp_path / "full.ckpt"), entries(trained["ckpt"]))
 
     os.remove(run_dir / "rank_6" / "checkpoints" / "step_00000004.ckpt")
     result = run_cli("checkpoint", "collect", run_dir, "--output-dir", tmp_path / "again")
@@ -297,9 +295,7 @@ def test_a_pipeline_rank_cuts_its_slices_with_its_own_strategy_file(trained, tmp
                     if name in held}
         blocks = {name.split(".blocks.")[1].split(".")[0] for name in held if ".blocks." in name}
         assert blocks == {str(rank // 4)}          # this stage's block only
-        assert got.keys() == expected.keys(), (rank, got.keys() ^ expected.keys())
-        for name in got:
-            np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+        assert_same_entries(got, expected, rank)
 
 
 D2M2 = ["--set", "parallel.data_parallel=2", "--set", "parallel.model_parallel=2",
@@ -337,19 +333,15 @@ def test_resume_on_another_layout_cuts_each_rank_from_a_snapshot(trained, tmp_pa
         save_config(config, str(folder / "config.yaml"))
         got = entries(rank_slices(point.path, rank, str(new_dir / "strategy.ckpt"),
                                   str(tmp_path / f"cut_{rank}.ckpt")))
-        expected = entries(rank_file(str(new_dir), rank))
-        assert got.keys() == expected.keys(), rank
-        for name in got:
-            np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{rank} {name}")
+        assert_same_entries(got, entries(rank_file(str(new_dir), rank)), rank)
     assert "the layout changed from dp2 x mp2 x pp1 with optimizer shard (4 ranks) to dp2 x " \
            "mp2 x pp2 with optimizer shard (8 ranks)" in "\n".join(said)
     for rank, values in old_files.items():
         checkpoints = run_dir / f"rank_{rank}" / "checkpoints"
         assert [p.name for p in checkpoints.iterdir()] == \
             ["step_00000004.dp2-mp2-pp1-os-4ranks.ckpt"]
-        kept = entries(checkpoints / "step_00000004.dp2-mp2-pp1-os-4ranks.ckpt")
-        for name in values:
-            np.testing.assert_array_equal(kept[name], values[name], err_msg=name)
+        assert_same_entries(entries(checkpoints / "step_00000004.dp2-mp2-pp1-os-4ranks.ckpt"),
+                            values, rank)
     # stopped before its first save: a second --resume starts from the snapshot again,
     # also on yet another layout
     again = resume_point(str(run_dir / "rank_3"), layout_config(
@@ -385,7 +377,4 @@ def test_safetensors_checkpoints_split_collect_and_merge(trained, tmp_path):
     result = run_cli("checkpoint", "merge", tmp_path / "collected", "--output",
                      tmp_path / "merged.ckpt")
     assert result.returncode == 0, result.stderr
-    original, back = entries(trained["ckpt"]), entries(tmp_path / "merged.ckpt")
-    assert back.keys() == original.keys()
-    for name in original:
-        np.testing.assert_array_equal(back[name], original[name], err_msg=name)
+    assert_same_entries(entries(tmp_path / "merged.ckpt"), entries(trained["ckpt"]))
