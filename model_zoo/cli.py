@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Optional
 
-from model_zoo.config import available_models, import_model, load_config
+from model_zoo.config import add_overrides_argument, available_models, import_model, load_config
 from model_zoo.errors import UserInputError
 from model_zoo.launch.rank_table import add_rank_table_arguments, run_rank_table_command
 from model_zoo.parallel.checkpoint_command import add_checkpoint_arguments
@@ -118,8 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_config_arguments(parser):
     parser.add_argument("config", help="YAML config, e.g. model_zoo/models/gpt2/configs/tiny.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
+    add_overrides_argument(parser)
 
 
 def model_command(module, name: str, command: str):

@@ -212,10 +212,20 @@ def read_yaml(path: str) -> dict:
     return raw
 
 
+def add_overrides_argument(parser):
+    """`--set SECTION.KEY=VALUE [SECTION.KEY=VALUE ...]`, repeatable: config overrides."""
+    parser.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
+                        metavar="SECTION.KEY=VALUE",
+                        help="override config values, e.g. --set train.steps=100 "
+                             "parallel.model_parallel=4 (repeatable)")
+
+
 def apply_override(raw: dict, override: str):
     """Apply one `section.key=value` override; the value is parsed as YAML."""
     if "=" not in override:
-        raise ConfigError(f"override {override!r} must look like section.key=value")
+        raise ConfigError(f"override {override!r} must look like section.key=value"
+                          + (" (give the CONFIG before --set)"
+                             if override.endswith((".yaml", ".yml")) else ""))
     dotted, text = override.split("=", 1)
     parts = dotted.strip().split(".")
     if len(parts) != 2 or not all(parts):

@@ -264,3 +264,18 @@ def test_safetensors_checkpoints_train_resume_and_evaluate(trained, tmp_path):
     assert f"resuming from {checkpoints / 'step_00000002.safetensors'} (step 2)" in result.stdout
     assert [entry["loss"] for entry in _metrics(run_dir)] == [
         entry["loss"] for entry in _metrics(trained["run_dir"])]
+
+
+def test_one_set_takes_several_overrides():
+    """`--set a.b=1 c.d=2` as the usage line reads, mixed with repeated --set."""
+    result = run_cli("plan", "model_zoo/gpt2/configs/tiny.yaml", "--set",
+                     "parallel.data_parallel=2", "parallel.model_parallel=2",
+                     "--set", "train.global_batch_size=16", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["layout"]["data_parallel"], report["layout"]["model_parallel"],
+            report["batch"]["global"]) == (2, 2, 16)
+    result = run_cli("plan", "model_zoo/gpt2/configs/tiny.yaml", "--set",
+                     "parallel.model_parallel=2", "model_zoo/gpt2/configs/tiny.yaml")
+    assert result.returncode == 2
+    assert "must look like section.key=value (give the CONFIG before --set)" in result.stderr

@@ -6,6 +6,8 @@ Light to import (the CLI builds its parser from it); `parallel/checkpoints.py` d
 
 import time
 
+from model_zoo.config import add_overrides_argument
+
 
 def add_checkpoint_arguments(parser):
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
@@ -16,7 +18,7 @@ def add_checkpoint_arguments(parser):
     split.add_argument("--output-dir", required=True,
                        help="new directory: rank_<i>/checkpoint_<i>.ckpt, strategy.ckpt, "
                             "config.yaml")
-    _add_overrides(split)
+    add_overrides_argument(split)
     merge = verbs.add_parser("merge", help="per-rank slices -> one full checkpoint")
     merge.add_argument("directory", help="a directory written by split or transform")
     merge.add_argument("--output", required=True, help="the full checkpoint to write")
@@ -24,7 +26,7 @@ def add_checkpoint_arguments(parser):
     transform.add_argument("directory", help="a directory written by split or transform")
     transform.add_argument("--output-dir", required=True, help="new directory for the layout "
                                                                "the --set overrides give")
-    _add_overrides(transform)
+    add_overrides_argument(transform)
     collect = verbs.add_parser("collect", help="a sliced directory from a sharded training "
                                                "run's rank folders (to merge or transform)")
     collect.add_argument("run_dir", help="the run's --output-dir (with rank_<i>/ folders)")
@@ -34,12 +36,6 @@ def add_checkpoint_arguments(parser):
     inspect = verbs.add_parser("inspect", help="entries, shapes, dtypes and which rank "
                                                "holds which slice")
     inspect.add_argument("path", help="a checkpoint file or a sliced directory")
-
-
-def _add_overrides(parser):
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="SECTION.KEY=VALUE",
-                        help="override a config value, e.g. parallel.model_parallel=4")
 
 
 def run_checkpoint_command(args) -> int:

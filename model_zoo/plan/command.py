@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 
+from model_zoo.config import add_overrides_argument
 from model_zoo.errors import UserInputError
 from model_zoo.plan.devices import DEVICE_KEYS
 
@@ -17,8 +18,7 @@ DOC_PATH = os.path.join("docs", "parallelism.md")   # the guide, from the reposi
 def add_plan_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("config", nargs="?", help="YAML config, e.g. "
                         "model_zoo/models/gpt2/configs/plan/gpt2-1024-d2m2p4.yaml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
+    add_overrides_argument(parser)
     parser.add_argument("--device-num", type=int, default=None,
                         help="devices the job will have (default: dp x mp x pp of the config)")
     parser.add_argument("--device", choices=DEVICE_KEYS, default="ascend910",
@@ -107,8 +107,7 @@ def update_docs(path: str) -> int:
 
 def add_advise_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("config", help="YAML config whose model and global batch to lay out")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="SECTION.KEY=VALUE", help="override a config value (repeatable)")
+    add_overrides_argument(parser)
     parser.add_argument("--device-num", type=int, required=True, help="devices of the job")
     parser.add_argument("--device", choices=DEVICE_KEYS, default="ascend910",
                         help="device profile (model_zoo/plan/device_profiles/)")
