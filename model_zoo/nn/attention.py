@@ -24,6 +24,16 @@ def causal_bias(max_seq_length: int) -> Tensor:
     return Tensor(np.where(allowed, 0.0, MASK_VALUE)[None, None], ms.float32)
 
 
+def step_inputs(position: int, max_len: int):
+    """What `MultiHeadAttention.decode_step` takes for decoder position `position`: the
+    one-hot write mask (1, 1, max_len, 1) and the attention bias (1, 1, 1, max_len) that
+    masks the positions after it."""
+    write = np.zeros((1, 1, max_len, 1), np.float32)
+    write[0, 0, position, 0] = 1.0
+    bias = np.where(np.arange(max_len) <= position, 0.0, MASK_VALUE).astype(np.float32)
+    return Tensor(write), Tensor(bias.reshape(1, 1, 1, max_len))
+
+
 def check_flash_attention_device(device_target: str, is_910b: bool = True):
     """ConfigError unless FlashAttentionScore can run on `device_target` (Ascend 910B)."""
     if device_target != "Ascend" or not is_910b:

@@ -1,13 +1,23 @@
-"""Autoregressive decoding with a fixed input shape.
+"""Autoregressive decoding: batched, through the attention's key/value caches.
 
-Every step feeds the language model one (1, seq_length) batch: the context right-padded
-with id 0, so a graph-mode network compiles once. The causal mask keeps the padding after
-position i out of position i's logits, so the logits of the last real token are exact.
-A context longer than seq_length keeps its last seq_length tokens (a sliding window).
+`generate_batch` feeds every prompt one token a step to a compiled step cell (`DecodeStep`)
+that attends over cached keys and values, so a step costs the same at position 500 as at
+position 1 and the cell compiles once per batch size. All prompts share the step's position:
+a shorter prompt simply starts generating earlier, so no padding enters any row (its
+positions are those of the prompt alone, as Hugging Face's left padding with an attention
+mask gives). Greedy, or sampled with temperature, top-k and top-p; a repetition penalty
+(Hugging Face's: a seen token's positive logit divided by it, a negative one multiplied);
+each row stops at its end-of-sequence id.
+
+A prompt plus its new tokens longer than the model's positions goes through the window
+path instead (`generate`): the last seq_length tokens fed again every step.
 """
 
 import numpy as np
 import mindspore as ms
+from mindspore import Tensor, nn
+
+from model_zoo.nn.attention import step_inputs
 
 
 def _check_arguments(prompt_ids, max_new_tokens, seq_length, top_k, top_p, temperature):
@@ -50,10 +60,126 @@ def filter_logits(logits, *, temperature: float = 1.0, top_k: int = 0,
     return probs
 
 
+class DecodeStep(nn.Cell):
+    """One position of a GPT2LMHeadModel over key/value caches.
+
+    Inputs:
+        ids: int32 (batch, 1), the token at the step's position in every row.
+        position: float32 (1, hidden), the position embedding of that position.
+        write, step_bias: `attention.step_inputs` of the position.
+        keys, values: tuples of float (batch, heads, seq_length, head_dim), one per block.
+    Outputs:
+        float32 logits (batch, vocab) for the next position, and the updated caches.
+    """
+
+    def __init__(self, lm):
+        super().__init__(auto_prefix=False)
+        self.lm = lm
+
+    def construct(self, ids, position, write, step_bias, keys, values):
+        transformer = self.lm.transformer
+        x = transformer.wte(ids) + position
+        new_keys, new_values = (), ()
+        for block, key, value in zip(transformer.blocks, keys, values):
+            x, key, value = block.decode_step(x, key, value, write, step_bias)
+            new_keys += (key,)
+            new_values += (value,)
+        logits = self.lm.head(transformer.ln_f(x), transformer.wte.embedding_table)
+        return logits, new_keys, new_values
+
+
+class CachedGenerator:
+    """Batched cached generation with one GPT2LMHeadModel (put in eval mode here); keeps its
+    step cell, so every call with the same batch size reuses the compiled graph."""
+
+    def __init__(self, lm):
+        lm.set_train(False)
+        self.lm, self.step = lm, DecodeStep(lm)
+        config = lm.config
+        self.seq_length = config.seq_length
+        attention = lm.transformer.blocks[0].attention
+        self.cache_shape = (attention.num_heads, self.seq_length, attention.head_dim)
+        self.cache_dtype = attention.compute_dtype   # BatchMatMul takes q and k in one dtype
+        self.positions = lm.transformer.wpe.embedding_table.asnumpy()
+
+    def generate(self, prompts, max_new_tokens: int, *, greedy: bool = True, top_k: int = 0,
+                 top_p: float = 1.0, temperature: float = 1.0, repetition_penalty: float = 1.0,
+                 seed: int = 0, eos_id=None) -> list:
+        """The new ids of every prompt (lists of ids), in order; see the module docstring."""
+        prompts = [[int(t) for t in np.asarray(p).reshape(-1)] for p in prompts]
+        if not prompts:
+            raise ValueError("no prompt: give at least one")
+        for prompt in prompts:
+            _check_arguments(prompt, max_new_tokens, self.seq_length, top_k, top_p,
+                             temperature)
+        if not repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty!r}")
+        longest = max(len(p) for p in prompts) + int(max_new_tokens)
+        if longest > self.seq_length:
+            raise ValueError(f"a prompt and its new tokens take {longest} positions, the model "
+                             f"has {self.seq_length}")
+        rng = np.random.default_rng(seed)
+        batch = len(prompts)
+        zeros = Tensor(np.zeros((batch,) + self.cache_shape, np.float32), self.cache_dtype)
+        keys = values = tuple(zeros for _ in self.lm.transformer.blocks)
+        tokens = [list(p) for p in prompts]          # prompt + generated, per row
+        new_ids = [[] for _ in prompts]
+        done = [False] * batch
+        position = 0
+        while not all(done):
+            # a finished row is fed its last token again: its outputs are not read
+            ids = np.array([[row[min(position, len(row) - 1)]] for row in tokens], np.int32)
+            write, step_bias = step_inputs(position, self.seq_length)
+            logits, keys, values = self.step(Tensor(ids), Tensor(self.positions[position:
+                                                                              position + 1]),
+                                             write, step_bias, keys, values)
+            logits = logits.asnumpy()
+            position += 1
+            for row in range(batch):
+                if done[row] or position < len(tokens[row]):
+                    continue   # finished, or still feeding its prompt
+                scores = logits[row]
+                if repetition_penalty != 1.0:
+                    scores = penalise_repetition(scores, tokens[row], repetition_penalty)
+                if greedy:
+                    token = int(np.argmax(scores))
+                else:
+                    probs = filter_logits(scores, temperature=temperature, top_k=top_k,
+                                          top_p=top_p)
+                    token = int(rng.choice(probs.size, p=probs))
+                tokens[row].append(token)
+                new_ids[row].append(token)
+                done[row] = len(new_ids[row]) == max_new_tokens or token == eos_id
+        return new_ids
+
+
+def penalise_repetition(logits, seen, penalty: float) -> np.ndarray:
+    """Hugging Face's repetition penalty: a seen token's logit divided by `penalty` when
+    positive, multiplied when negative (CTRL, Keskar et al. 2019)."""
+    scores = np.array(logits, dtype=np.float64)
+    index = np.unique(np.asarray(seen, dtype=np.int64))
+    chosen = scores[index]
+    scores[index] = np.where(chosen > 0, chosen / penalty, chosen * penalty)
+    return scores
+
+
+def generate_ids(lm, prompts, max_new_tokens: int, **options) -> list:
+    """The new ids of every prompt: through the caches (`CachedGenerator`) when each prompt
+    and its new tokens fit in the model's positions, else prompt by prompt through the
+    window (`generate`). `options`: those of `CachedGenerator.generate`."""
+    seq_length = lm.config.seq_length
+    if max(len(p) for p in prompts) + int(max_new_tokens) <= seq_length:
+        return CachedGenerator(lm).generate(prompts, max_new_tokens, **options)
+    return [generate(lm, prompt, max_new_tokens, seq_length=seq_length, **options)
+            for prompt in prompts]
+
+
 def generate(lm, prompt_ids, max_new_tokens: int, *, seq_length: int, greedy: bool = True,
-             top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0, seed: int = 0,
-             eos_id=None) -> list:
-    """Continue `prompt_ids`; returns the new ids only (the prompt excluded).
+             top_k: int = 0, top_p: float = 1.0, temperature: float = 1.0,
+             repetition_penalty: float = 1.0, seed: int = 0, eos_id=None) -> list:
+    """Continue `prompt_ids` by feeding the whole window every step (no cache); returns the
+    new ids only (the prompt excluded). The reference `CachedGenerator` is held against,
+    and the path for a prompt plus new tokens longer than the model's positions.
 
     Args:
         lm: a cell mapping int32 ids (1, seq_length) to logits (seq_length, vocab), e.g. the
@@ -81,6 +207,8 @@ def generate(lm, prompt_ids, max_new_tokens: int, *, seq_length: int, greedy: bo
         window[0, :len(context)] = context
         logits = lm(ms.Tensor(window)).asnumpy()
         row = logits.reshape(-1, logits.shape[-1])[len(context) - 1]
+        if repetition_penalty != 1.0:
+            row = penalise_repetition(row, tokens, repetition_penalty)
         if greedy:
             token = int(np.argmax(row))
         else:

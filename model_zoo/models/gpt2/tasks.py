@@ -19,7 +19,7 @@ from model_zoo.errors import UserInputError
 from model_zoo.train.checkpoint import load_network
 
 from .data import SPLIT_FILES, TOKENIZER_FILE, build_dataset, lm_dataset_ready
-from .generate import generate
+from .generate import generate_ids
 from .model import GPT2ForTraining
 
 
@@ -80,7 +80,8 @@ def inference_graphs(config: Config, network, batch_size: int) -> dict:
 
 def create_train_dataset(config: Config, shard, skip_batches: int = 0):
     """This rank's batches of the train split, resumable at `skip_batches`."""
-    return create_dataset(split_path(config.data.dataset_dir, SPLIT_FILES, "train"), ["input_ids"], shard.batch_size,
+    return create_dataset(split_path(config.data.dataset_dir, SPLIT_FILES, "train"),
+                          ["input_ids"], shard.batch_size,
                           num_shards=shard.num_shards, shard_id=shard.shard_id,
                           shuffle=config.data.shuffle, seed=config.train.seed,
                           skip_batches=skip_batches)
@@ -112,8 +113,8 @@ def sample_text(config: Config, network, prompt: str = "Return the") -> str:
     tokenizer = tokenizer_for(config)
     if tokenizer is None:
         return "(no tokenizer)"
-    ids = generate(network.lm, tokenizer.encode(prompt), 40, seq_length=config.model.seq_length,
-                   greedy=False, top_k=20, seed=config.train.seed, eos_id=tokenizer.eos_id)
+    ids, = generate_ids(network.lm, [tokenizer.encode(prompt)], 40, greedy=False, top_k=20,
+                        seed=config.train.seed, eos_id=tokenizer.eos_id)
     return prompt + tokenizer.decode(ids)
 
 
@@ -131,10 +132,9 @@ def run_generate(config: Config, ckpt: str, args) -> str:
         raise UserInputError("the prompt is empty")
     network = load_network(config, ckpt)
     try:
-        ids = generate(network.lm, prompt, args.max_new_tokens,
-                       seq_length=config.model.seq_length, greedy=args.greedy,
-                       top_k=args.top_k, top_p=args.top_p, temperature=args.temperature,
-                       seed=args.seed)
+        ids, = generate_ids(network.lm, [prompt], args.max_new_tokens, greedy=args.greedy,
+                            top_k=args.top_k, top_p=args.top_p, temperature=args.temperature,
+                            seed=args.seed)
     except ValueError as err:
         raise UserInputError(str(err)) from None
     lines = ["ids: " + " ".join(str(i) for i in ids)]

@@ -10,7 +10,9 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from .model import CrossKeyValues, DecoderStep, Transformer, step_inputs
+from model_zoo.nn.attention import step_inputs
+
+from .model import CrossKeyValues, DecoderStep, Transformer
 
 
 class Encoder(nn.Cell):

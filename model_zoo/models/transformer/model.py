@@ -11,7 +11,6 @@ and values, for beam search.
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
@@ -20,7 +19,7 @@ from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.nn.attention import MultiHeadAttention
-from model_zoo.nn.layers import (FeedForward, LayerNorm, MASK_VALUE, PaddingBias, ResidualAdd,
+from model_zoo.nn.layers import (FeedForward, LayerNorm, PaddingBias, ResidualAdd,
                                  SinusoidalPositionEncoding, VocabEmbedding, VocabProjection,
                                  assign_pipeline_stages, stream_dropout, vocabulary_split)
 from model_zoo.nn.loss import CrossEntropy
@@ -333,11 +332,3 @@ class FlatDecoderStep(nn.Cell):
         layers = self.num_layers
         groups = [inputs[5 + index * layers:5 + (index + 1) * layers] for index in range(4)]
         return self.step(*inputs[:5], *groups, inputs[5 + 4 * layers])
-
-
-def step_inputs(position: int, max_len: int):
-    """The one-hot write mask and the attention bias of decoder position `position`."""
-    write = np.zeros((1, 1, max_len, 1), np.float32)
-    write[0, 0, position, 0] = 1.0
-    bias = np.where(np.arange(max_len) <= position, 0.0, MASK_VALUE).astype(np.float32)
-    return Tensor(write), Tensor(bias.reshape(1, 1, 1, max_len))

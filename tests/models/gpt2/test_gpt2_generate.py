@@ -1,4 +1,5 @@
-"""Fixed-shape autoregressive decoding of a tiny random GPT-2."""
+"""Decoding a tiny random GPT-2: the window path, and batched generation through the
+key/value caches held against it."""
 
 import os
 
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 import mindspore as ms
 
-from model_zoo.models.gpt2.generate import filter_logits, generate
+from model_zoo.models.gpt2.generate import (CachedGenerator, filter_logits, generate,
+                                            generate_ids, penalise_repetition)
 from model_zoo.models.gpt2.model import GPT2Config, GPT2ForTraining
 
 SEQ, VOCAB = 8, 23
@@ -99,3 +101,44 @@ def test_filter_logits():
 def test_bad_arguments(prompt, new, kwargs):
     with pytest.raises(ValueError):
         generate(None, prompt, new, seq_length=SEQ, **kwargs)
+
+
+PROMPTS = [[3, 1, 4], [7], [2, 7, 1, 8, 2], [5, 5]]
+
+
+def test_cached_batch_equals_the_window_path_row_by_row(lm):
+    """Prompts of different lengths in one batch, greedy and with a repetition penalty."""
+    generator = CachedGenerator(lm)
+    for penalty in (1.0, 1.5):
+        cached = generator.generate(PROMPTS, 3, repetition_penalty=penalty)
+        window = [generate(lm, p, 3, seq_length=SEQ, repetition_penalty=penalty)
+                  for p in PROMPTS]
+        assert cached == window, penalty
+    assert [len(ids) for ids in cached] == [3] * len(PROMPTS)
+
+
+def test_cached_sampling_of_one_prompt_equals_the_window_path(lm):
+    options = dict(greedy=False, top_k=5, top_p=0.9, temperature=0.8, seed=11)
+    assert CachedGenerator(lm).generate([[4, 2]], 5, **options) == \
+        [generate(lm, [4, 2], 5, seq_length=SEQ, **options)]
+
+
+def test_each_row_stops_at_its_own_eos(lm):
+    free = CachedGenerator(lm).generate(PROMPTS, 3)
+    eos = free[0][1]          # row 0's second new token
+    stopped = CachedGenerator(lm).generate(PROMPTS, 3, eos_id=eos)
+    for row, ids in zip(free, stopped):
+        cut = row.index(eos) + 1 if eos in row else len(row)
+        assert ids == row[:cut]
+
+
+def test_generate_ids_takes_the_window_path_past_the_positions(lm):
+    long = [1, 2, 3, 4, 5, 6]
+    assert generate_ids(lm, [long], 5) == [generate(lm, long, 5, seq_length=SEQ)]
+    with pytest.raises(ValueError, match="take 11 positions, the model has 8"):
+        CachedGenerator(lm).generate([long], 5)
+
+
+def test_repetition_penalty_against_a_hand_count():
+    scores = penalise_repetition([2.0, -1.0, 0.5, 3.0], [0, 1, 1], 2.0)
+    np.testing.assert_allclose(scores, [1.0, -2.0, 0.5, 3.0])

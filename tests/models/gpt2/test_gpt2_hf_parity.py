@@ -18,7 +18,7 @@ from conftest import run_cli  # noqa: E402
 from model_zoo.config import load_config  # noqa: E402
 from model_zoo.errors import CheckpointError, DataError  # noqa: E402
 from model_zoo.models.gpt2.convert import convert_hf_gpt2  # noqa: E402
-from model_zoo.models.gpt2.generate import generate  # noqa: E402
+from model_zoo.models.gpt2.generate import CachedGenerator, generate  # noqa: E402
 from model_zoo.models.gpt2.model import GPT2ForTraining  # noqa: E402
 from model_zoo.train.checkpoint import load_weights, read_checkpoint  # noqa: E402
 
@@ -92,6 +92,22 @@ def test_greedy_generation_matches(converted):
     ours = generate(lm, prompt, 8, seq_length=SEQ)
     assert len(theirs) == 8
     assert ours == theirs
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_cached_batch_generation_matches_hugging_face(converted, penalty):
+    """Prompts of different lengths: Hugging Face left-pads them with an attention mask
+    (positions from the mask), ours feeds each row from its first token."""
+    _, lm, model, _ = converted
+    prompts = [[5, 17, 42, 3, 99], [8], [61, 2, 77]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10,
+                             pad_token_id=0, repetition_penalty=penalty)
+    theirs = out[:, width:].tolist()
+    assert CachedGenerator(lm).generate(prompts, 10, repetition_penalty=penalty) == theirs
 
 
 def test_bin_weights_without_prefix_convert_identically(hf_dir, converted, tmp_path):
