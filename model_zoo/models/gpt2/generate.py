@@ -60,6 +60,9 @@ def filter_logits(logits, *, temperature: float = 1.0, top_k: int = 0,
     return probs
 
 
+CACHE_STEP = 64
+
+
 class DecodeStep(nn.Cell):
     """One position of a GPT2LMHeadModel over key/value caches.
 
@@ -67,7 +70,7 @@ class DecodeStep(nn.Cell):
         ids: int32 (batch, 1), the token at the step's position in every row.
         position: float32 (1, hidden), the position embedding of that position.
         write, step_bias: `attention.step_inputs` of the position.
-        keys, values: tuples of float (batch, heads, seq_length, head_dim), one per block.
+        keys, values: tuples of float (batch, heads, cache length, head_dim), one per block.
     Outputs:
         float32 logits (batch, vocab) for the next position, and the updated caches.
     """
@@ -98,7 +101,7 @@ class CachedGenerator:
         config = lm.config
         self.seq_length = config.seq_length
         attention = lm.transformer.blocks[0].attention
-        self.cache_shape = (attention.num_heads, self.seq_length, attention.head_dim)
+        self.heads = (attention.num_heads, attention.head_dim)
         self.cache_dtype = attention.compute_dtype   # BatchMatMul takes q and k in one dtype
         self.positions = lm.transformer.wpe.embedding_table.asnumpy()
 
@@ -120,7 +123,11 @@ class CachedGenerator:
                              f"has {self.seq_length}")
         rng = np.random.default_rng(seed)
         batch = len(prompts)
-        zeros = Tensor(np.zeros((batch,) + self.cache_shape, np.float32), self.cache_dtype)
+        # caches as long as this call needs, in steps of 64 so that calls of similar
+        # lengths share a compiled step: attention then spans those positions only
+        length = min(self.seq_length, -(-longest // CACHE_STEP) * CACHE_STEP)
+        zeros = Tensor(np.zeros((batch, self.heads[0], length, self.heads[1]), np.float32),
+                       self.cache_dtype)
         keys = values = tuple(zeros for _ in self.lm.transformer.blocks)
         tokens = [list(p) for p in prompts]          # prompt + generated, per row
         new_ids = [[] for _ in prompts]
@@ -129,10 +136,12 @@ class CachedGenerator:
         while not all(done):
             # a finished row is fed its last token again: its outputs are not read
             ids = np.array([[row[min(position, len(row) - 1)]] for row in tokens], np.int32)
-            write, step_bias = step_inputs(position, self.seq_length)
-            logits, keys, values = self.step(Tensor(ids), Tensor(self.positions[position:
-                                                                              position + 1]),
-                                             write, step_bias, keys, values)
+            write, step_bias = step_inputs(position, length)
+            # mutable: the caches are inputs of the compiled step, not constants of it (a
+            # tuple of tensors is a constant to graph mode, recompiled for every value)
+            logits, keys, values = self.step(
+                Tensor(ids), Tensor(self.positions[position:position + 1]), write, step_bias,
+                ms.mutable(keys), ms.mutable(values))
             logits = logits.asnumpy()
             position += 1
             for row in range(batch):
