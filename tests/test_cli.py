@@ -57,6 +57,33 @@ def test_generate_from_ids(trained):
     assert len(ids) == 5 and all(0 <= i < TINY_VOCAB for i in ids)
 
 
+def test_generate_a_file_of_prompts_in_batches(trained, tmp_path):
+    """The interface of `model-zoo generate --prompt-ids-file`: one `ids:` line per prompt,
+    in order, each what the prompt gives alone; `--input` takes text lines."""
+    prompts = ["1 2 3", "7", "4 4 9 12 3"]
+    ids_file = tmp_path / "ids.txt"
+    ids_file.write_text("\n".join(prompts) + "\n")
+    common = [trained["config"], "--ckpt", trained["ckpt"], "--max-new-tokens", "4", "--greedy"]
+    result = run_cli("generate", *common, "--prompt-ids-file", ids_file, "--batch-size", "2")
+    assert result.returncode == 0, result.stderr
+    batched = [line for line in result.stdout.splitlines() if line.startswith("ids:")]
+    alone = []
+    for prompt in prompts:
+        single = run_cli("generate", *common, "--prompt-ids", prompt)
+        alone.append(single.stdout.splitlines()[0])
+    assert batched == alone
+    text_file = tmp_path / "prompts.txt"
+    text_file.write_text("Return the\nIf the\n")
+    result = run_cli("generate", *common, "--input", text_file, "--batch-size", "8")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.startswith("ids:") for line in lines] == [True, False, True, False]
+    assert lines[1].startswith("Return the") and lines[3].startswith("If the")
+    ids_file.write_text("1 2\n\n3\n")
+    result = run_cli("generate", *common, "--prompt-ids-file", ids_file)
+    assert result.returncode == 2 and f"{ids_file} line 2: the prompt is empty" in result.stderr
+
+
 def test_generate_from_text(trained):
     result = run_cli("generate", trained["config"], "--ckpt", trained["ckpt"],
                      "--prompt", "Return the", "--max-new-tokens", "4", "--seed", "3")

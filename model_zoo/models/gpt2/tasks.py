@@ -16,6 +16,7 @@ from model_zoo.config import Config, DataConfig
 from model_zoo.data import (BUILTIN_PYTHON_DOCS, Tokenizer, count_samples, create_dataset,
                             load_documents, parse_token_ids, split_path)
 from model_zoo.errors import UserInputError
+from model_zoo.files import check_file
 from model_zoo.train.checkpoint import load_network
 
 from .data import SPLIT_FILES, TOKENIZER_FILE, build_dataset, lm_dataset_ready
@@ -119,25 +120,56 @@ def sample_text(config: Config, network, prompt: str = "Return the") -> str:
 
 
 def run_generate(config: Config, ckpt: str, args) -> str:
-    """`model-zoo generate`: a line `ids: ...` with the new ids, then the text if known."""
+    """`model-zoo generate`: for each prompt in order, a line `ids: ...` with its new ids,
+    then its text when the dataset has a tokenizer. Prompts go `--batch-size` at a time
+    (sampling draws from one seeded generator per batch)."""
+    if args.batch_size < 1:
+        raise UserInputError(f"--batch-size must be >= 1, got {args.batch_size}")
     tokenizer = tokenizer_for(config)
-    if args.prompt_ids is not None:
-        prompt = parse_token_ids(args.prompt_ids, "--prompt-ids", config.model.vocab_size)
-    elif tokenizer is None:
-        raise UserInputError(f"no tokenizer in {config.data.dataset_dir} to encode --prompt; "
-                             f"give token ids with --prompt-ids")
-    else:
-        prompt = tokenizer.encode(args.prompt)
-    if not prompt:
-        raise UserInputError("the prompt is empty")
+    prompts = read_prompts(args, tokenizer, config.model.vocab_size,
+                           config.data.dataset_dir)
     network = load_network(config, ckpt)
-    try:
-        ids, = generate_ids(network.lm, [prompt], args.max_new_tokens, greedy=args.greedy,
-                            top_k=args.top_k, top_p=args.top_p, temperature=args.temperature,
-                            seed=args.seed)
-    except ValueError as err:
-        raise UserInputError(str(err)) from None
-    lines = ["ids: " + " ".join(str(i) for i in ids)]
-    if tokenizer is not None:
-        lines.append(tokenizer.decode(prompt + ids))
+    lines = []
+    for start in range(0, len(prompts), args.batch_size):
+        batch = prompts[start:start + args.batch_size]
+        try:
+            results = generate_ids(network.lm, batch, args.max_new_tokens, greedy=args.greedy,
+                                   top_k=args.top_k, top_p=args.top_p,
+                                   temperature=args.temperature,
+                                   repetition_penalty=args.repetition_penalty, seed=args.seed)
+        except ValueError as err:
+            raise UserInputError(str(err)) from None
+        for prompt, ids in zip(batch, results):
+            lines.append("ids: " + " ".join(str(i) for i in ids))
+            if tokenizer is not None:
+                lines.append(tokenizer.decode(prompt + ids))
     return "\n".join(lines)
+
+
+def read_prompts(args, tokenizer, vocab_size: int, dataset_dir: str) -> list:
+    """The prompts `model-zoo generate` was given, as id lists; UserInputError naming the
+    flag (and the file's line) of an empty or unreadable one, or of text without a
+    tokenizer to encode it."""
+    path = args.input or args.prompt_ids_file
+    if path:
+        check_file(path, "--input" if args.input else "--prompt-ids-file")
+        with open(path, encoding="utf-8") as handle:
+            texts = [(f"{path} line {number}", line.rstrip("\n"))
+                     for number, line in enumerate(handle, 1)]
+    else:
+        texts = [("--prompt-ids" if args.prompt_ids is not None else "--prompt",
+                  args.prompt_ids if args.prompt_ids is not None else args.prompt)]
+    as_ids = args.prompt_ids is not None or args.prompt_ids_file
+    if not as_ids and tokenizer is None:
+        raise UserInputError(f"no tokenizer in {dataset_dir} to encode text prompts; give "
+                             f"token ids with --prompt-ids or --prompt-ids-file")
+    prompts = []
+    for where, text in texts:
+        prompt = (parse_token_ids(text, where, vocab_size) if as_ids
+                  else tokenizer.encode(text))
+        if not prompt:
+            raise UserInputError(f"{where}: the prompt is empty")
+        prompts.append(prompt)
+    if not prompts:
+        raise UserInputError(f"{path}: no prompt in the file")
+    return prompts
