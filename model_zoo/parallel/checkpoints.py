@@ -200,15 +200,8 @@ def sliced_layout(directory: str) -> Layout:
 def check_strategy_file(path: str, layout: Layout):
     """CheckpointError unless the strategy file at `path` is the one the layout gives for
     the entries it lists (a strategy of another model or layout would mis-slice)."""
-    from mindspore.train import node_strategy_pb2
-    recorded = node_strategy_pb2.ParallelStrategyMap()
-    try:
-        with open(path, "rb") as handle:
-            recorded.ParseFromString(handle.read())
-    except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and OSError
-        raise CheckpointError(f"{path}: not a readable strategy file ({err})") from None
-    names = dict.fromkeys(item.param_name.split("-", 1)[-1]
-                          for item in recorded.parallel_layout_item)
+    recorded = read_strategy(path)
+    names = dict.fromkeys(_unstaged(item.param_name) for item in recorded.parallel_layout_item)
     expected = strategy_map(layout.params, layout.parallel, names)   # in the file's order
     if recorded.SerializeToString() != expected.SerializeToString():
         raise CheckpointError(f"{path} does not match the layout of "
@@ -310,13 +303,26 @@ def newest_common_step(run_dir: str, device_num: int, after: int = -1) -> int:
     return max(common)
 
 
-def strategy_names(path: str) -> set:
-    """The entries a strategy file lays out (without the "<stage>-" of merged files)."""
+def read_strategy(path: str):
+    """A strategy file as MindSpore's ParallelStrategyMap; CheckpointError if unreadable."""
     from mindspore.train import node_strategy_pb2
     strategy = node_strategy_pb2.ParallelStrategyMap()
-    with open(path, "rb") as handle:
-        strategy.ParseFromString(handle.read())
-    return {item.param_name.split("-", 1)[-1] for item in strategy.parallel_layout_item}
+    try:
+        with open(path, "rb") as handle:
+            strategy.ParseFromString(handle.read())
+    except Exception as err:  # noqa: BLE001 - protobuf's DecodeError and OSError
+        raise CheckpointError(f"{path}: not a readable strategy file ({err})") from None
+    return strategy
+
+
+def _unstaged(name: str) -> str:
+    """An entry's name without the "<stage>-" merge_pipeline_strategys puts before it."""
+    return name.split("-", 1)[-1]
+
+
+def strategy_names(path: str) -> set:
+    """The entries a strategy file lays out (without the "<stage>-" of merged files)."""
+    return {_unstaged(item.param_name) for item in read_strategy(path).parallel_layout_item}
 
 
 def stage_strategy(strategy_file: str, parallel, output: str) -> str:

@@ -20,7 +20,8 @@ from mindspore import Tensor, nn
 from model_zoo.nn.attention import step_inputs
 
 
-def _check_arguments(prompt_ids, max_new_tokens, seq_length, top_k, top_p, temperature):
+def _check_arguments(prompt_ids, max_new_tokens, seq_length, top_k, top_p, temperature,
+                     repetition_penalty):
     if len(prompt_ids) == 0:
         raise ValueError("the prompt is empty: give at least one token id")
     if int(max_new_tokens) != max_new_tokens or max_new_tokens < 1:
@@ -33,6 +34,20 @@ def _check_arguments(prompt_ids, max_new_tokens, seq_length, top_k, top_p, tempe
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
     if not temperature > 0.0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
+    if not repetition_penalty > 0.0:
+        raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty!r}")
+
+
+def next_token(scores, seen, rng, *, greedy: bool, top_k: int, top_p: float,
+               temperature: float, repetition_penalty: float) -> int:
+    """The token after a logits row: the repetition penalty over the `seen` ids, then the
+    most likely token (`greedy`) or one drawn from `rng` (`filter_logits`)."""
+    if repetition_penalty != 1.0:
+        scores = penalise_repetition(scores, seen, repetition_penalty)
+    if greedy:
+        return int(np.argmax(scores))
+    probs = filter_logits(scores, temperature=temperature, top_k=top_k, top_p=top_p)
+    return int(rng.choice(probs.size, p=probs))
 
 
 def filter_logits(logits, *, temperature: float = 1.0, top_k: int = 0,
@@ -114,9 +129,9 @@ class CachedGenerator:
             raise ValueError("no prompt: give at least one")
         for prompt in prompts:
             _check_arguments(prompt, max_new_tokens, self.seq_length, top_k, top_p,
-                             temperature)
-        if not repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty!r}")
+                             temperature, repetition_penalty)
+        choice = dict(greedy=greedy, top_k=top_k, top_p=top_p, temperature=temperature,
+                      repetition_penalty=repetition_penalty)
         longest = max(len(p) for p in prompts) + int(max_new_tokens)
         if longest > self.seq_length:
             raise ValueError(f"a prompt and its new tokens take {longest} positions, the model "
@@ -147,15 +162,7 @@ class CachedGenerator:
             for row in range(batch):
                 if done[row] or position < len(tokens[row]):
                     continue   # finished, or still feeding its prompt
-                scores = logits[row]
-                if repetition_penalty != 1.0:
-                    scores = penalise_repetition(scores, tokens[row], repetition_penalty)
-                if greedy:
-                    token = int(np.argmax(scores))
-                else:
-                    probs = filter_logits(scores, temperature=temperature, top_k=top_k,
-                                          top_p=top_p)
-                    token = int(rng.choice(probs.size, p=probs))
+                token = next_token(logits[row], tokens[row], rng, **choice)
                 tokens[row].append(token)
                 new_ids[row].append(token)
                 done[row] = len(new_ids[row]) == max_new_tokens or token == eos_id
@@ -202,10 +209,11 @@ def generate(lm, prompt_ids, max_new_tokens: int, *, seq_length: int, greedy: bo
 
     Raises:
         ValueError: empty prompt, max_new_tokens < 1, top_k < 0, top_p outside (0, 1],
-            temperature <= 0.
+            temperature <= 0, repetition_penalty <= 0.
     """
     prompt = [int(token) for token in np.asarray(prompt_ids).reshape(-1)]
-    _check_arguments(prompt, max_new_tokens, seq_length, top_k, top_p, temperature)
+    _check_arguments(prompt, max_new_tokens, seq_length, top_k, top_p, temperature,
+                     repetition_penalty)
     rng = np.random.default_rng(seed)
     tokens = list(prompt)
     new_ids = []
@@ -216,13 +224,8 @@ def generate(lm, prompt_ids, max_new_tokens: int, *, seq_length: int, greedy: bo
         window[0, :len(context)] = context
         logits = lm(ms.Tensor(window)).asnumpy()
         row = logits.reshape(-1, logits.shape[-1])[len(context) - 1]
-        if repetition_penalty != 1.0:
-            row = penalise_repetition(row, tokens, repetition_penalty)
-        if greedy:
-            token = int(np.argmax(row))
-        else:
-            probs = filter_logits(row, temperature=temperature, top_k=top_k, top_p=top_p)
-            token = int(rng.choice(probs.size, p=probs))
+        token = next_token(row, tokens, rng, greedy=greedy, top_k=top_k, top_p=top_p,
+                           temperature=temperature, repetition_penalty=repetition_penalty)
         tokens.append(token)
         new_ids.append(token)
         if eos_id is not None and token == eos_id:
