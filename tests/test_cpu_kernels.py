@@ -1,5 +1,6 @@
-"""The fused CPU kernels against torch's layer norm, GELU and cross-entropy, both directions,
-through the layers that use them; and the fallback to MindSpore's operators."""
+"""The fused CPU kernels against torch's layer norm, GELU, cross-entropy, linear layer and
+top-k, both directions, through the layers that use them; and the fallback to MindSpore's
+operators."""
 
 import numpy as np
 import pytest
@@ -75,6 +76,7 @@ def test_gelu_matches_torch(activation, approximate):
 
 def test_linear_bias_matches_torch():
     layer = Linear(24, 40, parallel_config=ParallelConfig())
+    layer.set_train()   # in eval mode these 14 rows would take the few-rows kernel
     assert not isinstance(layer.bias_add, ms.ops.Add)  # the fused CPU bias kernel
     weight = RNG.normal(size=(40, 24)).astype(np.float32)
     bias = RNG.normal(size=40).astype(np.float32)
@@ -91,6 +93,60 @@ def test_linear_bias_matches_torch():
     np.testing.assert_allclose(dx, tx.grad.numpy(), atol=1e-5)
     np.testing.assert_allclose(dweight, tweight.grad.numpy(), atol=1e-4)
     np.testing.assert_allclose(dbias, tbias.grad.numpy(), atol=1e-5)
+
+
+class Product(nn.Cell):
+    def __init__(self, kernel):
+        super().__init__()
+        self.kernel = kernel
+
+    def construct(self, *inputs):
+        return self.kernel(*inputs)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("has_bias", [False, True])
+def test_few_rows_matmul_matches_torch(rows, has_bias):
+    # 1030 outputs: split over the cores, and not a multiple of 4; 70 inputs: not of 16
+    weight = RNG.normal(size=(1030, 70)).astype(np.float32)
+    bias = RNG.normal(size=1030).astype(np.float32)
+    x = RNG.normal(size=(rows, 70)).astype(np.float32)
+    expected = torch.nn.functional.linear(torch.tensor(x), torch.tensor(weight),
+                                          torch.tensor(bias) if has_bias else None).numpy()
+    inputs = [Tensor(x), Tensor(weight)] + ([Tensor(bias)] if has_bias else [])
+    kernel = Product(cpu_kernels.skinny_matmul(has_bias))
+    np.testing.assert_allclose(kernel(*inputs).asnumpy(), expected, atol=1e-4, rtol=1e-5)
+
+    # the layer takes it in eval mode, gradients included
+    layer = Linear(70, 1030, has_bias=has_bias, parallel_config=ParallelConfig())
+    assert layer.few_rows is not None
+    layer.weight.set_data(Tensor(weight))
+    if has_bias:
+        layer.bias.set_data(Tensor(bias))
+    weights = RNG.normal(size=(rows, 1030)).astype(np.float32)
+    y, dx, dparams = value_and_grads(layer, weights, Tensor(x))
+    tx, tweight = torch.tensor(x, requires_grad=True), torch.tensor(weight, requires_grad=True)
+    tbias = torch.tensor(bias, requires_grad=True) if has_bias else None
+    ty = torch.nn.functional.linear(tx, tweight, tbias)
+    (ty * torch.tensor(weights)).sum().backward()
+    np.testing.assert_allclose(y, ty.detach().numpy(), atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), atol=1e-3, rtol=1e-5)
+    np.testing.assert_allclose(dparams[0], tweight.grad.numpy(), atol=1e-4, rtol=1e-5)
+    if has_bias:
+        np.testing.assert_allclose(dparams[1], tbias.grad.numpy(), atol=1e-4, rtol=1e-5)
+
+
+def test_log_softmax_top_k_matches_torch():
+    logits = (RNG.normal(size=(6, 1000)) * 3).astype(np.float32)
+    logits[1, [40, 7]] = logits[1].max() + 2.0          # a tie: the lower id comes first
+    values, ids = Product(cpu_kernels.log_softmax_top_k(8))(Tensor(logits))
+    expected_values, expected_ids = torch.topk(
+        torch.log_softmax(torch.tensor(logits, dtype=torch.float64), -1), 8)
+    np.testing.assert_allclose(values.asnumpy(), expected_values.numpy(), atol=1e-5)
+    assert ids.dtype == ms.int32
+    assert ids.asnumpy()[1, :2].tolist() == [7, 40]
+    untied = [row for row in range(6) if row != 1]
+    np.testing.assert_array_equal(ids.asnumpy()[untied], expected_ids.numpy()[untied])
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])

@@ -24,14 +24,15 @@ def causal_bias(max_seq_length: int) -> Tensor:
     return Tensor(np.where(allowed, 0.0, MASK_VALUE)[None, None], ms.float32)
 
 
-def step_inputs(position: int, max_len: int):
-    """What `MultiHeadAttention.decode_step` takes for decoder position `position`: the
-    one-hot write mask (1, 1, max_len, 1) and the attention bias (1, 1, 1, max_len) that
+def step_inputs(position: int, max_len: int, rows: int, heads: int):
+    """What `MultiHeadAttention.decode_step` takes for decoder position `position` with
+    caches (rows, heads, max_len, head_dim): the index int32 (rows, heads, 3) of every
+    (row, head, position) the step writes, and the attention bias (1, 1, 1, max_len) that
     masks the positions after it."""
-    write = np.zeros((1, 1, max_len, 1), np.float32)
-    write[0, 0, position, 0] = 1.0
+    row, head = np.meshgrid(np.arange(rows), np.arange(heads), indexing="ij")
+    index = np.stack([row, head, np.full_like(row, position)], axis=-1).astype(np.int32)
     bias = np.where(np.arange(max_len) <= position, 0.0, MASK_VALUE).astype(np.float32)
-    return Tensor(write), Tensor(bias.reshape(1, 1, 1, max_len))
+    return Tensor(index), Tensor(bias.reshape(1, 1, 1, max_len))
 
 
 def check_flash_attention_device(device_target: str, is_910b: bool = True):
@@ -143,9 +144,9 @@ class MultiHeadAttention(nn.Cell):
         self.scale = ops.Mul().shard((heads, ()))
         self.scores = ops.BatchMatMul(transpose_b=True).shard((heads, heads))
         self.add_causal = ops.Add().shard((heads, (1, 1, 1, 1)))
-        self.cache_keep = ops.Mul().shard((heads, (1, 1, 1, 1)))
-        self.cache_write = ops.Mul().shard((heads, (1, 1, 1, 1)))
-        self.cache_add = ops.Add().shard((heads, heads))
+        # incremental decoding writes each new key and value into its cache in place; it
+        # runs on one device, so the strategy keeps every tensor whole
+        self.cache_write = ops.ScatterNdUpdate().shard(((1, 1, 1, 1), (1, 1, 1), (1, 1, 1)))
         self.add_bias = ops.Add().shard((heads, (dp, 1, 1, 1)))
         self.softmax = ops.Softmax(axis=-1).shard((heads,))
         self.context = ops.BatchMatMul().shard((heads, heads))
@@ -224,25 +225,23 @@ class MultiHeadAttention(nn.Cell):
         (q,) = self._heads(self.query(query), 1)
         return self._attend(query.shape[0], q, key, value, None, attention_bias)
 
-    def decode_step(self, query, cache_key, cache_value, write, step_bias):
+    def decode_step(self, query, cache_key, cache_value, write_index, step_bias):
         """One incremental self-attention step: no recomputation of past positions.
 
         Args:
             query: (batch, 1, hidden), the newest position.
             cache_key, cache_value: (batch, heads, max_len, head_dim), the keys and values of
-                the positions decoded so far (zeros elsewhere).
-            write: float32 (1, 1, max_len, 1), one-hot at the newest position.
+                the positions decoded so far; the newest position's are written into them in
+                place (Parameters of the step cell, or tensors the step owns).
+            write_index: int32 (batch, heads, 3), (row, head, newest position) triples
+                (`step_inputs`).
             step_bias: float32 (1, 1, 1, max_len), 0 up to the newest position, else masked.
         Returns:
-            (output (batch, 1, hidden), cache_key, cache_value) with the newest position
-            written into the caches.
+            (output (batch, 1, hidden), cache_key, cache_value), the caches as written.
         """
-        q, k, v = self._heads(self.qkv(query), 3)
-        write = ops.cast(write, cache_key.dtype)
-        keep = 1.0 - write
-        cache_key = self.cache_add(self.cache_keep(cache_key, keep), self.cache_write(k, write))
-        cache_value = self.cache_add(self.cache_keep(cache_value, keep),
-                                     self.cache_write(v, write))
+        q, k, v = self._heads(self.qkv(query), 3)                  # (batch, heads, 1, hd)
+        cache_key = self.cache_write(cache_key, write_index, ops.squeeze(k, 2))
+        cache_value = self.cache_write(cache_value, write_index, ops.squeeze(v, 2))
         output = self._attend(query.shape[0], q, cache_key, cache_value, step_bias, None)
         return output, cache_key, cache_value
 

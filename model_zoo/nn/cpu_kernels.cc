@@ -5,14 +5,22 @@
 // tanh and erf are written out below because the C library's versions are scalar calls).
 // `omp simd` marks the reductions that may be vectorized (compiled with -fopenmp-simd,
 // which starts no threads). They run on the calling thread: a thread pool of their own
-// would compete for the cores with MindSpore's. Every function has MindSpore's AOT
+// would compete for the cores with MindSpore's. The one exception, the few-rows matmul of
+// decoding, is bound by memory bandwidth, which one core cannot fill: it splits its
+// columns over helper threads of its own (idle unless it runs). Every function has MindSpore's AOT
 // signature (AOT_ARGS): params holds the inputs, then the outputs; a non-zero return value
 // makes MindSpore raise.
+
+#include <sched.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 #define AOT_ARGS int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, \
                  void *stream, void *extra
@@ -223,6 +231,44 @@ extern "C" int CrossEntropyForward(AOT_ARGS) {
   return failed;
 }
 
+// The k most likely tokens of every row and their log-probabilities (a search step), in one
+// pass for the log-sum-exp and one for the k best (kept sorted by insertion; an equal
+// logit keeps the lower id first). inputs: logits (N, V); outputs: values (N, k), ids (N, k)
+extern "C" int LogSoftmaxTopK(AOT_ARGS) {
+  if (nparam != 3 || std::strcmp(dtypes[2], "int32") != 0) return 1;
+  const float *logits = as_float(params[0]);
+  float *values = as_float(params[1]);
+  int32_t *ids = static_cast<int32_t *>(params[2]);
+  const int64_t rows = shapes[0][0], classes = shapes[0][1], k = shapes[1][1];
+  if (k < 1 || k > classes) return 1;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *z = logits + r * classes;
+    float *best = values + r * k;
+    int32_t *best_ids = ids + r * k;
+    float peak = z[0];
+#pragma omp simd reduction(max : peak)
+    for (int64_t c = 1; c < classes; ++c) peak = z[c] > peak ? z[c] : peak;
+    float exp_sum = 0.f;
+#pragma omp simd reduction(+ : exp_sum)
+    for (int64_t c = 0; c < classes; ++c) exp_sum += exp_approx(z[c] - peak);
+    const float log_sum_exp = peak + std::log(exp_sum);
+    int64_t kept = 0;
+    for (int64_t c = 0; c < classes; ++c) {
+      if (kept == k && !(z[c] > best[k - 1])) continue;
+      int64_t at = kept < k ? kept++ : k - 1;
+      while (at > 0 && z[c] > best[at - 1]) {
+        best[at] = best[at - 1];
+        best_ids[at] = best_ids[at - 1];
+        --at;
+      }
+      best[at] = z[c];
+      best_ids[at] = static_cast<int32_t>(c);
+    }
+    for (int64_t i = 0; i < k; ++i) best[i] -= log_sum_exp;
+  }
+  return 0;
+}
+
 // d loss / d z_c = dloss * (softmax_c * sum_c t_c - t_c)
 // inputs: dloss (N), logits (N, V), labels (N), lse (N), on, off (scalars); outputs: dlogits
 extern "C" int CrossEntropyBackward(AOT_ARGS) {
@@ -243,6 +289,175 @@ extern "C" int CrossEntropyBackward(AOT_ARGS) {
     }
     const int32_t label = labels[r];
     if (label >= 0 && label < classes) dz[label] -= scale * (on - off);
+  }
+  return 0;
+}
+
+// Few-rows matmul (decoding): y = x w^T for x (M, K) with M small and w (N, K). Each group
+// of 4 rows of w is read from memory once and dotted with every row of x (which stays in
+// L1), so the time is one pass over w at the memory bandwidth, split over the cores;
+// MindSpore's MatMul takes 2-3 times longer at these shapes (benchmarks/README.md).
+typedef float float16x __attribute__((vector_size(64)));   // 16 floats (AVX-512 or 2 x AVX)
+typedef int32_t int16x __attribute__((vector_size(64)));
+
+inline float16x load16(const float *p) {
+  float16x v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// The sums of the lanes of a0, a1, a2 and a3, in lanes 0, 4, 8 and 12 (halving twice, then
+// adding neighbours: 8 shuffles for 4 sums instead of 60 scalar additions)
+inline float16x sums_of_4(float16x a0, float16x a1, float16x a2, float16x a3) {
+  const int16x low = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const int16x high = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const int16x low4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const int16x high4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  const int16x swap2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
+  const int16x swap1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+  const float16x u = __builtin_shuffle(a0, a1, low) + __builtin_shuffle(a0, a1, high);
+  const float16x v = __builtin_shuffle(a2, a3, low) + __builtin_shuffle(a2, a3, high);
+  float16x w = __builtin_shuffle(u, v, low4) + __builtin_shuffle(u, v, high4);
+  w += __builtin_shuffle(w, swap2);
+  return w + __builtin_shuffle(w, swap1);
+}
+
+// y[q, r] = x[q] . w[r] (+ bias[r]) for Q rows of x and 4 rows of w (row strides K; y's
+// stride N; bias may be null)
+template <int Q>
+void dot_tile(const float *x, const float *w, const float *bias, float *y, int64_t n_stride,
+              int64_t k_size) {
+  float16x acc[Q][4] = {};
+  int64_t k = 0;
+  for (; k + 16 <= k_size; k += 16) {
+    float16x wk[4];
+    for (int r = 0; r < 4; ++r) wk[r] = load16(w + r * k_size + k);
+    for (int q = 0; q < Q; ++q) {
+      const float16x xk = load16(x + q * k_size + k);
+      for (int r = 0; r < 4; ++r) acc[q][r] += xk * wk[r];
+    }
+  }
+  for (int q = 0; q < Q; ++q) {
+    const float16x sums = sums_of_4(acc[q][0], acc[q][1], acc[q][2], acc[q][3]);
+    for (int r = 0; r < 4; ++r) {
+      float total = bias ? bias[r] + sums[4 * r] : sums[4 * r];
+      for (int64_t j = k; j < k_size; ++j) total += x[q * k_size + j] * w[r * k_size + j];
+      y[q * n_stride + r] = total;
+    }
+  }
+}
+
+// Columns [n_begin, n_end) of y = x w^T (+ bias)
+void skinny_columns(const float *x, const float *w, const float *bias, float *y, int64_t m_size,
+                    int64_t n_size, int64_t k_size, int64_t n_begin, int64_t n_end) {
+  int64_t n = n_begin;
+  for (; n + 4 <= n_end; n += 4) {
+    for (int64_t m = 0; m < m_size; m += 4) {
+      const float *xs = x + m * k_size, *ws = w + n * k_size, *bs = bias ? bias + n : nullptr;
+      float *ys = y + m * n_size + n;
+      switch (std::min<int64_t>(m_size - m, 4)) {
+        case 1: dot_tile<1>(xs, ws, bs, ys, n_size, k_size); break;
+        case 2: dot_tile<2>(xs, ws, bs, ys, n_size, k_size); break;
+        case 3: dot_tile<3>(xs, ws, bs, ys, n_size, k_size); break;
+        default: dot_tile<4>(xs, ws, bs, ys, n_size, k_size); break;
+      }
+    }
+  }
+  for (; n < n_end; ++n) {
+    for (int64_t m = 0; m < m_size; ++m) {
+      float total = bias ? bias[n] : 0.f;
+      for (int64_t k = 0; k < k_size; ++k) total += x[m * k_size + k] * w[n * k_size + k];
+      y[m * n_size + n] = total;
+    }
+  }
+}
+
+// The cores this process may run on (its affinity mask), at most 8
+int usable_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, std::min(8, CPU_COUNT(&set)));
+}
+
+// Threads kept for the life of the process, so that a call costs a wake-up rather than a
+// thread start (a decoding step makes about 50 of these calls). `run(job, shares)` runs
+// job(0) on the calling thread and job(1..shares-1) on helpers, and returns when all end.
+class Helpers {
+ public:
+  explicit Helpers(int count) : count_(count) {
+    for (int i = 1; i <= count; ++i) std::thread([this, i] { serve(i); }).detach();
+  }
+
+  int count() const { return count_; }
+
+  void run(const std::function<void(int)> &job, int shares) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = &job;
+      shares_ = shares;
+      pending_ = shares - 1;
+      ++generation_;
+    }
+    wake_.notify_all();
+    job(0);
+    std::unique_lock<std::mutex> lock(mutex_);
+    finished_.wait(lock, [this] { return pending_ == 0; });
+  }
+
+ private:
+  void serve(int share) {
+    int64_t seen = 0;
+    for (;;) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (share >= shares_) continue;
+      const std::function<void(int)> *job = job_;
+      lock.unlock();
+      (*job)(share);
+      lock.lock();
+      if (--pending_ == 0) finished_.notify_one();
+    }
+  }
+
+  const int count_;
+  std::mutex mutex_;
+  std::condition_variable wake_, finished_;
+  const std::function<void(int)> *job_ = nullptr;
+  int shares_ = 0, pending_ = 0;
+  int64_t generation_ = 0;
+};
+
+Helpers &helpers() {
+  static Helpers *pool = new Helpers(usable_cores() - 1);   // never destroyed: detached
+  return *pool;
+}
+
+// inputs: x (M, K), w (N, K), optionally bias (N); outputs: y (M, N). Columns are split over
+// the usable cores in blocks of 4 (MindSpore's own threads are idle while a kernel runs).
+extern "C" int SkinnyMatMul(AOT_ARGS) {
+  if ((nparam != 3 && nparam != 4) || !all_float32(nparam, dtypes) || ndims[0] != 2 ||
+      ndims[1] != 2) {
+    return 1;
+  }
+  const int64_t m_size = shapes[0][0], k_size = shapes[0][1], n_size = shapes[1][0];
+  if (shapes[1][1] != k_size || (nparam == 4 && shapes[2][0] != n_size)) return 1;
+  const float *x = as_float(params[0]), *w = as_float(params[1]);
+  const float *bias = nparam == 4 ? as_float(params[2]) : nullptr;
+  float *y = as_float(params[nparam - 1]);
+  const int64_t blocks = n_size / 4;
+  // a share of at least 64 blocks of 4 rows: smaller ones cost more to hand out than to do
+  const int shares = static_cast<int>(
+      std::min<int64_t>(helpers().count() + 1, std::max<int64_t>(1, blocks / 64)));
+  const std::function<void(int)> share = [&](int index) {
+    const int64_t begin = 4 * (blocks * index / shares);
+    const int64_t end = index + 1 == shares ? n_size : 4 * (blocks * (index + 1) / shares);
+    skinny_columns(x, w, bias, y, m_size, n_size, k_size, begin, end);
+  };
+  if (shares == 1) {
+    share(0);
+  } else {
+    helpers().run(share, shares);
   }
   return 0;
 }

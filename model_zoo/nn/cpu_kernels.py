@@ -1,10 +1,11 @@
-"""Fused CPU kernels for layer norm, GELU, cross-entropy, bias addition and the gradient norm,
-as MindSpore AOT custom operators.
+"""Fused CPU kernels for layer norm, GELU, cross-entropy, bias addition, the gradient norm and
+the few-rows matmul of decoding, as MindSpore AOT custom operators.
 
 On CPU, MindSpore's LayerNormGrad, GeLU and SoftmaxCrossEntropyWithLogits kernels take 5-20x
 longer than one pass over memory would (a layer norm's forward and backward on 1024 x 256
 floats: 4.3 ms against 0.7 ms here; see benchmarks/README.md). `cpu_kernels.cc` does each in
-one vectorised pass per direction on the calling thread. It is compiled with the machine's
+one vectorised pass per direction on the calling thread (the few-rows matmul, bound by memory
+bandwidth, splits over the cores). It is compiled with the machine's
 C++ compiler on first use into a cache folder (`$MODEL_ZOO_KERNEL_CACHE`, default
 `~/.cache/model_zoo/kernels`), keyed by the source, the flags and the CPU, so each machine
 builds it once.
@@ -28,8 +29,8 @@ import mindspore as ms
 from mindspore import nn, ops
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cc")
-FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp-simd", "-shared", "-fPIC",
-         "-std=c++17"]
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-trapping-math",
+         "-fopenmp-simd", "-shared", "-fPIC", "-std=c++17", "-pthread"]
 
 
 def cache_dir() -> Path:
@@ -159,6 +160,14 @@ def cross_entropy():
                    lambda logits, labels, on, off: (logits, logits), bprop)
 
 
+def log_softmax_top_k(k: int):
+    """Custom op logits (N, V) float32 -> (log-probabilities (N, k), ids int32 (N, k)) of
+    each row's k most likely classes, best first: LogSoftmax and TopK of a search step in
+    one pass (MindSpore's CPU TopK alone takes about 10 ms on 128 x 8000). No backward."""
+    return _custom("LogSoftmaxTopK", lambda logits: ([logits[0], k], [logits[0], k]),
+                   lambda logits: (logits, ms.int32))
+
+
 def bias_add():
     """Custom op (x (..., C), bias (C,)) -> x + bias, float32, with its backward pass (the
     input's gradient passes through; the bias's is the column sum)."""
@@ -168,6 +177,23 @@ def bias_add():
         return dout, column_sum(dout)
 
     return _custom("BiasAddForward", lambda x, bias: x, lambda x, bias: x, bprop)
+
+
+SKINNY_ROWS = 16   # up to this many rows, a matmul reads its weight once (`skinny_matmul`)
+
+
+def skinny_matmul(with_bias: bool):
+    """Custom op (x (M, K), w (N, K)[, bias (N,)]) -> x w^T (+ bias) (M, N), float32, for
+    few rows (M <= SKINNY_ROWS, e.g. a decoding step): one pass over w split over the cores.
+    Its backward pass is MindSpore's MatMul."""
+    def bprop(x, w, out, dout):
+        return ops.matmul(dout, w), ops.matmul(dout.T, x)
+
+    def bprop_with_bias(x, w, bias, out, dout):
+        return ops.matmul(dout, w), ops.matmul(dout.T, x), dout.sum(axis=0)
+
+    return _custom("SkinnyMatMul", lambda x, w, *bias: [x[0], w[0]], lambda x, w, *bias: x,
+                   bprop_with_bias if with_bias else bprop)
 
 
 def squared_norm():

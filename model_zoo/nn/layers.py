@@ -73,6 +73,22 @@ def use_cpu_kernels() -> bool:
     return kernel_target() == "CPU" and cpu_kernels.available()
 
 
+def few_rows_kernel(compute_dtype, with_bias: bool = False):
+    """`cpu_kernels.skinny_matmul` for a float32 layer on CPU, else None. The layers use it
+    in eval mode for at most `SKINNY_ROWS` rows (a decoding step), where MindSpore's MatMul
+    takes 2-3 times one pass over the weight."""
+    if use_cpu_kernels() and compute_dtype == ms.float32:
+        return cpu_kernels.skinny_matmul(with_bias)
+    return None
+
+
+def uses_few_rows(layer, x) -> bool:
+    """Whether `layer` takes x (rows, in) through its `few_rows` kernel: it has one, it is in
+    eval mode and the rows are few (all known when the graph compiles)."""
+    return layer.few_rows is not None and not layer.training and \
+        x.shape[0] <= cpu_kernels.SKINNY_ROWS
+
+
 def stream_strategy(parallel_config: ParallelConfig) -> tuple:
     """Strategy of the residual stream's token-wise operators (layer norm, hidden dropout,
     residual add): (dp, 1, 1) on (batch, seq, hidden); with `parallel.sequence_parallel`
@@ -205,6 +221,7 @@ class Linear(nn.Cell):
             self.matmul = ops.MatMul(transpose_b=True).shard(matmul_strategy, (out_strategy,))
         else:
             self.matmul = ops.MatMul(transpose_b=True).shard(matmul_strategy)
+        self.few_rows = few_rows_kernel(compute_dtype, with_bias=has_bias)
         self.has_bias = has_bias
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (out_features,), ms.float32), name="bias")
@@ -229,9 +246,13 @@ class Linear(nn.Cell):
     def construct(self, x):
         lead_shape = x.shape[:-1]
         x = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.in_features))
-        y = self.matmul(x, ops.cast(self.weight, self.compute_dtype))
-        if self.has_bias:
-            y = self.bias_add(y, ops.cast(self.bias, self.compute_dtype))
+        weight = ops.cast(self.weight, self.compute_dtype)
+        if uses_few_rows(self, x):
+            y = self.few_rows(x, weight, self.bias) if self.has_bias else self.few_rows(x, weight)
+        else:
+            y = self.matmul(x, weight)
+            if self.has_bias:
+                y = self.bias_add(y, ops.cast(self.bias, self.compute_dtype))
         if self.activation is not None:
             y = self.activation(y)
         return ops.reshape(y, lead_shape + (self.out_features,))
@@ -446,10 +467,12 @@ class VocabProjection(nn.Cell):
         self.hidden_size = hidden_size
         self.compute_dtype = compute_dtype
         self.matmul = ops.MatMul(transpose_b=True).shard(((dp, 1), (vocab_split, 1)))
+        self.few_rows = few_rows_kernel(compute_dtype)
 
     def construct(self, x, embedding_table):
         x = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.hidden_size))
-        logits = self.matmul(x, ops.cast(embedding_table, self.compute_dtype))
+        table = ops.cast(embedding_table, self.compute_dtype)
+        logits = self.few_rows(x, table) if uses_few_rows(self, x) else self.matmul(x, table)
         return ops.cast(logits, ms.float32)
 
 

@@ -1,13 +1,13 @@
 """Autoregressive decoding: batched, through the attention's key/value caches.
 
-`generate_batch` feeds every prompt one token a step to a compiled step cell (`DecodeStep`)
-that attends over cached keys and values, so a step costs the same at position 500 as at
-position 1 and the cell compiles once per batch size. All prompts share the step's position:
-a shorter prompt simply starts generating earlier, so no padding enters any row (its
-positions are those of the prompt alone, as Hugging Face's left padding with an attention
-mask gives). Greedy, or sampled with temperature, top-k and top-p; a repetition penalty
-(Hugging Face's: a seen token's positive logit divided by it, a negative one multiplied);
-each row stops at its end-of-sequence id.
+`CachedGenerator` feeds every prompt one token a step to a compiled step cell (`DecodeStep`)
+that attends over key/value caches it updates in place, so a step costs the same at position
+500 as at position 1 and the cell compiles once per batch size and cache length. All
+prompts share the step's position: a shorter prompt simply starts generating earlier, so no
+padding enters any row (its positions are those of the prompt alone, as Hugging Face's left
+padding with an attention mask gives). Greedy, or sampled with temperature, top-k and
+top-p; a repetition penalty (Hugging Face's: a seen token's positive logit divided by it, a
+negative one multiplied); each row stops at its end-of-sequence id.
 
 A prompt plus its new tokens longer than the model's positions goes through the window
 path instead (`generate`): the last seq_length tokens fed again every step.
@@ -15,7 +15,7 @@ path instead (`generate`): the last seq_length tokens fed again every step.
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, nn
+from mindspore import Parameter, Tensor, nn
 
 from model_zoo.nn.attention import step_inputs
 
@@ -76,49 +76,66 @@ def filter_logits(logits, *, temperature: float = 1.0, top_k: int = 0,
 
 
 CACHE_STEP = 64
+KEPT_STEPS = 4   # compiled step cells (and their caches) a generator keeps
 
 
 class DecodeStep(nn.Cell):
-    """One position of a GPT2LMHeadModel over key/value caches.
+    """One position of a GPT2LMHeadModel for `batch` rows over key/value caches of `length`
+    positions, which the cell holds as Parameters and the attention writes in place (no
+    cache is copied or allocated per step).
 
     Inputs:
         ids: int32 (batch, 1), the token at the step's position in every row.
         position: float32 (1, hidden), the position embedding of that position.
-        write, step_bias: `attention.step_inputs` of the position.
-        keys, values: tuples of float (batch, heads, cache length, head_dim), one per block.
+        write_index, step_bias: `attention.step_inputs` of the position.
     Outputs:
-        float32 logits (batch, vocab) for the next position, and the updated caches.
+        float32 logits (batch, vocab) for the next position.
     """
 
-    def __init__(self, lm):
+    def __init__(self, lm, batch: int, length: int):
         super().__init__(auto_prefix=False)
         self.lm = lm
+        attention = lm.transformer.blocks[0].attention
+        # BatchMatMul takes q and the cached k in one dtype: the attention's compute dtype
+        shape = (batch, attention.num_heads, length, attention.head_dim)
 
-    def construct(self, ids, position, write, step_bias, keys, values):
+        def caches(kind):
+            return ms.ParameterTuple(
+                Parameter(Tensor(np.zeros(shape, np.float32), attention.compute_dtype),
+                          name=f"decode_{kind}_{index}", requires_grad=False)
+                for index in range(len(lm.transformer.blocks)))
+        self.keys, self.values = caches("keys"), caches("values")
+
+    def construct(self, ids, position, write_index, step_bias):
         transformer = self.lm.transformer
         x = transformer.wte(ids) + position
-        new_keys, new_values = (), ()
-        for block, key, value in zip(transformer.blocks, keys, values):
-            x, key, value = block.decode_step(x, key, value, write, step_bias)
-            new_keys += (key,)
-            new_values += (value,)
-        logits = self.lm.head(transformer.ln_f(x), transformer.wte.embedding_table)
-        return logits, new_keys, new_values
+        for index, block in enumerate(transformer.blocks):
+            x = block.decode_step(x, self.keys[index], self.values[index], write_index,
+                                  step_bias)
+        return self.lm.head(transformer.ln_f(x), transformer.wte.embedding_table)
 
 
 class CachedGenerator:
-    """Batched cached generation with one GPT2LMHeadModel (put in eval mode here); keeps its
-    step cell, so every call with the same batch size reuses the compiled graph."""
+    """Batched cached generation with one GPT2LMHeadModel (put in eval mode here). It keeps
+    the step cells of its last `KEPT_STEPS` (batch, cache length) shapes, so calls of those
+    shapes reuse the compiled graphs and caches."""
 
     def __init__(self, lm):
         lm.set_train(False)
-        self.lm, self.step = lm, DecodeStep(lm)
-        config = lm.config
-        self.seq_length = config.seq_length
-        attention = lm.transformer.blocks[0].attention
-        self.heads = (attention.num_heads, attention.head_dim)
-        self.cache_dtype = attention.compute_dtype   # BatchMatMul takes q and k in one dtype
+        self.lm = lm
+        self.seq_length = lm.config.seq_length
+        self.heads = lm.transformer.blocks[0].attention.num_heads
         self.positions = lm.transformer.wpe.embedding_table.asnumpy()
+        self.steps = {}
+
+    def step_cell(self, batch: int, length: int) -> DecodeStep:
+        """The step cell for `batch` rows and caches of `length` positions."""
+        key = (batch, length)
+        if key not in self.steps:
+            if len(self.steps) == KEPT_STEPS:
+                del self.steps[next(iter(self.steps))]   # the oldest
+            self.steps[key] = DecodeStep(self.lm, batch, length)
+        return self.steps[key]
 
     def generate(self, prompts, max_new_tokens: int, *, greedy: bool = True, top_k: int = 0,
                  top_p: float = 1.0, temperature: float = 1.0, repetition_penalty: float = 1.0,
@@ -139,11 +156,10 @@ class CachedGenerator:
         rng = np.random.default_rng(seed)
         batch = len(prompts)
         # caches as long as this call needs, in steps of 64 so that calls of similar
-        # lengths share a compiled step: attention then spans those positions only
+        # lengths share a compiled step: attention then spans those positions only. Their
+        # old contents need no clearing: position p is written before any step reads it.
         length = min(self.seq_length, -(-longest // CACHE_STEP) * CACHE_STEP)
-        zeros = Tensor(np.zeros((batch, self.heads[0], length, self.heads[1]), np.float32),
-                       self.cache_dtype)
-        keys = values = tuple(zeros for _ in self.lm.transformer.blocks)
+        step = self.step_cell(batch, length)
         tokens = [list(p) for p in prompts]          # prompt + generated, per row
         new_ids = [[] for _ in prompts]
         done = [False] * batch
@@ -151,13 +167,9 @@ class CachedGenerator:
         while not all(done):
             # a finished row is fed its last token again: its outputs are not read
             ids = np.array([[row[min(position, len(row) - 1)]] for row in tokens], np.int32)
-            write, step_bias = step_inputs(position, length)
-            # mutable: the caches are inputs of the compiled step, not constants of it (a
-            # tuple of tensors is a constant to graph mode, recompiled for every value)
-            logits, keys, values = self.step(
-                Tensor(ids), Tensor(self.positions[position:position + 1]), write, step_bias,
-                ms.mutable(keys), ms.mutable(values))
-            logits = logits.asnumpy()
+            write_index, step_bias = step_inputs(position, length, batch, self.heads)
+            logits = step(Tensor(ids), Tensor(self.positions[position:position + 1]),
+                          write_index, step_bias).asnumpy()
             position += 1
             for row in range(batch):
                 if done[row] or position < len(tokens[row]):

@@ -75,14 +75,13 @@ class GPT2Block(nn.Cell):
         x = self.residual_1(x, self.attention(normed))
         return self.residual_2(x, self.mlp(self.ln_2(x)))
 
-    def decode_step(self, x, cache_key, cache_value, write, step_bias):
+    def decode_step(self, x, cache_key, cache_value, write_index, step_bias):
         """`construct` for the newest position x (batch, 1, hidden) only, its attention over
-        the cached keys and values (`MultiHeadAttention.decode_step`); returns
-        (output, cache_key, cache_value)."""
-        attended, cache_key, cache_value = self.attention.decode_step(
-            self.ln_1(x), cache_key, cache_value, write, step_bias)
+        the key/value caches, which it writes in place (`MultiHeadAttention.decode_step`)."""
+        attended, _, _ = self.attention.decode_step(self.ln_1(x), cache_key, cache_value,
+                                                    write_index, step_bias)
         x = self.residual_1(x, attended)
-        return self.residual_2(x, self.mlp(self.ln_2(x))), cache_key, cache_value
+        return self.residual_2(x, self.mlp(self.ln_2(x)))
 
 
 class GPT2Model(nn.Cell):

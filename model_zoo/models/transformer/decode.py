@@ -2,8 +2,10 @@
 
 The encoder runs once per batch; every decoder step feeds only the newest token and reuses
 the cached keys and values of earlier positions (and the encoder's keys and values), so a
-step costs the same at position 100 as at position 1. The cells compile once per batch
-shape; the search itself (scores, beams, finished hypotheses) is plain numpy.
+step costs the same at position 100 as at position 1. Each step writes its keys and values
+into the caches in place; the caches are as long as the batch's length limit (in steps of
+16), so attention spans only the positions a batch can reach. The cells compile once per
+batch shape; the search itself (scores, beams, finished hypotheses) is plain numpy.
 """
 
 import numpy as np
@@ -13,6 +15,8 @@ from mindspore import Tensor, nn, ops
 from model_zoo.nn.attention import step_inputs
 
 from .model import CrossKeyValues, DecoderStep, Transformer
+
+CACHE_STEP = 16
 
 
 class Encoder(nn.Cell):
@@ -45,14 +49,15 @@ class Translator:
         self.max_len = config.seq_length + config.max_decode_extra + 1
         self.position_table = transformer.positions.table.asnumpy()
         attention = transformer.decoder_layers[0].self_attention.function
-        self.cache_shape = (attention.num_heads, self.max_len, attention.head_dim)
+        self.heads = (attention.num_heads, attention.head_dim)
         # The caches hold keys and values as the attention computes them (fp16 with fp16
         # precision): BatchMatMul needs the query and the cached keys in one dtype.
         self.cache_dtype = attention.compute_dtype
         self.num_layers = config.num_layers
 
-    def prepare(self, source_ids, source_mask, copies: int):
-        """Encode, repeat each sentence `copies` times, and prepare empty caches."""
+    def prepare(self, source_ids, source_mask, copies: int, length: int = None):
+        """Encode, repeat each sentence `copies` times, and prepare empty caches of `length`
+        positions (default: the batch's length limit, in steps of CACHE_STEP)."""
         memory, source_bias = self.encoder(Tensor(source_ids, ms.int32),
                                            Tensor(source_mask, ms.int32))
         if copies > 1:
@@ -60,23 +65,35 @@ class Translator:
             memory, source_bias = ops.gather(memory, index, 0), ops.gather(source_bias, index, 0)
         cross_keys, cross_values = self.cross(memory)
         rows = source_ids.shape[0] * copies
-        zeros = Tensor(np.zeros((rows,) + self.cache_shape, np.float32), self.cache_dtype)
-        caches = (tuple(zeros for _ in range(self.num_layers)),
-                  tuple(zeros for _ in range(self.num_layers)))
+        length = length or self.cache_length(source_mask)
+        shape = (rows, self.heads[0], length, self.heads[1])
+        # one tensor per cache: a step writes into them in place
+        caches = tuple(tuple(Tensor(np.zeros(shape, np.float32), self.cache_dtype)
+                             for _ in range(self.num_layers)) for _ in ("keys", "values"))
         return caches, (cross_keys, cross_values, source_bias)
 
+    def cache_length(self, source_mask) -> int:
+        """Cache positions for a batch: its length limit, rounded up to CACHE_STEP."""
+        return min(self.max_len, -(-self._length_limit(source_mask) // CACHE_STEP) * CACHE_STEP)
+
     def step_cell(self, top_k: int) -> DecoderStep:
-        """The decoder step that keeps `top_k` continuations (compiled once per top_k)."""
+        """The decoder step that keeps `top_k` continuations (compiled once per top_k); a
+        step for more than one continuation reorders the caches (beam search)."""
         if top_k not in self.steps:
-            self.steps[top_k] = DecoderStep(self.encoder.transformer, top_k)
+            self.steps[top_k] = DecoderStep(self.encoder.transformer, top_k,
+                                            reorder=top_k > 1)
         return self.steps[top_k]
 
     def step_arguments(self, tokens, parents, position, caches, cross) -> tuple:
         """The DecoderStep inputs that feed `tokens` (one per hypothesis) at `position`."""
-        write, step_bias = step_inputs(position, self.max_len)
+        rows, heads, length, _ = caches[0][0].shape
+        write_index, step_bias = step_inputs(position, length, rows, heads)
         encoding = Tensor(self.position_table[position:position + 1])
-        return (Tensor(tokens.reshape(-1, 1), ms.int32), Tensor(parents, ms.int32), write,
-                step_bias, encoding, caches[0], caches[1], *cross)
+        # mutable: tuples of tensors are inputs of the compiled step, not constants of it
+        # (a constant would recompile the step at every call)
+        return (Tensor(tokens.reshape(-1, 1), ms.int32), Tensor(parents, ms.int32),
+                write_index, step_bias, encoding, ms.mutable(caches[0]), ms.mutable(caches[1]),
+                ms.mutable(cross[0]), ms.mutable(cross[1]), cross[2])
 
     def _step(self, tokens, parents, position, caches, cross, top_k):
         """Log-probabilities and ids of each hypothesis' `top_k` best next tokens."""

@@ -18,10 +18,12 @@ from model_zoo.models.base import folder_name
 from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
+from model_zoo.nn import cpu_kernels
 from model_zoo.nn.attention import MultiHeadAttention
 from model_zoo.nn.layers import (FeedForward, LayerNorm, PaddingBias, ResidualAdd,
                                  SinusoidalPositionEncoding, VocabEmbedding, VocabProjection,
-                                 assign_pipeline_stages, stream_dropout, vocabulary_split)
+                                 assign_pipeline_stages, stream_dropout, use_cpu_kernels,
+                                 vocabulary_split)
 from model_zoo.nn.loss import CrossEntropy
 
 
@@ -123,12 +125,12 @@ class DecoderLayer(nn.Cell):
             x, self.feed_forward.function(self.feed_forward.normed_input(x)))
 
     def decode_step(self, x, cache_key, cache_value, cross_key, cross_value, source_bias,
-                    write, step_bias):
+                    write_index, step_bias):
         """One position: self attention over the caches, cross attention over the
         precomputed encoder keys and values."""
         attention = self.self_attention.function
         out, cache_key, cache_value = attention.decode_step(
-            self.self_attention.normed_input(x), cache_key, cache_value, write, step_bias)
+            self.self_attention.normed_input(x), cache_key, cache_value, write_index, step_bias)
         x = self.self_attention.output(x, out)
         x = self.cross_attention.output(
             x, self.cross_attention.function.attend(self.cross_attention.normed_input(x),
@@ -273,41 +275,52 @@ class DecoderStep(nn.Cell):
 
     Inputs:
         token_ids: int32 (batch, 1), the newest tokens; parents: int32 (batch,), the row of
-        the caches each hypothesis continues (beam search reorders them);
-        write (1, 1, max_len, 1) one-hot and step_bias (1, 1, 1, max_len): the position;
+        the caches each hypothesis continues (read when `reorder`: beam search);
+        write_index (batch, heads, 3) and step_bias (1, 1, 1, max_len): the position
+        (`attention.step_inputs`);
         position_encoding: float32 (1, hidden), the sinusoid row of that position;
-        cache_keys, cache_values: tuples of (batch, heads, max_len, head_dim), one per layer;
+        cache_keys, cache_values: tuples of (batch, heads, max_len, head_dim), one per layer
+        (without `reorder` they are written in place);
         cross_keys, cross_values: from CrossKeyValues; source_bias: (batch, 1, 1, seq_s).
     Outputs:
         (top log-probabilities (batch, top_k), their ids, cache_keys, cache_values).
     """
 
     def __init__(self, transformer: Transformer, top_k: int,
-                 parallel_config: ParallelConfig = None):
+                 parallel_config: ParallelConfig = None, reorder: bool = True):
         super().__init__(auto_prefix=False)
         parallel_config = parallel_config or ParallelConfig()
         self.transformer = transformer
         self.top_k = top_k
+        self.reorder = reorder
         # Reordering rows of a cache gathers along its batch axis, which must be whole.
-        self.reorder = ops.Gather().shard(((1, parallel_config.mp, 1, 1), (1,)))
+        self.gather_rows = ops.Gather().shard(((1, parallel_config.mp, 1, 1), (1,)))
         self.log_softmax = ops.LogSoftmax(axis=-1).shard(((parallel_config.dp, 1),))
         self.top = ops.TopK(sorted=True).shard(((parallel_config.dp, 1),))
+        # on CPU both in one pass (MindSpore's TopK is most of a small model's step)
+        self.fused_top = cpu_kernels.log_softmax_top_k(top_k) if use_cpu_kernels() else None
 
-    def construct(self, token_ids, parents, write, step_bias, position_encoding, cache_keys,
-                  cache_values, cross_keys, cross_values, source_bias):
+    def construct(self, token_ids, parents, write_index, step_bias, position_encoding,
+                  cache_keys, cache_values, cross_keys, cross_values, source_bias):
         model = self.transformer
         x = model.embedding_scale(model.embedding(token_ids), model.embedding_multiplier)
         x = model.positions.add(x, position_encoding)
         new_keys, new_values = (), ()
         for index, layer in enumerate(model.decoder_layers):
-            x, key, value = layer.decode_step(
-                x, self.reorder(cache_keys[index], parents, 0),
-                self.reorder(cache_values[index], parents, 0), cross_keys[index],
-                cross_values[index], source_bias, write, step_bias)
+            key, value = cache_keys[index], cache_values[index]
+            if self.reorder:
+                key = self.gather_rows(key, parents, 0)
+                value = self.gather_rows(value, parents, 0)
+            x, key, value = layer.decode_step(x, key, value, cross_keys[index],
+                                              cross_values[index], source_bias, write_index,
+                                              step_bias)
             new_keys += (key,)
             new_values += (value,)
         logits = model.projection(model.decoder_norm(x), model.embedding.embedding_table)
-        values, ids = self.top(self.log_softmax(logits), self.top_k)
+        if self.fused_top is not None:
+            values, ids = self.fused_top(logits)
+        else:
+            values, ids = self.top(self.log_softmax(logits), self.top_k)
         return values, ids, new_keys, new_values
 
 
@@ -316,7 +329,7 @@ class FlatDecoderStep(nn.Cell):
     constant of the graph, so the per-layer tuples are given one tensor after another.
 
     Inputs:
-        token_ids, parents, write, step_bias, position_encoding, then num_layers cache keys,
+        token_ids, parents, write_index, step_bias, position_encoding, then num_layers cache keys,
         num_layers cache values, num_layers cross keys, num_layers cross values, and
         source_bias (shapes in DecoderStep).
     Outputs:

@@ -91,7 +91,8 @@ def inference_graphs(config: Config, network, batch_size: int) -> dict:
     source = (ms.Tensor(np.zeros(shape, np.int32)), ms.Tensor(np.ones(shape, np.int32)))
     beams = ms.Tensor(np.repeat(np.arange(batch_size), beam), ms.int32)
     memory = ops.gather(translator.encoder(*source)[0], beams, 0)  # (batch x beam, seq, hidden)
-    caches, cross = translator.prepare(source[0].asnumpy(), source[1].asnumpy(), beam)
+    caches, cross = translator.prepare(source[0].asnumpy(), source[1].asnumpy(), beam,
+                                       length=translator.max_len)
     rows = np.arange(batch_size * beam)
     step = translator.step_arguments(np.full(rows.size, config.model.bos_token_id), rows, 0,
                                      caches, cross)

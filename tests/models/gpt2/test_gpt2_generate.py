@@ -117,6 +117,15 @@ def test_cached_batch_equals_the_window_path_row_by_row(lm):
     assert [len(ids) for ids in cached] == [3] * len(PROMPTS)
 
 
+def test_a_reused_generator_ignores_what_its_caches_held(lm):
+    """A second call of the same shape reuses the step cell and its caches unclear."""
+    generator = CachedGenerator(lm)
+    generator.generate(PROMPTS, 3)
+    others = [[9, 9, 9, 9], [1, 2], [6], [4, 3, 2]]
+    assert generator.generate(others, 3) == CachedGenerator(lm).generate(others, 3)
+    assert len(generator.steps) == 1
+
+
 def test_cached_sampling_of_one_prompt_equals_the_window_path(lm):
     options = dict(greedy=False, top_k=5, top_p=0.9, temperature=0.8, seed=11)
     assert CachedGenerator(lm).generate([[4, 2]], 5, **options) == \
