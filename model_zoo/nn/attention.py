@@ -24,15 +24,21 @@ def causal_bias(max_seq_length: int) -> Tensor:
     return Tensor(np.where(allowed, 0.0, MASK_VALUE)[None, None], ms.float32)
 
 
+def cache_index(first: int, count: int, rows: int, heads: int) -> Tensor:
+    """Where `MultiHeadAttention.decode_step` and `prefill` write positions first ..
+    first + count - 1 into caches (rows, heads, max_len, head_dim): int32
+    (rows, heads, count, 3) of (row, head, position) triples."""
+    row, head, position = np.meshgrid(np.arange(rows), np.arange(heads),
+                                      np.arange(first, first + count), indexing="ij")
+    return Tensor(np.stack([row, head, position], axis=-1).astype(np.int32))
+
+
 def step_inputs(position: int, max_len: int, rows: int, heads: int):
     """What `MultiHeadAttention.decode_step` takes for decoder position `position` with
-    caches (rows, heads, max_len, head_dim): the index int32 (rows, heads, 3) of every
-    (row, head, position) the step writes, and the attention bias (1, 1, 1, max_len) that
-    masks the positions after it."""
-    row, head = np.meshgrid(np.arange(rows), np.arange(heads), indexing="ij")
-    index = np.stack([row, head, np.full_like(row, position)], axis=-1).astype(np.int32)
+    caches (rows, heads, max_len, head_dim): its `cache_index`, and the attention bias
+    (1, 1, 1, max_len) that masks the positions after it."""
     bias = np.where(np.arange(max_len) <= position, 0.0, MASK_VALUE).astype(np.float32)
-    return Tensor(index), Tensor(bias.reshape(1, 1, 1, max_len))
+    return cache_index(position, 1, rows, heads), Tensor(bias.reshape(1, 1, 1, max_len))
 
 
 def check_flash_attention_device(device_target: str, is_910b: bool = True):
@@ -146,7 +152,7 @@ class MultiHeadAttention(nn.Cell):
         self.add_causal = ops.Add().shard((heads, (1, 1, 1, 1)))
         # incremental decoding writes each new key and value into its cache in place; it
         # runs on one device, so the strategy keeps every tensor whole
-        self.cache_write = ops.ScatterNdUpdate().shard(((1, 1, 1, 1), (1, 1, 1), (1, 1, 1)))
+        self.cache_write = ops.ScatterNdUpdate().shard(((1, 1, 1, 1),) * 3)
         self.add_bias = ops.Add().shard((heads, (dp, 1, 1, 1)))
         self.softmax = ops.Softmax(axis=-1).shard((heads,))
         self.context = ops.BatchMatMul().shard((heads, heads))
@@ -233,17 +239,29 @@ class MultiHeadAttention(nn.Cell):
             cache_key, cache_value: (batch, heads, max_len, head_dim), the keys and values of
                 the positions decoded so far; the newest position's are written into them in
                 place (Parameters of the step cell, or tensors the step owns).
-            write_index: int32 (batch, heads, 3), (row, head, newest position) triples
-                (`step_inputs`).
+            write_index: int32 (batch, heads, 1, 3), `cache_index` of the newest position.
             step_bias: float32 (1, 1, 1, max_len), 0 up to the newest position, else masked.
         Returns:
             (output (batch, 1, hidden), cache_key, cache_value), the caches as written.
         """
         q, k, v = self._heads(self.qkv(query), 3)                  # (batch, heads, 1, hd)
-        cache_key = self.cache_write(cache_key, write_index, ops.squeeze(k, 2))
-        cache_value = self.cache_write(cache_value, write_index, ops.squeeze(v, 2))
+        cache_key = self.cache_write(cache_key, write_index, k)
+        cache_value = self.cache_write(cache_value, write_index, v)
         output = self._attend(query.shape[0], q, cache_key, cache_value, step_bias, None)
         return output, cache_key, cache_value
+
+    def prefill(self, query, cache_key, cache_value, write_index):
+        """Causal self attention over a decoder's first positions query (batch, P, hidden)
+        in one pass, writing their keys and values into the caches (`write_index`:
+        `cache_index(0, P, ...)`), so that decoding continues at position P."""
+        q, k, v = self._heads(self.qkv(query), 3)                  # (batch, heads, P, hd)
+        cache_key = self.cache_write(cache_key, write_index, k)
+        cache_value = self.cache_write(cache_value, write_index, v)
+        seq = query.shape[1]
+        causal_bias = self.slice_causal(self.causal_bias, (0, 0, 0, 0), (1, 1, seq, seq),
+                                        (1, 1, 1, 1))
+        output = self._attend(query.shape[0], q, k, v, causal_bias, None)
+        return ops.depend(output, (cache_key, cache_value))
 
     def _attend(self, batch, q, k, v, causal_bias, attention_bias):
         """q (batch, heads, seq_q, head_dim) over k, v (batch, heads, seq_k, head_dim)."""

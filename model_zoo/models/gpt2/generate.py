@@ -1,11 +1,12 @@
 """Autoregressive decoding: batched, through the attention's key/value caches.
 
-`CachedGenerator` feeds every prompt one token a step to a compiled step cell (`DecodeStep`)
-that attends over key/value caches it updates in place, so a step costs the same at position
-500 as at position 1 and the cell compiles once per batch size and cache length. All
-prompts share the step's position: a shorter prompt simply starts generating earlier, so no
-padding enters any row (its positions are those of the prompt alone, as Hugging Face's left
-padding with an attention mask gives). Greedy, or sampled with temperature, top-k and
+`CachedGenerator` runs the positions every prompt has in one pass (`Prefill`), then feeds
+every row one token a step to a compiled step cell (`DecodeStep`) that attends over
+key/value caches it updates in place, so a step costs the same at position 500 as at
+position 1 and the cell compiles once per batch size and cache length. All prompts share
+the step's position: a shorter prompt simply starts generating earlier, so no padding
+enters any row (its positions are those of the prompt alone, as Hugging Face's left padding
+with an attention mask gives). Greedy, or sampled with temperature, top-k and
 top-p; a repetition penalty (Hugging Face's: a seen token's positive logit divided by it, a
 negative one multiplied); each row stops at its end-of-sequence id.
 
@@ -17,7 +18,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
-from model_zoo.nn.attention import step_inputs
+from model_zoo.nn.attention import cache_index, step_inputs
 
 
 def _check_arguments(prompt_ids, max_new_tokens, seq_length, top_k, top_p, temperature,
@@ -76,7 +77,8 @@ def filter_logits(logits, *, temperature: float = 1.0, top_k: int = 0,
 
 
 CACHE_STEP = 64
-KEPT_STEPS = 4   # compiled step cells (and their caches) a generator keeps
+PREFILL_STEP = 16   # prompts are prefilled in multiples of this many positions
+KEPT_STEPS = 4      # compiled step cells (and their caches) a generator keeps
 
 
 class DecodeStep(nn.Cell):
@@ -115,6 +117,29 @@ class DecodeStep(nn.Cell):
         return self.lm.head(transformer.ln_f(x), transformer.wte.embedding_table)
 
 
+class Prefill(nn.Cell):
+    """The first P positions of every row in one pass, into the caches of a DecodeStep.
+
+    Inputs:
+        ids: int32 (batch, P); positions: float32 (P, hidden), their position embeddings;
+        write_index: `attention.cache_index(0, P, batch, heads)`.
+    Outputs:
+        float32 logits (batch, vocab) of position P - 1 (they choose the token at P).
+    """
+
+    def __init__(self, step: DecodeStep):
+        super().__init__(auto_prefix=False)
+        self.lm, self.keys, self.values = step.lm, step.keys, step.values
+
+    def construct(self, ids, positions, write_index):
+        transformer = self.lm.transformer
+        x = transformer.wte(ids) + positions
+        for index, block in enumerate(transformer.blocks):
+            x = block.prefill(x, self.keys[index], self.values[index], write_index)
+        last = x[:, -1:]
+        return self.lm.head(transformer.ln_f(last), transformer.wte.embedding_table)
+
+
 class CachedGenerator:
     """Batched cached generation with one GPT2LMHeadModel (put in eval mode here). It keeps
     the step cells of its last `KEPT_STEPS` (batch, cache length) shapes, so calls of those
@@ -128,13 +153,14 @@ class CachedGenerator:
         self.positions = lm.transformer.wpe.embedding_table.asnumpy()
         self.steps = {}
 
-    def step_cell(self, batch: int, length: int) -> DecodeStep:
-        """The step cell for `batch` rows and caches of `length` positions."""
+    def step_cells(self, batch: int, length: int):
+        """The step and prefill cells for `batch` rows and caches of `length` positions."""
         key = (batch, length)
         if key not in self.steps:
             if len(self.steps) == KEPT_STEPS:
                 del self.steps[next(iter(self.steps))]   # the oldest
-            self.steps[key] = DecodeStep(self.lm, batch, length)
+            step = DecodeStep(self.lm, batch, length)
+            self.steps[key] = (step, Prefill(step))
         return self.steps[key]
 
     def generate(self, prompts, max_new_tokens: int, *, greedy: bool = True, top_k: int = 0,
@@ -159,25 +185,35 @@ class CachedGenerator:
         # lengths share a compiled step: attention then spans those positions only. Their
         # old contents need no clearing: position p is written before any step reads it.
         length = min(self.seq_length, -(-longest // CACHE_STEP) * CACHE_STEP)
-        step = self.step_cell(batch, length)
+        step, prefill = self.step_cells(batch, length)
         tokens = [list(p) for p in prompts]          # prompt + generated, per row
         new_ids = [[] for _ in prompts]
         done = [False] * batch
-        position = 0
-        while not all(done):
+        # the positions every prompt has, in one pass (in multiples of PREFILL_STEP, so
+        # that few prompt lengths need a graph of their own); the steps go on from there
+        position = min(len(p) for p in prompts) // PREFILL_STEP * PREFILL_STEP
+        logits = None
+        if position:
+            ids = np.array([row[:position] for row in tokens], np.int32)
+            logits = prefill(Tensor(ids), Tensor(self.positions[:position]),
+                             cache_index(0, position, batch, self.heads)).asnumpy()
+        while True:
+            if logits is not None:   # the logits of position - 1 choose the token at position
+                for row in range(batch):
+                    if done[row] or position < len(tokens[row]):
+                        continue   # finished, or still feeding its prompt
+                    token = next_token(logits[row], tokens[row], rng, **choice)
+                    tokens[row].append(token)
+                    new_ids[row].append(token)
+                    done[row] = len(new_ids[row]) == max_new_tokens or token == eos_id
+                if all(done):
+                    break
             # a finished row is fed its last token again: its outputs are not read
             ids = np.array([[row[min(position, len(row) - 1)]] for row in tokens], np.int32)
             write_index, step_bias = step_inputs(position, length, batch, self.heads)
             logits = step(Tensor(ids), Tensor(self.positions[position:position + 1]),
                           write_index, step_bias).asnumpy()
             position += 1
-            for row in range(batch):
-                if done[row] or position < len(tokens[row]):
-                    continue   # finished, or still feeding its prompt
-                token = next_token(logits[row], tokens[row], rng, **choice)
-                tokens[row].append(token)
-                new_ids[row].append(token)
-                done[row] = len(new_ids[row]) == max_new_tokens or token == eos_id
         return new_ids
 
 

@@ -83,6 +83,13 @@ class GPT2Block(nn.Cell):
         x = self.residual_1(x, attended)
         return self.residual_2(x, self.mlp(self.ln_2(x)))
 
+    def prefill(self, x, cache_key, cache_value, write_index):
+        """`construct` for the first positions x (batch, P, hidden), writing their keys and
+        values into the caches (`MultiHeadAttention.prefill`)."""
+        x = self.residual_1(x, self.attention.prefill(self.ln_1(x), cache_key, cache_value,
+                                                      write_index))
+        return self.residual_2(x, self.mlp(self.ln_2(x)))
+
 
 class GPT2Model(nn.Cell):
     """Embeddings, blocks and the final layer norm.

@@ -126,6 +126,20 @@ def test_a_reused_generator_ignores_what_its_caches_held(lm):
     assert len(generator.steps) == 1
 
 
+def test_prefilled_prompts_equal_the_window_path():
+    """Prompts long enough for the one-pass prefill (16 positions here, then steps)."""
+    ms.set_seed(1)
+    config = GPT2Config(num_layers=2, hidden_size=32, num_heads=2, seq_length=48,
+                        vocab_size=VOCAB, init_std=0.3)
+    network = GPT2ForTraining(config)
+    network.set_train(False)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, VOCAB, n).tolist() for n in (20, 33, 16)]
+    cached = CachedGenerator(network.lm).generate(prompts, 5, repetition_penalty=1.3)
+    assert cached == [generate(network.lm, p, 5, seq_length=48, repetition_penalty=1.3)
+                      for p in prompts]
+
+
 def test_cached_sampling_of_one_prompt_equals_the_window_path(lm):
     options = dict(greedy=False, top_k=5, top_p=0.9, temperature=0.8, seed=11)
     assert CachedGenerator(lm).generate([[4, 2]], 5, **options) == \
