@@ -21,6 +21,7 @@ setup(
         "sentencepiece",
         "matplotlib",
         "safetensors",
+        "tokenizers",
     ],
     extras_require={
         "dev": ["pytest", "torch==2.13.0", "transformers", "sacrebleu"],

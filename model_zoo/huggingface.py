@@ -19,6 +19,10 @@ CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
 CHECKPOINT_FILE = "model.ckpt"
 CONFIG_YAML = "config.yaml"
+# The converted config's data.dataset_dir, inside the output dir: it holds the imported
+# tokenizer (tokenizer.json) when the Hugging Face folder has one, and a dataset built
+# there with that tokenizer (`model-zoo data ... --tokenizer hf:DIR`) for fine-tuning.
+DATASET_SUBDIR = "dataset"
 
 
 def read_hf_config(hf_dir: str, model_type: str, model_name: str):
@@ -106,7 +110,9 @@ def run_convert(args, from_hf, to_hf) -> int:
         if not args.hf_dir:
             raise UserInputError("give --hf-dir to import a Hugging Face folder, or --to-hf "
                                  "--config CONFIG --ckpt CKPT to export one")
-        return report_converted(*from_hf(args.hf_dir, args.output_dir, args.overwrite))
+        config_path, ckpt_path = from_hf(args.hf_dir, args.output_dir, args.overwrite)
+        report_converted(config_path, ckpt_path)
+        return report_tokenizer(args.hf_dir, os.path.join(args.output_dir, DATASET_SUBDIR))
     missing = [flag for flag, value in (("--config", args.config), ("--ckpt", args.ckpt))
                if not value]
     if missing or args.hf_dir:
@@ -147,6 +153,17 @@ def report_converted(config_path: str, ckpt_path: str) -> int:
     """What `model-zoo convert` prints when it is done; returns the exit status."""
     print(f"wrote {ckpt_path}")
     print(f"wrote {config_path}")
+    return 0
+
+
+def report_tokenizer(hf_dir: str, dataset_dir: str) -> int:
+    """Import the Hugging Face folder's tokenizer into the converted dataset directory (so
+    prompts and masks can be given as text) and say so; returns the exit status."""
+    from model_zoo.data.tokenizer import import_hf_tokenizer
+    try:
+        print(f"wrote {import_hf_tokenizer(hf_dir, dataset_dir)}")
+    except DataError as error:
+        print(f"no tokenizer imported ({error}): give prompts as token ids")
     return 0
 
 

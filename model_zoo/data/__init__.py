@@ -41,15 +41,19 @@ from model_zoo.data.mindrecord import (
     read_mindrecord,
     write_mindrecord,
 )
-from model_zoo.data.tokenizer import TOKENIZER_FILE, Tokenizer, parse_token_ids, train_tokenizer
+from model_zoo.data.tokenizer import (HF_TOKENIZER_FILE, TOKENIZER_FILE, HFTokenizer, Tokenizer,
+                                      install_tokenizer, load_tokenizer, parse_token_ids,
+                                      tokenizer_from_flag, train_tokenizer)
 
 __all__ = [
     "BUILTIN_PYTHON_DOCS",
     "DEFAULT_BUCKETS",
     "MANIFEST_FILE",
+    "HF_TOKENIZER_FILE",
     "TOKENIZER_FILE",
     "BucketedBatches",
     "Docstring",
+    "HFTokenizer",
     "Tokenizer",
     "assign_buckets",
     "bucket_boundaries",
@@ -65,7 +69,9 @@ __all__ = [
     "create_dataset",
     "dataset_ready",
     "global_batches",
+    "install_tokenizer",
     "load_documents",
+    "load_tokenizer",
     "pack_token_stream",
     "padding_ratio",
     "parse_token_ids",
@@ -76,6 +82,7 @@ __all__ = [
     "read_text_documents",
     "split_documents",
     "split_path",
+    "tokenizer_from_flag",
     "train_tokenizer",
     "verify_dataset",
     "write_manifest",

@@ -1,7 +1,11 @@
-"""SentencePiece tokenizer: training from documents in memory and loading a `.model` file."""
+"""Tokenizers: SentencePiece (trained from documents in memory, a `.model` file) and the
+Hugging Face tokenizers of imported models (`tokenizer.json`, read by the `tokenizers`
+library), behind one interface (encode, decode, vocab_size and the special ids)."""
 
 import io
+import json
 import re
+import shutil
 from pathlib import Path
 
 import sentencepiece
@@ -10,6 +14,7 @@ from model_zoo.errors import DataError, UserInputError
 from model_zoo.files import write_atomically
 
 TOKENIZER_FILE = "tokenizer.model"  # its name in every dataset directory
+HF_TOKENIZER_FILE = "tokenizer.json"  # an imported Hugging Face tokenizer, instead of it
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 NEWLINE = "\n"
 MAX_LINE_BYTES = 1 << 16
@@ -57,6 +62,129 @@ class Tokenizer:
     @property
     def eos_id(self):
         return self._processor.eos_id()
+
+
+class HFTokenizer:
+    """A Hugging Face tokenizer (`tokenizer.json`) with Tokenizer's interface. `encode` adds
+    no special tokens ([CLS], [SEP]): the models' own code places them, as with
+    SentencePiece."""
+
+    # the names special tokens go by in GPT-2's and BERT's vocabularies
+    SPECIAL = {"pad": ("[PAD]", "<pad>"), "unk": ("[UNK]", "<unk>"),
+               "bos": ("<|endoftext|>", "<s>", "[CLS]"),
+               "eos": ("<|endoftext|>", "</s>", "[SEP]"), "mask": ("[MASK]", "<mask>")}
+
+    def __init__(self, path):
+        import tokenizers
+        self.model_path = Path(path)
+        if not self.model_path.is_file():
+            raise DataError(f"{self.model_path}: tokenizer file not found")
+        try:
+            self._tokenizer = tokenizers.Tokenizer.from_file(str(self.model_path))
+        except Exception as error:   # the library raises its own exception type
+            raise DataError(f"{self.model_path}: not a readable Hugging Face tokenizer "
+                            f"({error})") from None
+
+    def encode(self, text):
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids):
+        return self._tokenizer.decode([int(token_id) for token_id in ids],
+                                      skip_special_tokens=False)
+
+    def id_to_piece(self, token_id):
+        return self._tokenizer.id_to_token(int(token_id))
+
+    @property
+    def vocab_size(self):
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def special_id(self, kind: str):
+        """The id of the `kind` special token (pad, unk, bos, eos, mask), or -1 (as
+        SentencePiece says of an id it does not have)."""
+        for token in self.SPECIAL[kind]:
+            found = self._tokenizer.token_to_id(token)
+            if found is not None:
+                return found
+        return -1
+
+    pad_id = property(lambda self: self.special_id("pad"))
+    unk_id = property(lambda self: self.special_id("unk"))
+    bos_id = property(lambda self: self.special_id("bos"))
+    eos_id = property(lambda self: self.special_id("eos"))
+
+
+def load_tokenizer(directory):
+    """The tokenizer of a dataset directory: its imported Hugging Face `tokenizer.json`, else
+    its SentencePiece `tokenizer.model`, else None."""
+    directory = Path(directory)
+    if (directory / HF_TOKENIZER_FILE).is_file():
+        return HFTokenizer(directory / HF_TOKENIZER_FILE)
+    if (directory / TOKENIZER_FILE).is_file():
+        return Tokenizer(directory / TOKENIZER_FILE)
+    return None
+
+
+def import_hf_tokenizer(hf_dir, output_dir) -> Path:
+    """Write the tokenizer of a Hugging Face model folder as `output_dir/tokenizer.json`: its
+    own `tokenizer.json`, else one built by the `tokenizers` library from GPT-2's
+    `vocab.json` + `merges.txt` (byte-level BPE, as GPT2TokenizerFast) or BERT's `vocab.txt`
+    (WordPiece, lower-cased unless tokenizer_config.json says do_lower_case false). Returns
+    the path; DataError when the folder has none of these files."""
+    from tokenizers import AddedToken, Tokenizer as Built, decoders, models, pre_tokenizers
+    from tokenizers.implementations import BertWordPieceTokenizer
+    hf_dir, output_dir = Path(hf_dir), Path(output_dir)
+    target = output_dir / HF_TOKENIZER_FILE
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if (hf_dir / HF_TOKENIZER_FILE).is_file():
+        HFTokenizer(hf_dir / HF_TOKENIZER_FILE)         # readable, or DataError
+        shutil.copyfile(hf_dir / HF_TOKENIZER_FILE, target)
+        return target
+    if (hf_dir / "vocab.json").is_file() and (hf_dir / "merges.txt").is_file():
+        built = Built(models.BPE.from_file(str(hf_dir / "vocab.json"),
+                                           str(hf_dir / "merges.txt")))
+        built.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        built.decoder = decoders.ByteLevel()
+        if built.token_to_id("<|endoftext|>") is not None:
+            built.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
+    elif (hf_dir / "vocab.txt").is_file():
+        settings = hf_dir / "tokenizer_config.json"
+        lowercase = True
+        if settings.is_file():
+            lowercase = bool(json.loads(settings.read_text(encoding="utf-8"))
+                             .get("do_lower_case", True))
+        built = BertWordPieceTokenizer(str(hf_dir / "vocab.txt"), lowercase=lowercase)
+    else:
+        raise DataError(f"{hf_dir}: no tokenizer.json, vocab.json + merges.txt or vocab.txt")
+    built.save(str(target))
+    return target
+
+
+def tokenizer_from_flag(value: str):
+    """The tokenizer `--tokenizer` names: `hf:DIR` (a Hugging Face model or tokenizer
+    folder) or the path of a SentencePiece model; DataError naming the flag otherwise."""
+    if value.startswith("hf:"):
+        folder = Path(value[3:])
+        if not folder.is_dir():
+            raise DataError(f"--tokenizer {value}: {folder} is not a folder")
+        return folder
+    if not Path(value).is_file():
+        raise DataError(f"--tokenizer {value}: no such file (give a SentencePiece .model, or "
+                        f"hf:DIR for a Hugging Face tokenizer folder)")
+    Tokenizer(value)
+    return Path(value)
+
+
+def install_tokenizer(source: Path, output_dir):
+    """Put the tokenizer `tokenizer_from_flag` found into a dataset directory (as
+    tokenizer.json or tokenizer.model) and return it loaded."""
+    output_dir = Path(output_dir)
+    if source.is_dir():
+        import_hf_tokenizer(source, output_dir)
+    else:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, output_dir / TOKENIZER_FILE)
+    return load_tokenizer(output_dir)
 
 
 def train_tokenizer(documents, model_path, vocab_size, *, model_type="bpe",

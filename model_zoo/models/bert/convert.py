@@ -21,13 +21,10 @@ import numpy as np
 from model_zoo.models.base import folder_name
 from model_zoo.errors import CheckpointError, ConfigError, DataError, UserInputError
 from model_zoo import huggingface
-from model_zoo.huggingface import (CONFIG_FILE, TensorSource, output_paths, read_hf_config,
-                                   read_weights, write_converted)
+from model_zoo.huggingface import (CONFIG_FILE, DATASET_SUBDIR, TensorSource, output_paths,
+                                   read_hf_config, read_weights, write_converted)
 from model_zoo.nn.attention import fuse_head_projections, split_head_projections
 
-# The converted config's data.dataset_dir, inside the output dir: it holds no tokenizer, so
-# fill-mask inputs are given as ids until a dataset (and its tokenizer) is put there.
-DATASET_SUBDIR = "dataset"
 # BERT's usual special ids ([PAD], [CLS], [SEP], [MASK] of the uncased/cased vocab.txt),
 # used unless config.json names them.
 BERT_SPECIAL_IDS = {"pad_token_id": 0, "cls_token_id": 101, "sep_token_id": 102,

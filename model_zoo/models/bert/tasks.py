@@ -12,8 +12,8 @@ from typing import List
 
 
 from model_zoo.config import Config, DataConfig
-from model_zoo.data import (BUILTIN_PYTHON_DOCS, create_dataset, load_documents, parse_token_ids,
-                            read_manifest, split_path)
+from model_zoo.data import (BUILTIN_PYTHON_DOCS, HF_TOKENIZER_FILE, HFTokenizer, create_dataset,
+                            load_documents, parse_token_ids, read_manifest, split_path)
 from model_zoo.errors import ConfigError, DataError, UserInputError
 from model_zoo.train.checkpoint import load_network
 
@@ -175,6 +175,11 @@ def evaluate(config: Config, network) -> dict:
 
 
 def _tokenizer(config: Config):
+    """The pretraining dataset's tokenizer (checked to have BERT's ids), the Hugging Face
+    one `convert` imported, or None."""
+    imported = os.path.join(config.data.dataset_dir, HF_TOKENIZER_FILE)
+    if not config.data.tokenizer and os.path.isfile(imported):
+        return HFTokenizer(imported)
     path = config.data.tokenizer or os.path.join(config.data.dataset_dir, TOKENIZER_FILE)
     return load_bert_tokenizer(path) if os.path.isfile(path) else None
 
@@ -199,7 +204,9 @@ def _encode_with_masks(config: Config, tokenizer, text: str) -> list:
         if index:
             ids.append(model.mask_token_id)
         if piece.strip():
-            ids.extend(encode_text(tokenizer, piece))
+            # an imported vocabulary has its own special ids: its ids are taken as they are
+            ids.extend(tokenizer.encode(piece) if isinstance(tokenizer, HFTokenizer)
+                       else encode_text(tokenizer, piece))
     return ids[:model.seq_length - 1] + [model.sep_token_id]
 
 

@@ -21,14 +21,11 @@ import numpy as np
 from model_zoo.models.base import folder_name
 from model_zoo.errors import ConfigError, DataError
 from model_zoo import huggingface
-from model_zoo.huggingface import (CONFIG_FILE, TensorSource, output_paths, read_hf_config,
-                                   read_weights, write_converted)
+from model_zoo.huggingface import (CONFIG_FILE, DATASET_SUBDIR, TensorSource, output_paths,
+                                   read_hf_config, read_weights, write_converted)
 from model_zoo.nn.attention import fuse_head_projections, split_head_projections
 
 PREFIX = "lm.transformer."
-# The converted config's data.dataset_dir, inside the output dir: it holds no tokenizer, so
-# prompts are given as ids until a dataset (and its tokenizer) is put there.
-DATASET_SUBDIR = "dataset"
 
 # Defaults of transformers.GPT2Config, for keys a config.json may omit.
 HF_DEFAULTS = {

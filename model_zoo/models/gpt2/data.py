@@ -1,7 +1,9 @@
-"""GPT-2 dataset: a SentencePiece tokenizer and packed token samples in MindRecord files.
+"""GPT-2 dataset: a tokenizer and packed token samples in MindRecord files.
 
 A built dataset directory holds:
-    tokenizer.model                       SentencePiece model trained on the train split
+    tokenizer.model                       SentencePiece model trained on the train split, or
+                                          the one given with --tokenizer (tokenizer.json for
+                                          a Hugging Face tokenizer, `--tokenizer hf:DIR`)
     train.mindrecord (+ .db)              rows of seq_length + 1 token ids, column `input_ids`
     heldout.mindrecord (+ .db)            the same for the held-out documents
     dataset.json                          what was built; written last, it marks a complete dataset
@@ -14,14 +16,17 @@ from pathlib import Path
 
 from model_zoo.data import (
     BUILTIN_PYTHON_DOCS,
+    HF_TOKENIZER_FILE,
     TOKENIZER_FILE,
     check_no_dataset,
     check_positive,
     dataset_ready,
     describe_sources,
+    install_tokenizer,
     load_documents,
     pack_token_stream,
     split_documents,
+    tokenizer_from_flag,
     train_tokenizer,
     write_manifest,
     write_mindrecord,
@@ -33,20 +38,32 @@ SCHEMA = {"input_ids": {"type": "int32", "shape": [-1]}}
 
 
 def build_dataset(output_dir, documents, *, vocab_size, seq_length, heldout_fraction=0.05, seed=1,
-                  source="documents", sources=None):
+                  source="documents", sources=None, tokenizer=None):
     """Build a GPT-2 dataset from text documents into `output_dir` and return its dataset.json.
 
-    The tokenizer is trained on the train split only. Files of an incomplete earlier build (no
-    dataset.json) are replaced; a complete dataset is never overwritten. `sources`: the
-    files or built-in names the documents came from, recorded for `data.sources` checks.
+    The tokenizer is trained on the train split only, unless `tokenizer` (what
+    `tokenizer_from_flag` found) gives one; its vocabulary size must then be `vocab_size`
+    (None takes it). Files of an incomplete earlier build (no dataset.json) are replaced; a
+    complete dataset is never overwritten. `sources`: the files or built-in names the
+    documents came from, recorded for `data.sources` checks.
     """
     output_dir = Path(output_dir)
     check_no_dataset(output_dir)
-    check_positive("vocab_size", vocab_size)
     check_positive("seq_length", seq_length)
     splits = dict(zip(("train", "heldout"), split_documents(documents, heldout_fraction, seed)))
 
-    tokenizer = train_tokenizer(splits["train"], output_dir / TOKENIZER_FILE, vocab_size)
+    if tokenizer is None:
+        check_positive("vocab_size", vocab_size)
+        tokenizer = train_tokenizer(splits["train"], output_dir / TOKENIZER_FILE, vocab_size)
+    else:
+        tokenizer = install_tokenizer(tokenizer, output_dir)
+        if vocab_size not in (None, tokenizer.vocab_size):
+            raise DataError(f"--vocab-size {vocab_size} differs from the {tokenizer.vocab_size} "
+                            f"tokens of the tokenizer {tokenizer.model_path}; leave it out")
+        if tokenizer.eos_id < 0:
+            raise DataError(f"{tokenizer.model_path}: the tokenizer has no end-of-text token "
+                            f"to separate documents")
+        vocab_size = tokenizer.vocab_size
     packed = {}
     summary = {}
     for split, split_docs in splits.items():
@@ -72,7 +89,7 @@ def build_dataset(output_dir, documents, *, vocab_size, seq_length, heldout_frac
         "seq_length": seq_length,
         "heldout_fraction": heldout_fraction,
         "seed": seed,
-        "tokenizer": TOKENIZER_FILE,
+        "tokenizer": tokenizer.model_path.name,
         "splits": summary,
     }
     return write_manifest(output_dir, manifest, sources)
@@ -82,7 +99,8 @@ def lm_dataset_ready(output_dir, vocab_size, seq_length) -> bool:
     """True if `output_dir` holds a complete dataset built for this vocab_size and seq_length
     (`manifest.dataset_ready`)."""
     return dataset_ready(output_dir, {"vocab_size": vocab_size, "seq_length": seq_length},
-                         [TOKENIZER_FILE, *SPLIT_FILES.values()])
+                         lambda manifest: [manifest.get("tokenizer", TOKENIZER_FILE),
+                                           *SPLIT_FILES.values()])
 
 
 def add_data_arguments(parser):
@@ -92,7 +110,14 @@ def add_data_arguments(parser):
                              f"{BUILTIN_PYTHON_DOCS} for the docstrings of Python's "
                              f"standard library")
     parser.add_argument("--output-dir", required=True, help="directory to build the dataset in")
-    parser.add_argument("--vocab-size", type=int, required=True, help="tokenizer vocabulary size")
+    parser.add_argument("--vocab-size", type=int,
+                        help="vocabulary size of the tokenizer trained here (required without "
+                             "--tokenizer)")
+    parser.add_argument("--tokenizer", metavar="PATH",
+                        help=f"tokenize with this tokenizer instead of training one: a "
+                             f"SentencePiece .model, or hf:DIR for a Hugging Face folder "
+                             f"({HF_TOKENIZER_FILE}, or vocab.json + merges.txt), e.g. the "
+                             f"dataset folder `model-zoo convert` wrote")
     parser.add_argument("--seq-length", type=int, required=True,
                         help="tokens per training sequence")
     parser.add_argument("--heldout-fraction", type=float, default=0.05,
@@ -104,14 +129,18 @@ def add_data_arguments(parser):
 def run_data_command(args):
     """Build the dataset described by the parsed arguments and print a one-line summary."""
     check_no_dataset(Path(args.output_dir))
+    if args.tokenizer is None and args.vocab_size is None:
+        raise DataError("give --vocab-size for the tokenizer trained here, or --tokenizer")
+    tokenizer = tokenizer_from_flag(args.tokenizer) if args.tokenizer else None
     documents = load_documents(args.input)
     manifest = build_dataset(args.output_dir, documents, vocab_size=args.vocab_size,
                              seq_length=args.seq_length, heldout_fraction=args.heldout_fraction,
                              seed=args.seed, source=describe_sources(args.input),
-                             sources=args.input)
+                             sources=args.input, tokenizer=tokenizer)
     splits = manifest["splits"]
     print(f"gpt2 dataset: {len(documents)} documents, "
           f"{splits['train']['tokens'] + splits['heldout']['tokens']} tokens, "
           f"{splits['train']['samples']} train / {splits['heldout']['samples']} heldout samples "
-          f"of {args.seq_length + 1} tokens in {args.output_dir}")
+          f"of {args.seq_length + 1} tokens (vocabulary {manifest['vocab_size']}) in "
+          f"{args.output_dir}")
 

@@ -5,7 +5,6 @@ model folder's `__init__.py`, so a copy of this folder is a new model.
 """
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import List
 
@@ -13,13 +12,13 @@ import mindspore as ms
 import numpy as np
 
 from model_zoo.config import Config, DataConfig
-from model_zoo.data import (BUILTIN_PYTHON_DOCS, Tokenizer, count_samples, create_dataset,
+from model_zoo.data import (BUILTIN_PYTHON_DOCS, count_samples, create_dataset, load_tokenizer,
                             load_documents, parse_token_ids, split_path)
 from model_zoo.errors import UserInputError
 from model_zoo.files import check_file
 from model_zoo.train.checkpoint import load_network
 
-from .data import SPLIT_FILES, TOKENIZER_FILE, build_dataset, lm_dataset_ready
+from .data import SPLIT_FILES, build_dataset, lm_dataset_ready
 from .generate import generate_ids
 from .model import GPT2ForTraining
 
@@ -104,9 +103,9 @@ def evaluate(config: Config, network) -> dict:
 
 
 def tokenizer_for(config: Config):
-    """The dataset's tokenizer, or None when the model came without one (e.g. converted)."""
-    path = os.path.join(config.data.dataset_dir, TOKENIZER_FILE)
-    return Tokenizer(path) if os.path.isfile(path) else None
+    """The dataset's tokenizer (trained, or imported by `convert`), or None when the model
+    came without one."""
+    return load_tokenizer(config.data.dataset_dir)
 
 
 def sample_text(config: Config, network, prompt: str = "Return the") -> str:
