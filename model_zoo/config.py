@@ -95,6 +95,7 @@ class TrainConfig:
     save_steps: int = 100
     keep_checkpoints: int = 3
     log_steps: int = 10
+    eval_steps: int = 0     # held-out evaluation every this many steps (0: at the end only)
     seed: int = 1
     device_target: str = "auto"
     init_checkpoint: str = ""
@@ -113,7 +114,8 @@ class TrainConfig:
         for key in ("lr", "loss_scale"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key} must be > 0, got {getattr(self, key)}")
-        for key in ("min_lr", "warmup_steps", "weight_decay", "grad_clip", "lr_schedule_steps"):
+        for key in ("min_lr", "warmup_steps", "weight_decay", "grad_clip", "lr_schedule_steps",
+                    "eval_steps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key} must be >= 0, got {getattr(self, key)}")
         if self.min_lr > self.lr:

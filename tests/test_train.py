@@ -68,6 +68,30 @@ def test_tiny_run_writes_outputs_and_learns(write_config, tmp_path):
     assert result["perplexity"] == pytest.approx(math.exp(result["loss"]), rel=1e-3)
 
 
+def test_periodic_heldout_evaluation(write_config, tmp_path):
+    """train.eval_steps: held-out entries every 5 steps and at the end, each the metrics of
+    that step's checkpoint, and the training losses those of a run without them."""
+    from model_zoo.train.checkpoint import evaluate_checkpoint
+    settings = {"train.steps": 12, "train.log_steps": 4, "train.save_steps": 5,
+                "train.keep_checkpoints": 3}
+    plain = run_train(write_config(settings), tmp_path / "plain")
+    config_path = write_config({**settings, "train.eval_steps": 5})
+    result = run_train(config_path, tmp_path / "evaluated")
+
+    entries = read_metrics(tmp_path / "evaluated" / "metrics.jsonl")
+    heldout = [e for e in entries if "heldout" in e]
+    assert [e["step"] for e in heldout] == [5, 10, 12]
+    assert heldout[-1]["heldout"] == result == plain
+    config = load_config(config_path)
+    for entry, (step, path) in zip(heldout, list_checkpoints(tmp_path / "evaluated")):
+        assert entry["step"] == step
+        assert entry["heldout"]["loss"] == pytest.approx(
+            evaluate_checkpoint(config, path)["loss"], abs=1e-4)
+    training = [e["loss"] for e in entries if "loss" in e]
+    assert training == [e["loss"] for e in read_metrics(tmp_path / "plain" / "metrics.jsonl")]
+    assert (tmp_path / "evaluated" / "loss_curve.png").stat().st_size > 1000
+
+
 # --- resume -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("precision, accumulation", [("fp32", 1), ("fp16", 2)])

@@ -11,7 +11,8 @@ class MetricsLog:
     """Appends one JSON object per logged step to `metrics.jsonl`.
 
     `loss` is the mean over the steps since the previous entry; throughput is measured over
-    the same steps.
+    the same steps. With `train.eval_steps`, held-out evaluations are entries of their own:
+    {"step": N, "heldout": {the model folder's metrics}}.
 
     On resume, entries after the resumed step are dropped first, so the file reads as one
     uninterrupted run.
@@ -46,16 +47,33 @@ def progress_line(entry: dict, total_steps: int) -> str:
             + ("" if entry.get("finite", True) else " | overflow: step skipped"))
 
 
+HELDOUT_CURVES = ("loss", "bleu", "mlm_accuracy", "accuracy")   # the first one found is drawn
+
+
 def plot_loss_curve(metrics_path: str, png_path: str, title: str):
-    """Save the loss curve of a run as a PNG (matplotlib without a display)."""
+    """Save the loss curve of a run as a PNG (matplotlib without a display), with the
+    held-out evaluations as points: their loss on the same axis, else their first metric of
+    HELDOUT_CURVES on a second one."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     entries = read_metrics(metrics_path)
-    if not entries:
+    training = [e for e in entries if "loss" in e]
+    heldout = [e for e in entries if "heldout" in e]
+    if not training:
         return None
     figure, axes = plt.subplots(figsize=(7, 4))
-    axes.plot([e["step"] for e in entries], [e["loss"] for e in entries])
+    axes.plot([e["step"] for e in training], [e["loss"] for e in training],
+              label="training loss")
+    metric = next((key for key in HELDOUT_CURVES if heldout and key in heldout[0]["heldout"]),
+                  None)
+    if metric is not None:
+        target = axes if metric == "loss" else axes.twinx()
+        target.plot([e["step"] for e in heldout], [e["heldout"][metric] for e in heldout],
+                    "o-", color="tab:orange", label=f"held-out {metric}")
+        if target is not axes:
+            target.set_ylabel(f"held-out {metric}")
+        figure.legend(loc="upper right")
     axes.set_xlabel("step")
     axes.set_ylabel("training loss")
     axes.set_title(title)

@@ -209,20 +209,25 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
         final_checkpoint = run_loop(config, runnable, step_cell,
                                     itertools.chain([first_batch], batches), metrics, output_dir,
                                     start_step, on_save, tokens_counter(module, config, shard),
-                                    stop, sliced_checkpoints=context.semi_auto)
+                                    stop, sliced_checkpoints=context.semi_auto,
+                                    evaluate=lambda: module.evaluate(config, network))
         stop.steps_done(config.train.steps,
                         final_checkpoint or list_checkpoints(output_dir)[-1][1])
-        return evaluate_run(module, config, network, output_dir, on_save)
+        return evaluate_run(module, config, network, output_dir, on_save, metrics)
 
 
-def evaluate_run(module, config: Config, network, output_dir: str, on_save) -> dict:
-    """After the last step: held-out metrics, loss curve, a sample of the model's output."""
+def evaluate_run(module, config: Config, network, output_dir: str, on_save,
+                 metrics=None) -> dict:
+    """After the last step: held-out metrics (also in metrics.jsonl with train.eval_steps),
+    loss curve, a sample of the model's output."""
     metrics_path = os.path.join(output_dir, "metrics.jsonl")
     network.set_train(False)
     # evaluate as `model-zoo eval` does, op by op: in graph mode the decoders (beam search,
     # sampling) compiled a graph per decoding step and ran out of memory
     ms.set_context(mode=ms.PYNATIVE_MODE)
     result = module.evaluate(config, network)
+    if config.train.eval_steps and metrics is not None:
+        metrics.write({"step": config.train.steps, "heldout": result})
     png = plot_loss_curve(metrics_path, os.path.join(output_dir, "loss_curve.png"),
                           f"{config.model.name}: training loss")
     log(f"loss curve: {png}")
@@ -328,11 +333,12 @@ def gradient_norm(config: Config, network, optimizer, context) -> GradientNorm:
 
 
 def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_step, on_save,
-             tokens_of, stop=None, sliced_checkpoints=False):
+             tokens_of, stop=None, sliced_checkpoints=False, evaluate=None):
     """The steps; returns the last checkpoint saved. `tokens_of(batch)` counts the tokens a
     global step trains on. When `stop` (StopRequests) is requested on any rank, every rank
     saves a checkpoint after the same step (the train step's StopVote) and raises
-    TrainingInterrupted."""
+    TrainingInterrupted. Every train.eval_steps steps before the last, `evaluate()` gives
+    the held-out metrics logged in `metrics` (the last step's are evaluate_run's)."""
     train = config.train
     step_cell.set_train(True)
     interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
@@ -372,6 +378,16 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
             log(progress_line(entry, train.steps))
             interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
             interval_tokens = 0
+        if evaluate is not None and train.eval_steps and step % train.eval_steps == 0 \
+                and step < train.steps:
+            evaluated_at = time.perf_counter()
+            step_cell.set_train(False)
+            result = evaluate()
+            step_cell.set_train(True)
+            metrics.write({"step": step, "heldout": result})
+            log(f"held-out evaluation at step {step} "
+                f"({time.perf_counter() - evaluated_at:.1f} s): {json.dumps(result)}")
+            interval_start = time.perf_counter()   # the evaluation is not training time
         stopping = bool(stop_voted.asnumpy()[0] > 0)
         if step % train.save_steps == 0 or step == train.steps or stopping:
             path = save_checkpoint(step_cell, output_dir, step, train.keep_checkpoints,
