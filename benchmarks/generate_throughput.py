@@ -1,15 +1,23 @@
-"""Generation throughput side by side with Hugging Face, on this machine, in one run.
+"""Generation and beam search throughput side by side with Hugging Face, in one run.
 
-GPT-2 small's shape (12 layers, hidden 768, 12 heads, 1,024 positions, vocabulary 50,257)
-with random weights on both sides; prompts of 32 random tokens; 128 new tokens, greedy (no
-end-of-sequence id, so every row makes all 128); batch 1 and 8. Ours: `CachedGenerator`
-(the attention's key/value caches, one compiled step per batch size, graph mode); the
-reference: `transformers.GPT2LMHeadModel.generate` on torch (its own key/value cache).
-Each side runs in its own process; new tokens/s is the best of `--rounds` timed runs after
-one warm-up run (ours compiles its step then).
+GPT-2: GPT-2 small's shape (12 layers, hidden 768, 12 heads, 1,024 positions, vocabulary
+50,257) with random weights on both sides; prompts of 32 random tokens; 128 new tokens,
+greedy (no end-of-sequence id, so every row makes all 128); batch 1 and 8. Ours:
+`CachedGenerator` (prefill, then one-token steps over key/value caches written in place,
+graph mode); the reference: `transformers.GPT2LMHeadModel.generate` on torch.
+
+Beam search: the tiny Transformer config's dimensions (3 + 3 layers, hidden 256, 4 heads,
+feed-forward 1024, vocabulary 8,000) with random weights; 64 source sentences of 20 random
+tokens + eos, batches of 32, beam 4, length penalty 0.6, 71 target positions (the source
+length + model.max_decode_extra). Ours: `translate_ids`, as `model-zoo translate` runs it;
+the reference: `transformers.MarianMTModel.generate` at the same dimensions, made to decode
+the same 71 positions (min_new_tokens = max_new_tokens).
+
+Each side runs in its own process; the figure is the best of `--rounds` timed runs after
+one warm-up run (ours compiles its graphs then).
 
     python benchmarks/generate_throughput.py
-    python benchmarks/generate_throughput.py --batch-sizes 1 --new-tokens 64 --rounds 2
+    python benchmarks/generate_throughput.py --part gpt2 --batch-sizes 1 --rounds 2
 """
 
 import argparse
@@ -60,6 +68,7 @@ def reference(batch: int, length: int, new_tokens: int, rounds: int) -> float:
 
 
 def _best(run, batch: int, new_tokens: int, rounds: int) -> float:
+    """Items per second (batch x new_tokens per run) of the fastest of `rounds` runs."""
     run()   # warm-up: compilation, allocator
     times = []
     for _ in range(rounds):
@@ -69,8 +78,79 @@ def _best(run, batch: int, new_tokens: int, rounds: int) -> float:
     return batch * new_tokens / min(times)
 
 
+BEAM = dict(sentences=64, batch=32, source_tokens=20, beam=4, length_penalty=0.6)
+TINY_TRANSFORMER = os.path.join(ROOT, "model_zoo", "models", "transformer", "configs",
+                                "tiny.yaml")
+
+
+def sources() -> list:
+    """The beam benchmark's sources: random ids (past the special ids 0-3) and eos (3)."""
+    rng = np.random.default_rng(0)
+    return [rng.integers(4, 8000, BEAM["source_tokens"]).tolist() + [3]
+            for _ in range(BEAM["sentences"])]
+
+
+def beam_ours(rounds: int) -> float:
+    import mindspore as ms
+    from model_zoo.config import load_config
+    from model_zoo.models.transformer.model import Transformer
+    from model_zoo.models.transformer.tasks import translate_ids
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_seed(0)
+    config = load_config(TINY_TRANSFORMER, ["model.dropout=0", "model.attention_dropout=0",
+                                            f"model.length_penalty={BEAM['length_penalty']}"])
+    transformer = Transformer(config.model)
+    rows = sources()
+    return _best(lambda: translate_ids(config, transformer, rows, BEAM["beam"],
+                                       batch_size=BEAM["batch"]), len(rows), 1, rounds)
+
+
+def beam_reference(rounds: int) -> float:
+    import torch
+    import transformers
+    from model_zoo.config import load_config
+    model_config = load_config(TINY_TRANSFORMER).model
+    torch.manual_seed(0)
+    config = transformers.MarianConfig(
+        vocab_size=model_config.vocab_size, d_model=model_config.hidden_size,
+        encoder_layers=model_config.num_layers, decoder_layers=model_config.num_layers,
+        encoder_attention_heads=model_config.num_heads,
+        decoder_attention_heads=model_config.num_heads,
+        encoder_ffn_dim=model_config.ffn_hidden_size, decoder_ffn_dim=model_config.ffn_hidden_size,
+        max_position_embeddings=256, pad_token_id=0, eos_token_id=3, decoder_start_token_id=2,
+        forced_eos_token_id=None, dropout=0.0, attention_dropout=0.0)
+    model = transformers.MarianMTModel(config).eval()
+    rows = torch.tensor(sources())
+    positions = BEAM["source_tokens"] + 1 + model_config.max_decode_extra
+
+    def run():
+        with torch.no_grad():
+            for start in range(0, len(rows), BEAM["batch"]):
+                ids = rows[start:start + BEAM["batch"]]
+                model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=BEAM["beam"],
+                               length_penalty=BEAM["length_penalty"], do_sample=False,
+                               max_new_tokens=positions, min_new_tokens=positions)
+    return _best(run, len(rows), 1, rounds)
+
+
+SIDES = {"gpt2": (ours, reference), "beam": (beam_ours, beam_reference)}
+
+
+def run_side(part: str, side: str, args, batch: int = None) -> float:
+    """One side of one part in a process of its own; returns its figure."""
+    command = [sys.executable, os.path.abspath(__file__), "--part", part, "--side", side,
+               "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
+               "--rounds", str(args.rounds)] + (["--batch", str(batch)] if batch else [])
+    env = dict(os.environ, GLOG_v="3", PYTHONPATH=ROOT)
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{part} {side} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("gpt2", "beam", "both"), default="both")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -78,24 +158,28 @@ def main():
     parser.add_argument("--side", choices=("ours", "reference"), help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.side:   # one side in this process: print its tokens/s
-        side = ours if args.side == "ours" else reference
-        print(json.dumps(side(args.batch, args.prompt_tokens, args.new_tokens, args.rounds)))
+    if args.side:   # one side in this process: print its figure
+        function = SIDES[args.part][args.side == "reference"]
+        if args.part == "gpt2":
+            print(json.dumps(function(args.batch, args.prompt_tokens, args.new_tokens,
+                                      args.rounds)))
+        else:
+            print(json.dumps(function(args.rounds)))
         return
-    print(f"GPT-2 small shape, prompt {args.prompt_tokens} tokens, {args.new_tokens} new "
-          f"tokens, greedy, best of {args.rounds} rounds")
-    print(f"{'batch':>5} {'ours tokens/s':>14} {'Hugging Face':>13} {'ours / HF':>10}")
-    env = dict(os.environ, GLOG_v="3", PYTHONPATH=ROOT)
-    for batch in args.batch_sizes:
-        speeds = {}
-        for side in ("ours", "reference"):
-            command = [sys.executable, os.path.abspath(__file__), "--side", side, "--batch",
-                       str(batch), "--prompt-tokens", str(args.prompt_tokens),
-                       "--new-tokens", str(args.new_tokens), "--rounds", str(args.rounds)]
-            done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-            speeds[side] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{batch:>5} {speeds['ours']:>14.1f} {speeds['reference']:>13.1f} "
-              f"{speeds['ours'] / speeds['reference']:>9.2f}x", flush=True)
+    if args.part in ("gpt2", "both"):
+        print(f"GPT-2 small shape, prompt {args.prompt_tokens} tokens, {args.new_tokens} new "
+              f"tokens, greedy, best of {args.rounds} rounds")
+        print(f"{'batch':>5} {'ours tokens/s':>14} {'Hugging Face':>13} {'ours / HF':>10}")
+        for batch in args.batch_sizes:
+            mine, theirs = (run_side("gpt2", side, args, batch) for side in ("ours", "reference"))
+            print(f"{batch:>5} {mine:>14.1f} {theirs:>13.1f} {mine / theirs:>9.2f}x", flush=True)
+    if args.part in ("beam", "both"):
+        print(f"beam search, tiny Transformer dimensions, {BEAM['sentences']} sentences of "
+              f"{BEAM['source_tokens']} tokens in batches of {BEAM['batch']}, beam "
+              f"{BEAM['beam']}, best of {args.rounds} rounds", flush=True)
+        mine, theirs = (run_side("beam", side, args) for side in ("ours", "reference"))
+        print(f"{'ours sentences/s':>17} {'Marian (HF)':>12} {'ours / HF':>10}")
+        print(f"{mine:>17.1f} {theirs:>12.1f} {mine / theirs:>9.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -136,6 +136,21 @@ def test_few_rows_matmul_matches_torch(rows, has_bias):
         np.testing.assert_allclose(dparams[1], tbias.grad.numpy(), atol=1e-4, rtol=1e-5)
 
 
+def test_reorder_cache_matches_gather_and_write():
+    from model_zoo.nn.attention import cache_index
+    rows, heads, length, depth, position = 6, 3, 10, 8, 4
+    cache = RNG.normal(size=(rows, heads, length, depth)).astype(np.float32)
+    new = RNG.normal(size=(rows, heads, 1, depth)).astype(np.float32)
+    parents = np.array([2, 2, 0, 5, 1, 3], np.int32)
+    got = Product(cpu_kernels.reorder_cache())(
+        Tensor(cache), Tensor(parents), cache_index(position, 1, rows, heads),
+        Tensor(new)).asnumpy()
+    expected = cache[parents].copy()
+    expected[:, :, position] = new[:, :, 0]
+    expected[:, :, position + 1:] = 0.0
+    np.testing.assert_array_equal(got, expected)
+
+
 def test_log_softmax_top_k_matches_torch():
     logits = (RNG.normal(size=(6, 1000)) * 3).astype(np.float32)
     logits[1, [40, 7]] = logits[1].max() + 2.0          # a tie: the lower id comes first

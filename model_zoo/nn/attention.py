@@ -11,7 +11,9 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from model_zoo.errors import ConfigError
-from model_zoo.nn.layers import (MASK_VALUE, Dropout, Linear, kernel_target, stream_dropout)
+from model_zoo.nn import cpu_kernels
+from model_zoo.nn.layers import (MASK_VALUE, Dropout, Linear, kernel_target, stream_dropout,
+                                 use_cpu_kernels)
 from model_zoo.parallel.config import ParallelConfig
 
 
@@ -153,6 +155,11 @@ class MultiHeadAttention(nn.Cell):
         # incremental decoding writes each new key and value into its cache in place; it
         # runs on one device, so the strategy keeps every tensor whole
         self.cache_write = ops.ScatterNdUpdate().shard(((1, 1, 1, 1),) * 3)
+        # beam search reorders the cache rows at every step (gather, then the write above);
+        # the gathered batch axis must be whole
+        self.gather_rows = ops.Gather().shard(((1, mp, 1, 1), (1,)))
+        self.reorder_kernel = cpu_kernels.reorder_cache() \
+            if use_cpu_kernels() and compute_dtype == ms.float32 else None
         self.add_bias = ops.Add().shard((heads, (dp, 1, 1, 1)))
         self.softmax = ops.Softmax(axis=-1).shard((heads,))
         self.context = ops.BatchMatMul().shard((heads, heads))
@@ -231,7 +238,8 @@ class MultiHeadAttention(nn.Cell):
         (q,) = self._heads(self.query(query), 1)
         return self._attend(query.shape[0], q, key, value, None, attention_bias)
 
-    def decode_step(self, query, cache_key, cache_value, write_index, step_bias):
+    def decode_step(self, query, cache_key, cache_value, write_index, step_bias,
+                    parents=None):
         """One incremental self-attention step: no recomputation of past positions.
 
         Args:
@@ -241,12 +249,21 @@ class MultiHeadAttention(nn.Cell):
                 place (Parameters of the step cell, or tensors the step owns).
             write_index: int32 (batch, heads, 1, 3), `cache_index` of the newest position.
             step_bias: float32 (1, 1, 1, max_len), 0 up to the newest position, else masked.
+            parents: beam search: int32 (batch,), the cache row each row continues; the
+                caches are then new tensors, rows reordered (one pass on CPU).
         Returns:
             (output (batch, 1, hidden), cache_key, cache_value), the caches as written.
         """
         q, k, v = self._heads(self.qkv(query), 3)                  # (batch, heads, 1, hd)
-        cache_key = self.cache_write(cache_key, write_index, k)
-        cache_value = self.cache_write(cache_value, write_index, v)
+        if parents is not None and self.reorder_kernel is not None:
+            cache_key = self.reorder_kernel(cache_key, parents, write_index, k)
+            cache_value = self.reorder_kernel(cache_value, parents, write_index, v)
+        else:
+            if parents is not None:
+                cache_key = self.gather_rows(cache_key, parents, 0)
+                cache_value = self.gather_rows(cache_value, parents, 0)
+            cache_key = self.cache_write(cache_key, write_index, k)
+            cache_value = self.cache_write(cache_value, write_index, v)
         output = self._attend(query.shape[0], q, cache_key, cache_value, step_bias, None)
         return output, cache_key, cache_value
 

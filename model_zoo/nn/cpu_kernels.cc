@@ -462,6 +462,44 @@ extern "C" int SkinnyMatMul(AOT_ARGS) {
   return 0;
 }
 
+// A beam search step's cache: out[r] = cache[parents[r]] up to the step's position, the
+// new key or value at it, zeros after it (those positions are masked until written; zeros
+// keep their scores finite). One pass that reads only the positions decoded so far, where
+// a gather then a scatter would copy the whole cache twice. inputs: cache (R, H, L, D),
+// parents int32 (R), index int32 (R, H, 1, 3) (cache_index: the position is its last
+// entry), new (R, H, 1, D); outputs: out (R, H, L, D). float32.
+extern "C" int ReorderCache(AOT_ARGS) {
+  if (nparam != 5 || std::strcmp(dtypes[1], "int32") != 0 ||
+      std::strcmp(dtypes[2], "int32") != 0 || ndims[0] != 4) {
+    return 1;
+  }
+  const float *cache = as_float(params[0]), *fresh = as_float(params[3]);
+  const int32_t *parents = static_cast<const int32_t *>(params[1]);
+  const int32_t position = static_cast<const int32_t *>(params[2])[2];
+  float *out = as_float(params[4]);
+  const int64_t rows = shapes[0][0], heads = shapes[0][1], length = shapes[0][2],
+                depth = shapes[0][3];
+  if (position < 0 || position >= length) return 1;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (parents[r] < 0 || parents[r] >= rows) return 1;
+  }
+  const int64_t kept = position * depth, plane = length * depth;
+  const std::function<void(int)> share = [&](int index) {
+    const int shares = helpers().count() + 1;
+    for (int64_t plane_index = rows * heads * index / shares;
+         plane_index < rows * heads * (index + 1) / shares; ++plane_index) {
+      const int64_t r = plane_index / heads, h = plane_index % heads;
+      const float *source = cache + (parents[r] * heads + h) * plane;
+      float *target = out + plane_index * plane;
+      std::memcpy(target, source, kept * sizeof(float));
+      std::memcpy(target + kept, fresh + plane_index * depth, depth * sizeof(float));
+      std::fill(target + kept + depth, target + plane, 0.f);
+    }
+  };
+  helpers().run(share, helpers().count() + 1);
+  return 0;
+}
+
 // The sum of the squares of every element of all inputs (the gradients, for their global
 // norm), accumulated in double over blocks. inputs: float32 tensors; outputs: total (1)
 extern "C" int SquaredNorm(AOT_ARGS) {

@@ -168,6 +168,15 @@ def log_softmax_top_k(k: int):
                    lambda logits: (logits, ms.int32))
 
 
+def reorder_cache():
+    """Custom op (cache (R, H, L, D), parents int32 (R,), write_index int32 (R, H, 1, 3),
+    new (R, H, 1, D)) -> cache (R, H, L, D), float32: a beam search step's key or value
+    cache, rows taken from their parents up to the step's position, the new entry at it,
+    zeros after it, in one pass. No backward."""
+    return _custom("ReorderCache", lambda cache, parents, index, new: cache,
+                   lambda cache, parents, index, new: cache)
+
+
 def bias_add():
     """Custom op (x (..., C), bias (C,)) -> x + bias, float32, with its backward pass (the
     input's gradient passes through; the bias's is the column sum)."""

@@ -125,12 +125,13 @@ class DecoderLayer(nn.Cell):
             x, self.feed_forward.function(self.feed_forward.normed_input(x)))
 
     def decode_step(self, x, cache_key, cache_value, cross_key, cross_value, source_bias,
-                    write_index, step_bias):
-        """One position: self attention over the caches, cross attention over the
-        precomputed encoder keys and values."""
+                    write_index, step_bias, parents=None):
+        """One position: self attention over the caches (rows reordered by `parents` in
+        beam search), cross attention over the precomputed encoder keys and values."""
         attention = self.self_attention.function
         out, cache_key, cache_value = attention.decode_step(
-            self.self_attention.normed_input(x), cache_key, cache_value, write_index, step_bias)
+            self.self_attention.normed_input(x), cache_key, cache_value, write_index, step_bias,
+            parents)
         x = self.self_attention.output(x, out)
         x = self.cross_attention.output(
             x, self.cross_attention.function.attend(self.cross_attention.normed_input(x),
@@ -293,8 +294,6 @@ class DecoderStep(nn.Cell):
         self.transformer = transformer
         self.top_k = top_k
         self.reorder = reorder
-        # Reordering rows of a cache gathers along its batch axis, which must be whole.
-        self.gather_rows = ops.Gather().shard(((1, parallel_config.mp, 1, 1), (1,)))
         self.log_softmax = ops.LogSoftmax(axis=-1).shard(((parallel_config.dp, 1),))
         self.top = ops.TopK(sorted=True).shard(((parallel_config.dp, 1),))
         # on CPU both in one pass (MindSpore's TopK is most of a small model's step)
@@ -307,13 +306,10 @@ class DecoderStep(nn.Cell):
         x = model.positions.add(x, position_encoding)
         new_keys, new_values = (), ()
         for index, layer in enumerate(model.decoder_layers):
-            key, value = cache_keys[index], cache_values[index]
-            if self.reorder:
-                key = self.gather_rows(key, parents, 0)
-                value = self.gather_rows(value, parents, 0)
-            x, key, value = layer.decode_step(x, key, value, cross_keys[index],
-                                              cross_values[index], source_bias, write_index,
-                                              step_bias)
+            x, key, value = layer.decode_step(x, cache_keys[index], cache_values[index],
+                                              cross_keys[index], cross_values[index],
+                                              source_bias, write_index, step_bias,
+                                              parents if self.reorder else None)
             new_keys += (key,)
             new_values += (value,)
         logits = model.projection(model.decoder_norm(x), model.embedding.embedding_table)

@@ -325,6 +325,25 @@ def test_greedy_copies_the_source(searched):
     assert copied >= len(expected) // 2
 
 
+def test_beam_search_is_the_same_without_the_cpu_kernels(searched, copy_model):
+    """The one-pass cache reordering and top-k kernels give what MindSpore's Gather,
+    ScatterNdUpdate, LogSoftmax and TopK give."""
+    transformer = copy_model[0]
+    layers = [layer.self_attention.function for layer in transformer.decoder_layers]
+    kernels = [layer.reorder_kernel for layer in layers]
+    assert all(kernel is not None for kernel in kernels)
+    try:
+        for layer in layers:
+            layer.reorder_kernel = None
+        translator = Translator(transformer)
+        translator.step_cell(8).fused_top = None
+        with mode(ms.PYNATIVE_MODE):
+            assert translator.beam_search(*searched["sources"], 4, 0.6) == searched["beam4"]
+    finally:
+        for layer, kernel in zip(layers, kernels):
+            layer.reorder_kernel = kernel
+
+
 def test_beam_of_one_is_greedy(searched):
     assert searched["beam1"] == searched["greedy"]
 
