@@ -148,6 +148,7 @@ class MultiHeadAttention(nn.Cell):
         # (batch, seq, heads, parts x head_dim) -> one part: heads split, parts whole
         self.take_part = ops.StridedSlice().shard(((dp, 1, mp, 1),))
         self.split_heads = ops.Transpose().shard(((dp, 1, mp, 1),))
+        self.split_qkv = ops.Split(axis=3, output_num=3).shard(((dp, 1, mp, 1),))
         self.merge_heads = ops.Transpose().shard((heads,))
         self.scale = ops.Mul().shard((heads, ()))
         self.scores = ops.BatchMatMul(transpose_b=True).shard((heads, heads))
@@ -203,6 +204,11 @@ class MultiHeadAttention(nn.Cell):
         (batch, heads, seq, head_dim)."""
         batch, seq = projected.shape[0], projected.shape[1]
         x = ops.reshape(projected, (batch, seq, self.num_heads, parts * self.head_dim))
+        if seq == 1 and parts == 3:
+            # a decoding step: one kernel for the three parts, and (batch, 1, heads, hd) is
+            # (batch, heads, 1, hd) in memory, so no transpose (fewer kernels per step)
+            return tuple(ops.reshape(piece, (batch, self.num_heads, 1, self.head_dim))
+                         for piece in self.split_qkv(x))
         found = ()
         for part in range(parts):
             piece = self.take_part(x, (0, 0, 0, part * self.head_dim),
@@ -290,7 +296,9 @@ class MultiHeadAttention(nn.Cell):
         if attention_bias is not None:
             scores = self.add_bias(scores, attention_bias)
         probs = self.attention_dropout(ops.cast(self.softmax(scores), self.compute_dtype))
-        context = self.merge_heads(self.context(probs, v), (0, 2, 1, 3))
+        context = self.context(probs, v)                       # (batch, heads, seq_q, hd)
+        if seq_q > 1:   # one position (a decoding step) needs no transpose
+            context = self.merge_heads(context, (0, 2, 1, 3))
         context = ops.reshape(context, (batch, seq_q, self.hidden_size))
         return self.hidden_dropout(ops.cast(self.output(context), ms.float32))
 

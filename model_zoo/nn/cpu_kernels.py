@@ -4,9 +4,9 @@ the few-rows matmul of decoding, as MindSpore AOT custom operators.
 On CPU, MindSpore's LayerNormGrad, GeLU and SoftmaxCrossEntropyWithLogits kernels take 5-20x
 longer than one pass over memory would (a layer norm's forward and backward on 1024 x 256
 floats: 4.3 ms against 0.7 ms here; see benchmarks/README.md). `cpu_kernels.cc` does each in
-one vectorised pass per direction on the calling thread (the few-rows matmul, bound by memory
-bandwidth, splits over the cores). It is compiled with the machine's
-C++ compiler on first use into a cache folder (`$MODEL_ZOO_KERNEL_CACHE`, default
+one vectorised pass per direction on the calling thread (the few-rows matmul of decoding,
+bound by memory bandwidth, splits over the cores). It is compiled with the machine's C++
+compiler on first use into a cache folder (`$MODEL_ZOO_KERNEL_CACHE`, default
 `~/.cache/model_zoo/kernels`), keyed by the source, the flags and the CPU, so each machine
 builds it once.
 

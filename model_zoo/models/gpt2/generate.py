@@ -6,9 +6,9 @@ key/value caches it updates in place, so a step costs the same at position 500 a
 position 1 and the cell compiles once per batch size and cache length. All prompts share
 the step's position: a shorter prompt simply starts generating earlier, so no padding
 enters any row (its positions are those of the prompt alone, as Hugging Face's left padding
-with an attention mask gives). Greedy, or sampled with temperature, top-k and
-top-p; a repetition penalty (Hugging Face's: a seen token's positive logit divided by it, a
-negative one multiplied); each row stops at its end-of-sequence id.
+with an attention mask gives). Greedy, or sampled with temperature, top-k and top-p; a
+repetition penalty (Hugging Face's: a seen token's positive logit divided by it, a negative
+one multiplied); each row stops at its end-of-sequence id.
 
 A prompt plus its new tokens longer than the model's positions goes through the window
 path instead (`generate`): the last seq_length tokens fed again every step.
