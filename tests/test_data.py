@@ -92,9 +92,56 @@ def test_read_text_documents_rejects_bad_files(tmp_path, content, message):
     assert str(path) in str(error.value)
 
 
-def test_read_text_documents_rejects_directory(tmp_path):
-    with pytest.raises(DataError, match="not a regular file"):
+def test_read_text_documents_rejects_a_folder_without_text(tmp_path):
+    (tmp_path / "image.png").write_bytes(b"\x89PNG")
+    with pytest.raises(DataError, match="a folder without text files"):
         read_text_documents([tmp_path])
+
+
+DOCUMENTS = ["First document,\n  second line.", "Zweites Dokument: café ☕", "Third."]
+
+
+def write_inputs(folder):
+    """The same documents as plain text, JSON lines, and both gzipped."""
+    import gzip
+    import json
+    folder.mkdir(parents=True, exist_ok=True)
+    text = "\n\n".join(DOCUMENTS) + "\n"
+    lines = "".join(json.dumps({"id": i, "body": d}) + "\n\n" for i, d in enumerate(DOCUMENTS))
+    (folder / "plain.txt").write_text(text, encoding="utf-8")
+    (folder / "lines.jsonl").write_text(lines, encoding="utf-8")
+    (folder / "plain.txt.gz").write_bytes(gzip.compress(text.encode()))
+    (folder / "lines.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+    return folder
+
+
+@pytest.mark.parametrize("name", ["plain.txt", "lines.jsonl", "plain.txt.gz", "lines.jsonl.gz"])
+def test_every_input_format_gives_the_same_documents(tmp_path, name):
+    folder = write_inputs(tmp_path / "inputs")
+    assert read_text_documents([folder / name], json_key="body") == DOCUMENTS
+
+
+def test_folders_and_globs_read_their_files_in_sorted_order(tmp_path):
+    folder = write_inputs(tmp_path / "inputs")
+    everything = read_text_documents([folder], json_key="body")
+    assert everything == DOCUMENTS * 4       # lines.jsonl(.gz), then plain.txt(.gz)
+    assert read_text_documents([str(folder / "*.jsonl*")], json_key="body") == DOCUMENTS * 2
+    with pytest.raises(DataError, match="no file matches"):
+        read_text_documents([str(folder / "*.csv")])
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("bad.jsonl", b'{"text": "fine"}\n{"text": oops}\n', "bad.jsonl line 2: not JSON"),
+    ("bad.jsonl", b'{"text": "fine"}\n\n["a list"]\n', "bad.jsonl line 3: no 'text' field"),
+    ("bad.jsonl", b'{"text": 7}\n', "bad.jsonl line 1: 'text' is a int, not text"),
+    ("bad.txt", b"fine\nstill fine\ncaf\xe9\n", "bad.txt line 3: not UTF-8"),
+    ("bad.txt.gz", b"not gzip at all", "bad.txt.gz: cannot be read"),
+    ("empty.jsonl", b"\n\n", "empty.jsonl: holds no text"),
+])
+def test_bad_inputs_name_the_file_and_line(tmp_path, name, content, message):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(DataError, match=message):
+        read_text_documents([tmp_path / name])
 
 
 def test_split_documents_is_deterministic_and_keeps_both_splits():
@@ -298,3 +345,36 @@ def test_gpt2_data_command(small_corpus, tmp_path, capsys):
     summary = capsys.readouterr().out.strip()
     assert len(summary.splitlines()) == 1 and "train" in summary and "out" in summary
     assert gpt2_data.lm_dataset_ready(tmp_path / "out", 300, 16)
+
+
+def test_data_gpt2_builds_the_same_dataset_from_jsonl_gz_as_from_text(tmp_path):
+    """The CLI over a gzipped JSON-lines file and over the same text in plain files."""
+    from conftest import run_cli
+    from model_zoo.data import read_mindrecord
+    import gzip
+    import json
+    rng = np.random.default_rng(0)
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    documents = [" ".join(rng.choice(words, 30)) + "." for _ in range(40)]
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n\n".join(documents), encoding="utf-8")
+    lines = tmp_path / "corpus.jsonl.gz"
+    lines.write_bytes(gzip.compress("".join(json.dumps({"content": d}) + "\n"
+                                            for d in documents).encode()))
+    built = {}
+    for name, inputs in (("text", [text]), ("jsonl", [lines, "--json-key", "content"])):
+        result = run_cli("data", "gpt2", "--input", *inputs, "--output-dir", tmp_path / name,
+                         "--vocab-size", "64", "--seq-length", "16")
+        assert result.returncode == 0, result.stderr
+        built[name] = [row["input_ids"].tolist()
+                       for row in read_mindrecord(tmp_path / name / "train.mindrecord")]
+    assert built["text"] == built["jsonl"] and built["text"]
+    assert (tmp_path / "text" / "tokenizer.model").read_bytes() == \
+        (tmp_path / "jsonl" / "tokenizer.model").read_bytes()
+
+    (tmp_path / "bad.jsonl").write_text('{"content": "x"}\n{broken\n', encoding="utf-8")
+    result = run_cli("data", "gpt2", "--input", tmp_path / "bad.jsonl", "--json-key", "content",
+                     "--output-dir", tmp_path / "bad", "--vocab-size", "64", "--seq-length", "16")
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "bad.jsonl line 2: not JSON" in errors[0], result.stderr

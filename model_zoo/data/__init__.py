@@ -14,6 +14,7 @@ from model_zoo.data.buckets import (
 from model_zoo.data.corpus import (
     BUILTIN_PYTHON_DOCS,
     Docstring,
+    add_input_arguments,
     describe_sources,
     load_documents,
     python_docstring_records,
@@ -55,6 +56,7 @@ __all__ = [
     "Docstring",
     "HFTokenizer",
     "Tokenizer",
+    "add_input_arguments",
     "assign_buckets",
     "bucket_boundaries",
     "bucket_counts",

@@ -1,10 +1,19 @@
-"""Text documents for training: a built-in offline corpus, user files, and a train/heldout split."""
+"""Text documents for training: a built-in offline corpus, user files, and a train/heldout split.
+
+User inputs are plain text (documents separated by blank lines) or JSON lines (`.jsonl`: one
+object per line, its text under `json_key`, default "text"), either one gzipped (`.gz`), and
+folders or glob patterns of such files (read in sorted order).
+"""
 
 import ast
+import glob
+import gzip
 import inspect
+import json
 import os
 import re
 import sys
+import zlib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -13,6 +22,8 @@ import numpy as np
 from model_zoo.errors import DataError
 
 BUILTIN_PYTHON_DOCS = "builtin:python-docs"
+DEFAULT_JSON_KEY = "text"
+TEXT_SUFFIXES = (".txt", ".text", ".md", ".jsonl")   # what a folder of inputs is read for
 
 
 def describe_sources(inputs) -> str:
@@ -93,41 +104,100 @@ def _stdlib_sources():
     return sorted(sources, key=lambda path: path.relative_to(stdlib).as_posix())
 
 
-def read_text_documents(paths):
-    """Read UTF-8 text files; documents are separated by blank lines.
+def read_text_documents(paths, json_key: str = DEFAULT_JSON_KEY):
+    """The documents of input files (plain text, JSON lines, gzipped; see the module
+    docstring), folders and glob patterns, in order.
 
-    Raises DataError naming the file if it is missing, not a regular file, not UTF-8, or
-    holds no text.
+    Raises DataError naming the file (and the line) if one is missing, not UTF-8, a JSON
+    line is malformed or lacks `json_key`, or a file holds no text.
     """
     paths = list(paths)
     if not paths:
         raise DataError("no input text files given")
     documents = []
     for path in paths:
-        documents.extend(_read_text_file(Path(path)))
+        for found in input_files(path):
+            documents.extend(file_documents(found, json_key))
     return documents
 
 
-def _read_text_file(path):
+def input_files(source: str) -> list:
+    """The files an input names: itself, a folder's text files (recursively, sorted), or a
+    glob pattern's matches (sorted); DataError when it names none."""
+    source = str(source)
+    path = Path(source)
+    if path.is_dir():
+        found = sorted(p for p in path.rglob("*") if p.is_file() and
+                       p.name.removesuffix(".gz").endswith(TEXT_SUFFIXES))
+        if not found:
+            raise DataError(f"{source}: a folder without text files "
+                            f"({', '.join(TEXT_SUFFIXES)}, optionally .gz)")
+        return found
+    if glob.has_magic(source):
+        found = sorted(Path(p) for p in glob.glob(source, recursive=True) if os.path.isfile(p))
+        if not found:
+            raise DataError(f"{source}: no file matches")
+        return found
     if not path.exists():
         raise DataError(f"{path}: file not found")
     if not path.is_file():
         raise DataError(f"{path}: not a regular file")
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise DataError(f"{path}: not UTF-8 text (invalid byte at offset {error.start})") from None
-    except OSError as error:
-        raise DataError(f"{path}: cannot be read ({error.strerror})") from None
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    documents = []
-    for block in BLANK_LINES.split(text):
-        document = block.rstrip().lstrip("\n")
-        if document.strip():
-            documents.append(document)
+    return [path]
+
+
+def file_documents(path: Path, json_key: str = DEFAULT_JSON_KEY) -> list:
+    """The documents of one input file: JSON lines for a .jsonl (or .jsonl.gz) name, else
+    text with documents separated by blank lines."""
+    text = _read_utf8(path)
+    if path.name.removesuffix(".gz").endswith(".jsonl"):
+        documents = list(_json_lines(path, text, json_key))
+    else:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+        documents = []
+        for block in BLANK_LINES.split(text):
+            document = block.rstrip().lstrip("\n")
+            if document.strip():
+                documents.append(document)
     if not documents:
         raise DataError(f"{path}: holds no text")
     return documents
+
+
+def _read_utf8(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+        if path.suffix == ".gz":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as error:
+        reason = getattr(error, "strerror", None) or error
+        raise DataError(f"{path}: cannot be read ({reason})") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise DataError(f"{path} line {line}: not UTF-8 text (invalid byte at offset "
+                        f"{error.start})") from None
+
+
+def _json_lines(path: Path, text: str, json_key: str):
+    """The `json_key` strings of a JSON-lines text; blank lines are skipped."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path} line {number}: not JSON ({error.msg} at column "
+                            f"{error.colno})") from None
+        if not isinstance(record, dict) or json_key not in record:
+            raise DataError(f"{path} line {number}: no {json_key!r} field (give the text's "
+                            f"key with --json-key)")
+        value = record[json_key]
+        if not isinstance(value, str):
+            raise DataError(f"{path} line {number}: {json_key!r} is a "
+                            f"{type(value).__name__}, not text")
+        if value.strip():
+            yield value
 
 
 def split_documents(documents, heldout_fraction, seed):
@@ -151,8 +221,22 @@ def split_documents(documents, heldout_fraction, seed):
     return train, heldout
 
 
-def load_documents(sources):
-    """The documents of text files and built-in corpora (`builtin:python-docs`), in order."""
+def add_input_arguments(parser, *, required: bool, note: str = ""):
+    """`--input` and `--json-key` of the data commands that read documents."""
+    parser.add_argument("--input", nargs="+", required=required, metavar="FILE",
+                        help=f"{note}UTF-8 text files (documents separated by blank lines), "
+                             f".jsonl files (one JSON object a line, see --json-key), either "
+                             f"gzipped (.gz), folders or glob patterns of them, or "
+                             f"{BUILTIN_PYTHON_DOCS} for the docstrings of Python's standard "
+                             f"library")
+    parser.add_argument("--json-key", default=DEFAULT_JSON_KEY,
+                        help=f"the field of a .jsonl line that holds its text (default "
+                             f"{DEFAULT_JSON_KEY!r})")
+
+
+def load_documents(sources, json_key: str = DEFAULT_JSON_KEY):
+    """The documents of input files (`read_text_documents`) and built-in corpora
+    (`builtin:python-docs`), in order."""
     documents = []
     for source in sources:
         if source == BUILTIN_PYTHON_DOCS:
@@ -160,5 +244,5 @@ def load_documents(sources):
         elif source.startswith("builtin:"):
             raise DataError(f"{source}: unknown built-in corpus (available: {BUILTIN_PYTHON_DOCS})")
         else:
-            documents.extend(read_text_documents([source]))
+            documents.extend(read_text_documents([source], json_key))
     return documents

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from model_zoo.data import (
-    BUILTIN_PYTHON_DOCS,
+    add_input_arguments,
     check_no_dataset,
     describe_sources,
     load_documents,
@@ -19,10 +19,7 @@ def add_data_arguments(parser):
                         help="pretrain: masked-LM + next-sentence examples from --input "
                              "(default); classify: the docstring topic classification set, "
                              "tokenized with --tokenizer")
-    parser.add_argument("--input", nargs="+", metavar="FILE",
-                        help=f"pretrain: UTF-8 text files (documents separated by blank lines), "
-                             f"or {BUILTIN_PYTHON_DOCS} for the docstrings of Python's "
-                             f"standard library")
+    add_input_arguments(parser, required=False, note="pretrain: ")
     parser.add_argument("--output-dir", required=True, help="directory to build the dataset in")
     parser.add_argument("--vocab-size", type=int, help="pretrain: tokenizer vocabulary size")
     parser.add_argument("--seq-length", type=int, required=True, help="tokens per example")
@@ -65,7 +62,7 @@ def run_data_command(args):
                if value is None]
     if missing:
         raise UserInputError(f"--task pretrain needs {' and '.join(missing)}")
-    documents = load_documents(args.input)
+    documents = load_documents(args.input, args.json_key)
     manifest = build_pretraining_dataset(
         output_dir, documents, vocab_size=args.vocab_size, seq_length=args.seq_length,
         max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,

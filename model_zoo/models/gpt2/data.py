@@ -15,9 +15,9 @@ numbers of documents, tokens (counting the eos that ends each document) and samp
 from pathlib import Path
 
 from model_zoo.data import (
-    BUILTIN_PYTHON_DOCS,
     HF_TOKENIZER_FILE,
     TOKENIZER_FILE,
+    add_input_arguments,
     check_no_dataset,
     check_positive,
     dataset_ready,
@@ -105,10 +105,7 @@ def lm_dataset_ready(output_dir, vocab_size, seq_length) -> bool:
 
 def add_data_arguments(parser):
     """Arguments of `model-zoo data gpt2`."""
-    parser.add_argument("--input", nargs="+", required=True, metavar="FILE",
-                        help=f"UTF-8 text files (documents separated by blank lines), or "
-                             f"{BUILTIN_PYTHON_DOCS} for the docstrings of Python's "
-                             f"standard library")
+    add_input_arguments(parser, required=True)
     parser.add_argument("--output-dir", required=True, help="directory to build the dataset in")
     parser.add_argument("--vocab-size", type=int,
                         help="vocabulary size of the tokenizer trained here (required without "
@@ -132,7 +129,7 @@ def run_data_command(args):
     if args.tokenizer is None and args.vocab_size is None:
         raise DataError("give --vocab-size for the tokenizer trained here, or --tokenizer")
     tokenizer = tokenizer_from_flag(args.tokenizer) if args.tokenizer else None
-    documents = load_documents(args.input)
+    documents = load_documents(args.input, args.json_key)
     manifest = build_dataset(args.output_dir, documents, vocab_size=args.vocab_size,
                              seq_length=args.seq_length, heldout_fraction=args.heldout_fraction,
                              seed=args.seed, source=describe_sources(args.input),
