@@ -130,6 +130,21 @@ def test_folders_and_globs_read_their_files_in_sorted_order(tmp_path):
         read_text_documents([str(folder / "*.csv")])
 
 
+def test_json_strings_may_hold_unicode_line_separators(tmp_path):
+    import json
+    path = tmp_path / "lines.jsonl"
+    text = "one\u2028two\u0085three"
+    path.write_text(json.dumps({"text": text}, ensure_ascii=False) + "\n" +
+                    json.dumps({"text": "next"}) + "\r\n", encoding="utf-8")
+    assert read_text_documents([path]) == [text, "next"]
+
+
+def test_a_file_named_like_a_glob_is_read_as_itself(tmp_path):
+    path = tmp_path / "data[1].txt"
+    path.write_text("Some text.", encoding="utf-8")
+    assert read_text_documents([path]) == ["Some text."]
+
+
 @pytest.mark.parametrize("name, content, message", [
     ("bad.jsonl", b'{"text": "fine"}\n{"text": oops}\n', "bad.jsonl line 2: not JSON"),
     ("bad.jsonl", b'{"text": "fine"}\n\n["a list"]\n', "bad.jsonl line 3: no 'text' field"),

@@ -92,6 +92,20 @@ def test_a_tokenizer_json_is_copied_and_preferred(gpt2_vocab, tmp_path):
     assert isinstance(load_tokenizer(tmp_path / "b"), HFTokenizer)
 
 
+def test_the_tokenizer_a_dataset_names_is_the_one_loaded(gpt2_vocab, tmp_path):
+    import shutil
+    import sentencepiece
+    import_hf_tokenizer(gpt2_vocab, tmp_path)
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(TRAINING_TEXT), model_prefix=str(tmp_path / "sp"),
+        vocab_size=100, minloglevel=2)
+    shutil.move(tmp_path / "sp.model", tmp_path / "tokenizer.model")
+    assert isinstance(load_tokenizer(tmp_path), HFTokenizer)
+    (tmp_path / "dataset.json").write_text(json.dumps({"tokenizer": "tokenizer.model"}))
+    assert not isinstance(load_tokenizer(tmp_path), HFTokenizer)
+    assert load_tokenizer(tmp_path).vocab_size == 100
+
+
 def test_folders_without_a_tokenizer_are_named(tmp_path):
     with pytest.raises(DataError, match="no tokenizer.json, vocab.json"):
         import_hf_tokenizer(tmp_path, tmp_path / "out")
@@ -155,6 +169,11 @@ def test_data_gpt2_tokenizes_with_the_imported_tokenizer(converted_with_tokenize
     for document in TRAINING_TEXT:   # the documents in some order, each ended by eos
         stream += tokenizer.encode(document) + [tokenizer.eos_id]
     assert any(stream[i:i + 17] == first for i in range(len(stream) - 16))
+
+    # into the folder the tokenizer came from (convert's dataset folder): no copy onto itself
+    in_place = run_cli("data", "gpt2", "--input", corpus, "--output-dir", out / "dataset",
+                       "--seq-length", "16", "--tokenizer", f"hf:{out / 'dataset'}")
+    assert in_place.returncode == 0, in_place.stderr
 
     mismatch = run_cli("data", "gpt2", "--input", corpus, "--output-dir", tmp_path / "other",
                        "--seq-length", "16", "--tokenizer", f"hf:{out / 'dataset'}",

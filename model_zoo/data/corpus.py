@@ -133,7 +133,7 @@ def input_files(source: str) -> list:
             raise DataError(f"{source}: a folder without text files "
                             f"({', '.join(TEXT_SUFFIXES)}, optionally .gz)")
         return found
-    if glob.has_magic(source):
+    if glob.has_magic(source) and not path.exists():
         found = sorted(Path(p) for p in glob.glob(source, recursive=True) if os.path.isfile(p))
         if not found:
             raise DataError(f"{source}: no file matches")
@@ -181,7 +181,9 @@ def _read_utf8(path: Path) -> str:
 
 def _json_lines(path: Path, text: str, json_key: str):
     """The `json_key` strings of a JSON-lines text; blank lines are skipped."""
-    for number, line in enumerate(text.splitlines(), 1):
+    # lines end at "\n" only: JSON strings may hold U+2028 and the like unescaped
+    for number, line in enumerate(text.split("\n"), 1):
+        line = line.rstrip("\r")
         if not line.strip():
             continue
         try:

@@ -115,9 +115,16 @@ class HFTokenizer:
 
 
 def load_tokenizer(directory):
-    """The tokenizer of a dataset directory: its imported Hugging Face `tokenizer.json`, else
-    its SentencePiece `tokenizer.model`, else None."""
+    """The tokenizer of a dataset directory: the one its dataset.json names (the dataset was
+    tokenized with it), else its imported Hugging Face `tokenizer.json`, else its
+    SentencePiece `tokenizer.model`, else None."""
     directory = Path(directory)
+    try:
+        named = json.loads((directory / "dataset.json").read_text(encoding="utf-8"))["tokenizer"]
+    except (OSError, ValueError, KeyError, TypeError):
+        named = None
+    if named == TOKENIZER_FILE and (directory / TOKENIZER_FILE).is_file():
+        return Tokenizer(directory / TOKENIZER_FILE)
     if (directory / HF_TOKENIZER_FILE).is_file():
         return HFTokenizer(directory / HF_TOKENIZER_FILE)
     if (directory / TOKENIZER_FILE).is_file():
@@ -138,7 +145,8 @@ def import_hf_tokenizer(hf_dir, output_dir) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     if (hf_dir / HF_TOKENIZER_FILE).is_file():
         HFTokenizer(hf_dir / HF_TOKENIZER_FILE)         # readable, or DataError
-        shutil.copyfile(hf_dir / HF_TOKENIZER_FILE, target)
+        if not target.exists() or not target.samefile(hf_dir / HF_TOKENIZER_FILE):
+            shutil.copyfile(hf_dir / HF_TOKENIZER_FILE, target)
         return target
     if (hf_dir / "vocab.json").is_file() and (hf_dir / "merges.txt").is_file():
         built = Built(models.BPE.from_file(str(hf_dir / "vocab.json"),
@@ -183,7 +191,9 @@ def install_tokenizer(source: Path, output_dir):
         import_hf_tokenizer(source, output_dir)
     else:
         output_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, output_dir / TOKENIZER_FILE)
+        target = output_dir / TOKENIZER_FILE
+        if not target.exists() or not target.samefile(source):
+            shutil.copyfile(source, target)
     return load_tokenizer(output_dir)
 
 

@@ -280,10 +280,13 @@ class MultiHeadAttention(nn.Cell):
         q, k, v = self._heads(self.qkv(query), 3)                  # (batch, heads, P, hd)
         cache_key = self.cache_write(cache_key, write_index, k)
         cache_value = self.cache_write(cache_value, write_index, v)
-        seq = query.shape[1]
-        causal_bias = self.slice_causal(self.causal_bias, (0, 0, 0, 0), (1, 1, seq, seq),
-                                        (1, 1, 1, 1))
-        output = self._attend(query.shape[0], q, k, v, causal_bias, None)
+        if self.use_flash:
+            output = self._flash_attend(query.shape[0], q, k, v, None)
+        else:
+            seq = query.shape[1]
+            causal_bias = self.slice_causal(self.causal_bias, (0, 0, 0, 0), (1, 1, seq, seq),
+                                            (1, 1, 1, 1))
+            output = self._attend(query.shape[0], q, k, v, causal_bias, None)
         return ops.depend(output, (cache_key, cache_value))
 
     def _attend(self, batch, q, k, v, causal_bias, attention_bias):

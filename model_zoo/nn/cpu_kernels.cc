@@ -391,6 +391,8 @@ class Helpers {
   int count() const { return count_; }
 
   void run(const std::function<void(int)> &job, int shares) {
+    // one job at a time: MindSpore may launch two kernels at once from its own threads
+    std::lock_guard<std::mutex> one_at_a_time(run_mutex_);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       job_ = &job;
@@ -421,7 +423,7 @@ class Helpers {
   }
 
   const int count_;
-  std::mutex mutex_;
+  std::mutex run_mutex_, mutex_;
   std::condition_variable wake_, finished_;
   const std::function<void(int)> *job_ = nullptr;
   int shares_ = 0, pending_ = 0;

@@ -29,8 +29,11 @@ import mindspore as ms
 from mindspore import nn, ops
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cc")
-FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-trapping-math",
-         "-fopenmp-simd", "-shared", "-fPIC", "-std=c++17", "-pthread"]
+# -z nodelete: the few-rows matmul's helper threads live in the library, which must stay
+# loaded; 512-bit vectors for its 16-float tiles (an x86 option only)
+FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp-simd", "-shared", "-fPIC",
+         "-std=c++17", "-pthread", "-Wl,-z,nodelete"] + \
+    (["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else [])
 
 
 def cache_dir() -> Path:

@@ -25,7 +25,7 @@ from model_zoo.train.checkpoint import (list_checkpoints, load_weights, read_che
                                         remove_partial_checkpoints, save_checkpoint,
                                         saved_step)
 from model_zoo.train.interrupt import StopRequests, TrainingInterrupted
-from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line
+from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line, read_metrics
 from model_zoo.train.schedule import build_schedule
 from model_zoo.train.step import (STOP_FLAG, GradientNorm, StopVote, TrainStep,
                                   build_optimizer, uses_float_status)
@@ -226,7 +226,9 @@ def evaluate_run(module, config: Config, network, output_dir: str, on_save,
     # sampling) compiled a graph per decoding step and ran out of memory
     ms.set_context(mode=ms.PYNATIVE_MODE)
     result = module.evaluate(config, network)
-    if config.train.eval_steps and metrics is not None:
+    if config.train.eval_steps and metrics is not None and not any(
+            "heldout" in entry and entry["step"] == config.train.steps
+            for entry in read_metrics(metrics_path)):   # a resumed finished run has it
         metrics.write({"step": config.train.steps, "heldout": result})
     png = plot_loss_curve(metrics_path, os.path.join(output_dir, "loss_curve.png"),
                           f"{config.model.name}: training loss")
@@ -387,7 +389,7 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
             metrics.write({"step": step, "heldout": result})
             log(f"held-out evaluation at step {step} "
                 f"({time.perf_counter() - evaluated_at:.1f} s): {json.dumps(result)}")
-            interval_start = time.perf_counter()   # the evaluation is not training time
+            interval_start += time.perf_counter() - evaluated_at   # not training time
         stopping = bool(stop_voted.asnumpy()[0] > 0)
         if step % train.save_steps == 0 or step == train.steps or stopping:
             path = save_checkpoint(step_cell, output_dir, step, train.keep_checkpoints,

@@ -12,8 +12,8 @@ from typing import List
 
 
 from model_zoo.config import Config, DataConfig
-from model_zoo.data import (BUILTIN_PYTHON_DOCS, HF_TOKENIZER_FILE, HFTokenizer, create_dataset,
-                            load_documents, parse_token_ids, read_manifest, split_path)
+from model_zoo.data import (BUILTIN_PYTHON_DOCS, HFTokenizer, create_dataset, load_documents,
+                            load_tokenizer, parse_token_ids, read_manifest, split_path)
 from model_zoo.errors import ConfigError, DataError, UserInputError
 from model_zoo.train.checkpoint import load_network
 
@@ -177,9 +177,10 @@ def evaluate(config: Config, network) -> dict:
 def _tokenizer(config: Config):
     """The pretraining dataset's tokenizer (checked to have BERT's ids), the Hugging Face
     one `convert` imported, or None."""
-    imported = os.path.join(config.data.dataset_dir, HF_TOKENIZER_FILE)
-    if not config.data.tokenizer and os.path.isfile(imported):
-        return HFTokenizer(imported)
+    if not config.data.tokenizer:
+        found = load_tokenizer(config.data.dataset_dir)
+        if isinstance(found, HFTokenizer):
+            return found
     path = config.data.tokenizer or os.path.join(config.data.dataset_dir, TOKENIZER_FILE)
     return load_bert_tokenizer(path) if os.path.isfile(path) else None
 

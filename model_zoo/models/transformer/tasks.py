@@ -6,7 +6,6 @@ folder's `__init__.py`.
 
 import os
 import sys
-import weakref
 from dataclasses import dataclass, field
 from typing import List
 
@@ -140,17 +139,14 @@ def _padded_batches(source_ids: list, length_of, batch_size: int):
         yield chunk, ids, (ids != 0).astype(np.int32)
 
 
-# One Translator per model: its cells keep their compiled graphs from call to call (an eval
-# every train.eval_steps, a benchmark's rounds)
-_TRANSLATORS = weakref.WeakKeyDictionary()
-
-
 def translate_ids(config: Config, transformer, source_ids: list, beam_size: int,
                   batch_size: int = EVAL_BATCH) -> list:
     """Translations (id lists) of tokenized sources (each ending with eos), in input order."""
-    if transformer not in _TRANSLATORS:
-        _TRANSLATORS[transformer] = Translator(transformer)
-    translator = _TRANSLATORS[transformer]
+    # one Translator per model, kept on it: its cells keep their compiled graphs from call to
+    # call (an eval every train.eval_steps, a benchmark's rounds)
+    translator = getattr(transformer, "translator", None)
+    if translator is None:
+        translator = transformer.translator = Translator(transformer)
     transformer.set_train(False)   # training may have switched it back since
     buckets = [8, 16, 24, 32, 48, 64, 96, 128, 256]
 
