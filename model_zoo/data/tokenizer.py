@@ -145,8 +145,7 @@ def import_hf_tokenizer(hf_dir, output_dir) -> Path:
     output_dir.mkdir(parents=True, exist_ok=True)
     if (hf_dir / HF_TOKENIZER_FILE).is_file():
         HFTokenizer(hf_dir / HF_TOKENIZER_FILE)         # readable, or DataError
-        if not target.exists() or not target.samefile(hf_dir / HF_TOKENIZER_FILE):
-            shutil.copyfile(hf_dir / HF_TOKENIZER_FILE, target)
+        _copy_unless_same(hf_dir / HF_TOKENIZER_FILE, target)
         return target
     if (hf_dir / "vocab.json").is_file() and (hf_dir / "merges.txt").is_file():
         built = Built(models.BPE.from_file(str(hf_dir / "vocab.json"),
@@ -191,10 +190,15 @@ def install_tokenizer(source: Path, output_dir):
         import_hf_tokenizer(source, output_dir)
     else:
         output_dir.mkdir(parents=True, exist_ok=True)
-        target = output_dir / TOKENIZER_FILE
-        if not target.exists() or not target.samefile(source):
-            shutil.copyfile(source, target)
+        _copy_unless_same(source, output_dir / TOKENIZER_FILE)
     return load_tokenizer(output_dir)
+
+
+def _copy_unless_same(source: Path, target: Path):
+    """Copy a tokenizer file into a dataset folder, unless it is already that file (a
+    dataset built in the folder its tokenizer came from)."""
+    if not target.exists() or not target.samefile(source):
+        shutil.copyfile(source, target)
 
 
 def train_tokenizer(documents, model_path, vocab_size, *, model_type="bpe",
