@@ -49,6 +49,17 @@ def write_json_atomically(path, value, indent: int = 2):
     write_atomically(path, json.dumps(value, indent=indent) + "\n")
 
 
+def read_json_or_none(path):
+    """The JSON object in `path`, or None if there is none or it cannot be read (a note
+    that is rewritten when missing, e.g. of a build's progress)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            value = json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 @contextlib.contextmanager
 def exclusive_lock(path):
     """Hold an exclusive lock on `path` (created if needed): of several processes on one

@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 os.environ.setdefault("GLOG_v", "3")  # quiet MindSpore, here and in the subprocesses
 
@@ -37,10 +38,20 @@ def tiny_dataset(tmp_path_factory):
     from model_zoo.models.gpt2.data import build_dataset
 
     directory = tmp_path_factory.mktemp("gpt2_data") / "tiny"
-    documents = python_docstrings_corpus()[:TINY_DOCUMENTS]
-    build_dataset(directory, documents, vocab_size=TINY_VOCAB, seq_length=TINY_SEQ,
+    corpus = write_jsonl(directory.parent / "corpus.jsonl",
+                         python_docstrings_corpus()[:TINY_DOCUMENTS])
+    build_dataset(directory, [corpus], vocab_size=TINY_VOCAB, seq_length=TINY_SEQ,
                   heldout_fraction=0.1, seed=1, source="python docstrings (test slice)")
     return str(directory)
+
+
+def write_jsonl(path, documents):
+    """Documents as a JSON-lines input file (which keeps blank lines inside a document)."""
+    import json
+    path = Path(path)
+    path.write_text("".join(json.dumps({"text": text}) + "\n" for text in documents),
+                    encoding="utf-8")
+    return path
 
 
 def tiny_config_dict(dataset_dir, overrides=None):

@@ -21,6 +21,8 @@ from model_zoo.data import (
 from model_zoo.errors import DataError
 from model_zoo.models.gpt2 import data as gpt2_data
 
+from conftest import write_jsonl
+
 SCHEMA = {"input_ids": {"type": "int32", "shape": [-1]}}
 SAMPLE_COUNT = 20
 
@@ -302,7 +304,8 @@ def test_write_mindrecord_rejects_rows_that_do_not_match_the_schema(tmp_path):
 
 def test_gpt2_build_dataset(small_corpus, tmp_path):
     output_dir = tmp_path / "gpt2"
-    manifest = gpt2_data.build_dataset(output_dir, small_corpus, vocab_size=300, seq_length=32,
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", small_corpus)
+    manifest = gpt2_data.build_dataset(output_dir, [corpus], vocab_size=300, seq_length=32,
                                        heldout_fraction=0.1, source="test")
     assert json.loads((output_dir / "dataset.json").read_text()) == manifest
     assert sorted(p.name for p in output_dir.iterdir()) == [
@@ -320,24 +323,27 @@ def test_gpt2_build_dataset(small_corpus, tmp_path):
     with pytest.raises(DataError, match="built with vocab_size=300, seq_length=32"):
         gpt2_data.lm_dataset_ready(output_dir, 300, 64)
     with pytest.raises(DataError, match="already holds a dataset"):
-        gpt2_data.build_dataset(output_dir, small_corpus, vocab_size=300, seq_length=32)
+        gpt2_data.build_dataset(output_dir, [corpus], vocab_size=300, seq_length=32)
 
 
-def test_the_manifest_records_each_file_and_the_sources(small_corpus, tmp_path):
+def test_the_manifest_records_each_file_and_the_sources(small_corpus, tmp_path, monkeypatch):
     import hashlib
     from model_zoo.data.manifest import check_sources, verify_dataset
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "texts").mkdir()
+    write_jsonl(tmp_path / "texts" / "a.jsonl", small_corpus)
     output_dir = tmp_path / "gpt2"
-    manifest = gpt2_data.build_dataset(output_dir, small_corpus, vocab_size=300, seq_length=32,
-                                       heldout_fraction=0.1, sources=["./texts//a.txt"])
-    assert manifest["sources"] == ["texts/a.txt"]
+    manifest = gpt2_data.build_dataset(output_dir, ["./texts//a.jsonl"], vocab_size=300,
+                                       seq_length=32, heldout_fraction=0.1)
+    assert manifest["sources"] == ["texts/a.jsonl"]
     for name in ("train.mindrecord", "train.mindrecord.db", "tokenizer.model"):
         content = (output_dir / name).read_bytes()
         assert manifest["files"][name] == {"bytes": len(content),
                                            "sha256": hashlib.sha256(content).hexdigest()}
     assert "dataset.json" not in manifest["files"]
-    verify_dataset(output_dir, ["texts/a.txt"], checksums=True)
-    check_sources(output_dir, manifest, ["texts/./a.txt"])
-    with pytest.raises(DataError, match=r"was built from \['texts/a.txt'\]"):
+    verify_dataset(output_dir, ["texts/a.jsonl"], checksums=True)
+    check_sources(output_dir, manifest, ["texts/./a.jsonl"])
+    with pytest.raises(DataError, match=r"was built from \['texts/a.jsonl'\]"):
         check_sources(output_dir, manifest, ["texts/b.txt"])
     with pytest.raises(DataError, match="no dataset in"):
         verify_dataset(tmp_path / "nothing")
@@ -345,7 +351,8 @@ def test_the_manifest_records_each_file_and_the_sources(small_corpus, tmp_path):
 
 def test_gpt2_build_rejects_split_without_a_sample(small_corpus, tmp_path):
     with pytest.raises(DataError, match="heldout split has .* tokens, fewer than seq_length \\+ 1"):
-        gpt2_data.build_dataset(tmp_path, small_corpus[:20], vocab_size=300, seq_length=2000)
+        gpt2_data.build_dataset(tmp_path, [write_jsonl(tmp_path / "c.jsonl", small_corpus[:20])],
+                                vocab_size=300, seq_length=2000)
     assert not (tmp_path / "dataset.json").exists()
 
 
@@ -357,8 +364,11 @@ def test_gpt2_data_command(small_corpus, tmp_path, capsys):
     args = parser.parse_args(["--input", str(text_file), "--output-dir", str(tmp_path / "out"),
                               "--vocab-size", "300", "--seq-length", "16"])
     gpt2_data.run_data_command(args)
-    summary = capsys.readouterr().out.strip()
-    assert len(summary.splitlines()) == 1 and "train" in summary and "out" in summary
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("scanned") and "gpt2 data: 100%" in lines[-2]
+    assert "documents/s" not in lines[-2] and "/s)" in lines[-2]   # the progress line's rates
+    summary = lines[-1]
+    assert summary.startswith("gpt2 dataset:") and "train" in summary and "out" in summary
     assert gpt2_data.lm_dataset_ready(tmp_path / "out", 300, 16)
 
 

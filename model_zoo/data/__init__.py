@@ -43,7 +43,8 @@ from model_zoo.data.mindrecord import (
     write_mindrecord,
 )
 from model_zoo.data.tokenizer import (HF_TOKENIZER_FILE, TOKENIZER_FILE, HFTokenizer, Tokenizer,
-                                      install_tokenizer, load_tokenizer, parse_token_ids,
+                                      install_tokenizer, load_tokenizer, load_tokenizer_file,
+                                      parse_token_ids,
                                       tokenizer_from_flag, train_tokenizer)
 
 __all__ = [
@@ -74,6 +75,7 @@ __all__ = [
     "install_tokenizer",
     "load_documents",
     "load_tokenizer",
+    "load_tokenizer_file",
     "pack_token_stream",
     "padding_ratio",
     "parse_token_ids",

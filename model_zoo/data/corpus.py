@@ -6,12 +6,12 @@ folders or glob patterns of such files (read in sorted order).
 """
 
 import ast
+import functools
 import glob
 import gzip
 import inspect
 import json
 import os
-import re
 import sys
 import zlib
 from pathlib import Path
@@ -24,6 +24,8 @@ from model_zoo.errors import DataError
 BUILTIN_PYTHON_DOCS = "builtin:python-docs"
 DEFAULT_JSON_KEY = "text"
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".jsonl")   # what a folder of inputs is read for
+READ_CHUNK = 1 << 22
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def describe_sources(inputs) -> str:
@@ -40,7 +42,6 @@ DOCUMENTED_KINDS = {ast.Module: "module", ast.ClassDef: "class", ast.FunctionDef
                     ast.AsyncFunctionDef: "function"}
 DOCUMENTED_NODES = tuple(DOCUMENTED_KINDS)
 STATEMENT_NODES = (ast.stmt, ast.excepthandler, ast.match_case)
-BLANK_LINES = re.compile(r"\n\s*\n")
 
 
 def python_docstrings_corpus(min_chars=200):
@@ -114,11 +115,8 @@ def read_text_documents(paths, json_key: str = DEFAULT_JSON_KEY):
     paths = list(paths)
     if not paths:
         raise DataError("no input text files given")
-    documents = []
-    for path in paths:
-        for found in input_files(path):
-            documents.extend(file_documents(found, json_key))
-    return documents
+    entries = [found for path in paths for found in input_files(path)]
+    return [document.text for document in iter_documents(entries, json_key)]
 
 
 def input_files(source: str) -> list:
@@ -145,49 +143,159 @@ def input_files(source: str) -> list:
     return [path]
 
 
-def file_documents(path: Path, json_key: str = DEFAULT_JSON_KEY) -> list:
-    """The documents of one input file: JSON lines for a .jsonl (or .jsonl.gz) name, else
-    text with documents separated by blank lines."""
-    text = _read_utf8(path)
-    if path.name.removesuffix(".gz").endswith(".jsonl"):
-        documents = list(_json_lines(path, text, json_key))
-    else:
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-        documents = []
-        for block in BLANK_LINES.split(text):
-            document = block.rstrip().lstrip("\n")
-            if document.strip():
-                documents.append(document)
-    if not documents:
-        raise DataError(f"{path}: holds no text")
-    return documents
+def input_entries(sources) -> list:
+    """What `iter_documents` reads for data sources: each input file (a Path) that the
+    sources name (`input_files`), and the names of built-in corpora (str), in order."""
+    entries = []
+    for source in sources:
+        source = str(source)
+        if source == BUILTIN_PYTHON_DOCS:
+            entries.append(source)
+        elif source.startswith("builtin:"):
+            raise DataError(f"{source}: unknown built-in corpus (available: {BUILTIN_PYTHON_DOCS})")
+        else:
+            entries.extend(input_files(source))
+    if not entries:
+        raise DataError("no input text files given")
+    return entries
 
 
-def _read_utf8(path: Path) -> str:
+def input_bytes(entry) -> int:
+    """The size of an input as `iter_documents` counts it: a file's (uncompressed) bytes,
+    or a built-in corpus's UTF-8 bytes. For gzip this is the size its trailer records
+    (modulo 4 GiB, by the format), an estimate that only guides where files are cut."""
+    if isinstance(entry, str):
+        return sum(len(text.encode("utf-8")) + 2 for text in _builtin_documents(entry))
+    if entry.suffix != ".gz":
+        return entry.stat().st_size
+    with open(entry, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        if handle.tell() < 4:
+            return 0
+        handle.seek(-4, os.SEEK_END)
+        return int.from_bytes(handle.read(4), "little")
+
+
+class DocumentStart(NamedTuple):
+    """Where a document starts, so a reader can start there (`iter_documents(start=...)`)."""
+
+    entry: int    # index of its input in the list of entries read
+    offset: int   # byte offset of its first line in the (uncompressed) file; for a built-in
+                  # corpus, the document's index in it
+    line: int     # the line number of that line (0 for a built-in corpus)
+
+
+class Document(NamedTuple):
+    text: str
+    start: DocumentStart
+    size: int     # bytes of input it came from, separators included
+
+
+def iter_documents(entries, json_key: str = DEFAULT_JSON_KEY, start=DocumentStart(0, 0, 1)):
+    """The documents (`Document`) of `entries` (`input_entries`) in order, from `start` on,
+    read in a bounded window: a corpus of any size streams through.
+
+    Raises DataError naming the file and line for input that cannot be read (see
+    `read_text_documents`); a file read from its beginning must hold some text.
+    """
+    for number in range(start.entry, len(entries)):
+        entry = entries[number]
+        offset, line = (start.offset, start.line) if number == start.entry else (0, 1)
+        if isinstance(entry, str):
+            corpus = _builtin_documents(entry)
+            for index in range(offset, len(corpus)):
+                yield Document(corpus[index], DocumentStart(number, index, 0),
+                               len(corpus[index].encode("utf-8")) + 2)
+            continue
+        json_lines = entry.name.removesuffix(".gz").endswith(".jsonl")
+        reader = _json_line_documents if json_lines else _text_documents
+        found = False
+        for text, (position, first_line), size in reader(entry, offset, line, json_key):
+            found = True
+            yield Document(text, DocumentStart(number, position, first_line), size)
+        if not found and offset == 0:
+            raise DataError(f"{entry}: holds no text")
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_documents(name: str) -> tuple:
+    assert name == BUILTIN_PYTHON_DOCS, name
+    return tuple(python_docstrings_corpus())
+
+
+def _lines(path: Path, offset: int, line: int):
+    """(line bytes without its newline, its byte offset, its number) of a file (gunzipped
+    for .gz) from `offset`, read in chunks."""
+    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        raw = path.read_bytes()
-        if path.suffix == ".gz":
-            raw = gzip.decompress(raw)
+        with opener(path, "rb") as handle:
+            if offset:
+                handle.seek(offset)
+            tail = b""
+            while chunk := handle.read(READ_CHUNK):
+                lines = (tail + chunk).split(b"\n")
+                tail = lines.pop()
+                for raw in lines:
+                    yield raw, offset, line
+                    offset += len(raw) + 1
+                    line += 1
+            if tail:
+                yield tail, offset, line
     except (OSError, EOFError, zlib.error) as error:
         reason = getattr(error, "strerror", None) or error
         raise DataError(f"{path}: cannot be read ({reason})") from None
+
+
+def _decoded(path: Path, raw: bytes, line: int) -> str:
+    """UTF-8 text of input bytes starting at `line`; DataError naming the bad byte's line."""
     try:
-        return raw.decode("utf-8-sig")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        line = raw.count(b"\n", 0, error.start) + 1
-        raise DataError(f"{path} line {line}: not UTF-8 text (invalid byte at offset "
-                        f"{error.start})") from None
+        bad_line = line + raw.count(b"\n", 0, error.start)
+        column = error.start - raw.rfind(b"\n", 0, error.start)
+        raise DataError(f"{path} line {bad_line}: not UTF-8 text (invalid byte at column "
+                        f"{column})") from None
 
 
-def _json_lines(path: Path, text: str, json_key: str):
-    """The `json_key` strings of a JSON-lines text; blank lines are skipped."""
+def _text_documents(path: Path, offset: int, line: int, json_key=None):
+    """(text, (offset, line), size) of each document of a plain text file: runs of lines
+    that are not blank (ASCII whitespace only), joined with newlines; "\r\n" and lone
+    "\r" become "\n"."""
+    del json_key
+    lines, start, size = [], None, 0
+    for raw, position, number in _lines(path, offset, line):
+        if position == 0 and raw.startswith(UTF8_BOM):
+            raw = raw[len(UTF8_BOM):]
+        if raw.strip():
+            if not lines:
+                start, size = (position, number), 0
+            lines.append(raw)
+            size += len(raw) + 1
+        elif lines:
+            yield _text_document(path, lines, start), start, size + len(raw) + 1
+            lines = []
+    if lines:
+        yield _text_document(path, lines, start), start, size
+
+
+def _text_document(path: Path, lines: list, start) -> str:
+    text = _decoded(path, b"\n".join(lines), start[1])
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text.rstrip()
+
+
+def _json_line_documents(path: Path, offset: int, line: int, json_key: str):
+    """(text, (offset, line), size) of the `json_key` string of each JSON line; blank
+    lines and empty texts are skipped."""
     # lines end at "\n" only: JSON strings may hold U+2028 and the like unescaped
-    for number, line in enumerate(text.split("\n"), 1):
-        line = line.rstrip("\r")
-        if not line.strip():
+    for raw, position, number in _lines(path, offset, line):
+        if position == 0 and raw.startswith(UTF8_BOM):
+            raw = raw[len(UTF8_BOM):]
+        if not raw.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(_decoded(path, raw, number))
         except json.JSONDecodeError as error:
             raise DataError(f"{path} line {number}: not JSON ({error.msg} at column "
                             f"{error.colno})") from None
@@ -199,7 +307,7 @@ def _json_lines(path: Path, text: str, json_key: str):
             raise DataError(f"{path} line {number}: {json_key!r} is a "
                             f"{type(value).__name__}, not text")
         if value.strip():
-            yield value
+            yield value, (position, number), len(raw) + 1
 
 
 def split_documents(documents, heldout_fraction, seed):
@@ -238,13 +346,5 @@ def add_input_arguments(parser, *, required: bool, note: str = ""):
 
 def load_documents(sources, json_key: str = DEFAULT_JSON_KEY):
     """The documents of input files (`read_text_documents`) and built-in corpora
-    (`builtin:python-docs`), in order."""
-    documents = []
-    for source in sources:
-        if source == BUILTIN_PYTHON_DOCS:
-            documents.extend(python_docstrings_corpus())
-        elif source.startswith("builtin:"):
-            raise DataError(f"{source}: unknown built-in corpus (available: {BUILTIN_PYTHON_DOCS})")
-        else:
-            documents.extend(read_text_documents([source], json_key))
-    return documents
+    (`builtin:python-docs`), in order, as a list."""
+    return [document.text for document in iter_documents(input_entries(sources), json_key)]

@@ -20,18 +20,21 @@ MANIFEST_FILE = "dataset.json"
 HASH_CHUNK = 1 << 22
 
 
-def write_manifest(output_dir, manifest: dict, sources=None) -> dict:
+def write_manifest(output_dir, manifest: dict, sources=None, known_files=None) -> dict:
     """Write `manifest` as the dataset.json of `output_dir`, with `files`: the size and
-    SHA-256 of every file of the dataset (hidden files excepted), and `sources`: the data
+    SHA-256 of every file of the dataset (hidden files excepted; `known_files` gives those
+    of files already hashed, as {name: {"bytes", "sha256"}}), and `sources`: the data
     sources it was built from, if given (`check_sources`). Returns what was written."""
+    known_files = known_files or {}
     output_dir = Path(output_dir)
     if sources is not None:
         manifest = dict(manifest, sources=[normalized_source(source) for source in sources])
     names = sorted(entry.name for entry in os.scandir(output_dir)
                    if entry.is_file() and not entry.name.startswith(".")
                    and entry.name != MANIFEST_FILE)
-    manifest = dict(manifest, files={name: {"bytes": (output_dir / name).stat().st_size,
-                                            "sha256": sha256_of(output_dir / name)}
+    manifest = dict(manifest, files={name: known_files.get(name) or
+                                     {"bytes": (output_dir / name).stat().st_size,
+                                      "sha256": sha256_of(output_dir / name)}
                                      for name in names})
     write_json_atomically(output_dir / MANIFEST_FILE, manifest)
     return manifest

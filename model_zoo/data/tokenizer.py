@@ -37,6 +37,10 @@ class Tokenizer:
     def encode(self, text):
         return self._processor.encode(text, out_type=int)
 
+    def encode_batch(self, texts):
+        """The ids of each text, on this thread (a worker process is one core's work)."""
+        return self._processor.encode(list(texts), out_type=int, num_threads=1)
+
     def decode(self, ids):
         return self._processor.decode([int(token_id) for token_id in ids])
 
@@ -88,6 +92,11 @@ class HFTokenizer:
     def encode(self, text):
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
+    def encode_batch(self, texts):
+        """The ids of each text, one at a time: the library's own batches would use every
+        core in each worker process."""
+        return [self.encode(text) for text in texts]
+
     def decode(self, ids):
         return self._tokenizer.decode([int(token_id) for token_id in ids],
                                       skip_special_tokens=False)
@@ -112,6 +121,11 @@ class HFTokenizer:
     unk_id = property(lambda self: self.special_id("unk"))
     bos_id = property(lambda self: self.special_id("bos"))
     eos_id = property(lambda self: self.special_id("eos"))
+
+
+def load_tokenizer_file(path):
+    """The tokenizer in `path`: a Hugging Face tokenizer for a .json file, else SentencePiece."""
+    return HFTokenizer(path) if str(path).endswith(".json") else Tokenizer(path)
 
 
 def load_tokenizer(directory):
@@ -202,7 +216,8 @@ def _copy_unless_same(source: Path, target: Path):
 
 
 def train_tokenizer(documents, model_path, vocab_size, *, model_type="bpe",
-                    user_defined_symbols=(), character_coverage=1.0, word_boundaries=False):
+                    user_defined_symbols=(), character_coverage=1.0, word_boundaries=False,
+                    sentences: int = 0, seed: int = 1):
     """Train a SentencePiece model of exactly `vocab_size` pieces and write it to `model_path`.
 
     Documents are fed line by line. By default (GPT-2) the newline is a piece of its own, and
@@ -218,13 +233,14 @@ def train_tokenizer(documents, model_path, vocab_size, *, model_type="bpe",
     masking relies on it). There is no newline piece then: the `user_defined_symbols` take
     ids 4, 5, ... and decode gives back the text with its whitespace normalized.
 
+    `documents` may be a stream of any length: with `sentences` > 0 SentencePiece keeps a
+    uniform sample of that many lines (reservoir sampling, seeded with `seed`), so memory
+    does not grow with the corpus; 0 trains on every line.
+
     Training is single-threaded and the model is serialized in memory (a model records its
     file prefix, so training into a temporary prefix would make every file differ): equal
     inputs give byte-identical files. `model_path` is replaced atomically.
     """
-    documents = list(documents)
-    if not any(line.strip() for document in documents for line in document.split(NEWLINE)):
-        raise DataError("no text to train the tokenizer on")
     if word_boundaries:
         symbols = list(dict.fromkeys(user_defined_symbols))
         whitespace = {"normalization_rule_name": "nmt_nfkc", "remove_extra_whitespaces": True,
@@ -238,9 +254,11 @@ def train_tokenizer(documents, model_path, vocab_size, *, model_type="bpe",
         raise DataError(f"vocab_size={vocab_size} is too small: need at least {smallest_vocab} "
                         f"(4 special ids, {len(symbols)} user symbols and one character)")
     model = io.BytesIO()
+    lines = _TrainingLines(documents)
+    sentencepiece.set_random_generator_seed(seed)
     try:
         sentencepiece.SentencePieceTrainer.train(
-            sentence_iterator=_training_lines(documents),
+            sentence_iterator=iter(lines),
             model_writer=model,
             vocab_size=vocab_size,
             model_type=model_type,
@@ -251,8 +269,12 @@ def train_tokenizer(documents, model_path, vocab_size, *, model_type="bpe",
             max_sentence_length=MAX_LINE_BYTES,
             num_threads=1,
             minloglevel=2,
+            input_sentence_size=sentences,
+            shuffle_input_sentence=True,
         )
     except RuntimeError as error:
+        if lines.count == 0:
+            raise DataError("no text to train the tokenizer on") from None
         raise _training_error(error, vocab_size) from None
     trained = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
     trained_size = trained.get_piece_size()
@@ -264,11 +286,18 @@ def train_tokenizer(documents, model_path, vocab_size, *, model_type="bpe",
     return Tokenizer(model_path)
 
 
-def _training_lines(documents):
-    for document in documents:
-        for line in document.split(NEWLINE):
-            if line.strip():
-                yield line
+class _TrainingLines:
+    """The non-blank lines of documents, counted as SentencePiece reads them."""
+
+    def __init__(self, documents):
+        self.documents, self.count = documents, 0
+
+    def __iter__(self):
+        for document in self.documents:
+            for line in document.split(NEWLINE):
+                if line.strip():
+                    self.count += 1
+                    yield line
 
 
 def _training_error(error, vocab_size):

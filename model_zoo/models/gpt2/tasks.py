@@ -5,6 +5,7 @@ model folder's `__init__.py`, so a copy of this folder is a new model.
 """
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import List
 
@@ -13,12 +14,12 @@ import numpy as np
 
 from model_zoo.config import Config, DataConfig
 from model_zoo.data import (BUILTIN_PYTHON_DOCS, count_samples, create_dataset, load_tokenizer,
-                            load_documents, parse_token_ids, split_path)
+                            parse_token_ids)
 from model_zoo.errors import UserInputError
 from model_zoo.files import check_file
 from model_zoo.train.checkpoint import load_network
 
-from .data import SPLIT_FILES, build_dataset, lm_dataset_ready
+from .data import build_dataset, describe_build, lm_dataset_ready, split_files
 from .generate import generate_ids
 from .model import GPT2ForTraining
 
@@ -50,15 +51,11 @@ def prepare_data(config: Config):
         return
     print(f"building the dataset in {data.dataset_dir} from {' '.join(data.sources)} ...",
           flush=True)
-    documents = load_documents(data.sources)
-    manifest = build_dataset(data.dataset_dir, documents, vocab_size=model.vocab_size,
+    started = time.perf_counter()
+    manifest = build_dataset(data.dataset_dir, data.sources, vocab_size=model.vocab_size,
                              seq_length=model.seq_length, heldout_fraction=data.heldout_fraction,
-                             seed=data.seed, source=" ".join(data.sources),
-                             sources=data.sources)
-    splits = manifest["splits"]
-    print(f"dataset: {len(documents)} documents, {splits['train']['samples']} train / "
-          f"{splits['heldout']['samples']} held-out samples of {model.seq_length + 1} tokens",
-          flush=True)
+                             seed=data.seed)
+    print(describe_build(manifest, data.dataset_dir, time.perf_counter() - started), flush=True)
 
 
 def build_train_network(config: Config, compute_dtype):
@@ -80,7 +77,7 @@ def inference_graphs(config: Config, network, batch_size: int) -> dict:
 
 def create_train_dataset(config: Config, shard, skip_batches: int = 0):
     """This rank's batches of the train split, resumable at `skip_batches`."""
-    return create_dataset(split_path(config.data.dataset_dir, SPLIT_FILES, "train"),
+    return create_dataset(split_files(config.data.dataset_dir, "train"),
                           ["input_ids"], shard.batch_size,
                           num_shards=shard.num_shards, shard_id=shard.shard_id,
                           shuffle=config.data.shuffle, seed=config.train.seed,
@@ -89,7 +86,7 @@ def create_train_dataset(config: Config, shard, skip_batches: int = 0):
 
 def evaluate(config: Config, network) -> dict:
     """Mean next-token loss and perplexity of `network` (a GPT2ForTraining) on held-out data."""
-    path = split_path(config.data.dataset_dir, SPLIT_FILES, "heldout")
+    path = split_files(config.data.dataset_dir, "heldout")
     samples = count_samples(path)
     batch_size = max(1, min(config.train.global_batch_size, samples))
     dataset = create_dataset(path, ["input_ids"], batch_size, shuffle=False, repeat=False)

@@ -1,0 +1,330 @@
+"""Streaming dataset builds: a corpus of any size cut into pieces that worker processes
+tokenize, pack and write as MindRecord files of their own, in bounded memory.
+
+A build runs in three passes over the inputs:
+1. `scan_corpus` (main process) counts the documents and records where each piece starts:
+   a piece is the run of documents that starts once `piece_bytes` of input have been read
+   since the last one began. It also checks every input (UTF-8, JSON) before work starts.
+2. The tokenizer, when one is trained, is trained on the train documents' lines, which
+   SentencePiece samples (`tokenizer_sentences`, shuffled) in bounded memory.
+3. `build_pieces` runs a model's piece builder on every piece, in `workers` processes. A
+   piece's files and numbers depend on the piece alone, so the dataset is the same for any
+   number of workers.
+
+A document is held out when `heldout_draw(seed, index)` < heldout_fraction: the split is
+document-level, follows the document's position in the corpus and nothing else, and needs
+no pass over the whole corpus first. A corpus whose draws put every document in one split
+gives the other split the document with the lowest (highest) draw.
+
+A build is resumable: `.build-plan.json` records the scan and the settings, each finished
+piece a `.piece-NNNNN.json` with its files' sizes and SHA-256; a build run again with the
+same settings and inputs keeps the finished pieces and builds the others.
+"""
+
+import concurrent.futures
+import multiprocessing
+import os
+import re
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+from model_zoo.data.corpus import DocumentStart, input_bytes, iter_documents
+from model_zoo.data.manifest import sha256_of
+from model_zoo.errors import DataError
+from model_zoo.files import read_json_or_none, write_json_atomically
+
+PLAN_FILE = ".build-plan.json"
+PIECE_RECORD = ".piece-{:05d}.json"
+DEFAULT_SHARD_MB = 64
+DEFAULT_TOKENIZER_SENTENCES = 1_000_000
+PROGRESS_SECONDS = 5.0
+MASK64 = (1 << 64) - 1
+
+
+def heldout_draw(seed: int, index: int) -> float:
+    """A uniform number in [0, 1) for document `index`, a function of (seed, index) alone
+    (SplitMix64), so any reader of any piece decides a document's split the same way."""
+    value = (seed * 0xD1B54A32D192ED03 + (index + 1) * 0x9E3779B97F4A7C15) & MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & MASK64
+    return (value ^ (value >> 31)) / 2.0 ** 64
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """Which documents are held out (see the module docstring)."""
+
+    heldout_fraction: float
+    seed: int
+    forced_heldout: Optional[int] = None   # a document held out whatever its draw
+    forced_train: Optional[int] = None     # a document trained on whatever its draw
+
+    def heldout(self, index: int) -> bool:
+        if index == self.forced_heldout:
+            return True
+        if index == self.forced_train:
+            return False
+        return heldout_draw(self.seed, index) < self.heldout_fraction
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of consecutive documents that one worker builds into its own files."""
+
+    index: int
+    start: DocumentStart       # where its first document starts
+    first_document: int        # the corpus index of its first document
+    documents: int
+    bytes: int
+
+
+def scan_corpus(entries, json_key, *, heldout_fraction: float, seed: int,
+                piece_bytes: Optional[int] = None, num_files: Optional[int] = None) -> dict:
+    """Pass 1: the pieces of the corpus and its split rule, as a JSON-ready dict.
+
+    Pieces are cut every `piece_bytes` of input, or in `num_files` pieces of about equal
+    size (cut by `input_bytes`, so about that many). DataError for fewer than 2 documents or
+    a heldout_fraction outside (0, 1), and for unreadable input (named by file and line).
+    """
+    if not 0.0 < heldout_fraction < 1.0:
+        raise DataError(f"heldout_fraction must be between 0 and 1 (exclusive), "
+                        f"got {heldout_fraction}")
+    if num_files is not None:
+        piece_bytes = max(1, -(-sum(input_bytes(entry) for entry in entries) // num_files))
+    pieces, total_bytes, heldout_count = [], 0, 0
+    lowest = highest = (None, None)     # (draw, index) of the extreme draws
+    count = 0
+    piece_start, piece_first, piece_bytes_read = None, 0, 0
+    next_cut = piece_bytes
+    for index, document in enumerate(iter_documents(entries, json_key)):
+        if piece_start is None or total_bytes >= next_cut:
+            if piece_start is not None:
+                pieces.append(Piece(len(pieces), piece_start, piece_first,
+                                    index - piece_first, piece_bytes_read))
+                while next_cut <= total_bytes:
+                    next_cut += piece_bytes
+            piece_start, piece_first, piece_bytes_read = document.start, index, 0
+        draw = heldout_draw(seed, index)
+        heldout_count += draw < heldout_fraction
+        if lowest[0] is None or draw < lowest[0]:
+            lowest = (draw, index)
+        if highest[0] is None or draw > highest[0]:
+            highest = (draw, index)
+        total_bytes += document.size
+        piece_bytes_read += document.size
+        count = index + 1
+    if count < 2:
+        raise DataError(f"need at least 2 documents to split into train and heldout, got {count}")
+    pieces.append(Piece(len(pieces), piece_start, piece_first, count - piece_first,
+                        piece_bytes_read))
+    rule = SplitRule(heldout_fraction, seed,
+                     forced_heldout=lowest[1] if heldout_count == 0 else None,
+                     forced_train=highest[1] if heldout_count == count else None)
+    return {"documents": count, "bytes": total_bytes, "rule": asdict(rule),
+            "pieces": [asdict(piece) for piece in pieces]}
+
+
+def plan_rule(plan: dict) -> SplitRule:
+    return SplitRule(**plan["rule"])
+
+
+def plan_pieces(plan: dict) -> list:
+    return [Piece(**dict(piece, start=DocumentStart(*piece["start"])))
+            for piece in plan["pieces"]]
+
+
+def train_documents(entries, json_key, rule: SplitRule):
+    """The texts of the train split's documents, in order (pass 2's input)."""
+    for index, document in enumerate(iter_documents(entries, json_key)):
+        if not rule.heldout(index):
+            yield document.text
+
+
+def piece_documents(entries, json_key, rule: SplitRule, piece: Piece):
+    """(document index, text, is held out, input bytes) of each document of `piece`."""
+    documents = iter_documents(entries, json_key, piece.start)
+    for index in range(piece.first_document, piece.first_document + piece.documents):
+        document = next(documents)
+        yield index, document.text, rule.heldout(index), document.size
+    documents.close()
+
+
+def shard_name(split: str, piece: int, pieces: int) -> str:
+    """The file a split's samples of one piece go to: `train.mindrecord` for a one-piece
+    dataset, else `train-00003-of-00016.mindrecord`."""
+    if pieces == 1:
+        return f"{split}.mindrecord"
+    return f"{split}-{piece:05d}-of-{pieces:05d}.mindrecord"
+
+
+# --- progress, shared by the worker processes -------------------------------------------
+_COUNTERS = None   # documents, tokens, input bytes done, in a shared array
+
+
+def _set_counters(counters):
+    global _COUNTERS
+    _COUNTERS = counters
+
+
+def count_progress(documents: int, tokens: int, size: int):
+    """Called by piece builders as they go: adds to the build's progress line."""
+    if _COUNTERS is not None:
+        with _COUNTERS.get_lock():
+            _COUNTERS[0] += documents
+            _COUNTERS[1] += tokens
+            _COUNTERS[2] += size
+
+
+class ProgressLine(threading.Thread):
+    """Prints documents/s, tokens/s and MB/s of the pieces being built every few seconds."""
+
+    def __init__(self, counters, total_bytes: int, label: str):
+        super().__init__(daemon=True)
+        self.counters, self.total_bytes, self.label = counters, total_bytes, label
+        self.started = time.perf_counter()
+        self.finished = threading.Event()
+
+    def run(self):
+        while not self.finished.wait(PROGRESS_SECONDS):
+            self.report()
+
+    def report(self):
+        documents, tokens, size = list(self.counters)
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        share = size / self.total_bytes if self.total_bytes else 1.0
+        remaining = elapsed * (1 - share) / share if share > 0 else float("inf")
+        print(f"{self.label}: {min(share, 1.0):.0%} {documents:,} documents "
+              f"({documents / elapsed:,.0f}/s), {tokens:,} tokens ({tokens / elapsed:,.0f}/s), "
+              f"{size / 1e6:,.1f} MB ({size / 1e6 / elapsed:,.2f} MB/s)"
+              + (f", {remaining:,.0f} s left" if share < 1 else ""), flush=True)
+
+    def stop(self):
+        self.finished.set()
+        self.join()
+
+
+def default_workers() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # not on Linux
+        return os.cpu_count() or 1
+
+
+def build_pieces(build_piece, job: dict, pieces: list, workers: int, *, label: str,
+                 total_bytes: int) -> dict:
+    """Pass 3: {piece index: build_piece(job, piece)} for every piece, in `workers` spawned
+    processes (in this one for a single worker or piece); a progress line as they go.
+
+    `build_piece` is a module-level function (the workers import it by name); an error in
+    one piece stops the build, and the pieces finished before it stay for a resumed build.
+    """
+    context = multiprocessing.get_context("spawn")
+    counters = context.Array("q", 3)
+    progress = ProgressLine(counters, total_bytes, label)
+    progress.start()
+    results = {}
+    try:
+        if workers == 1 or len(pieces) == 1:
+            _set_counters(counters)
+            try:
+                for piece in pieces:
+                    results[piece.index] = _run_piece(build_piece, job, piece)
+            finally:
+                _set_counters(None)
+        else:
+            # spawned, not forked: MindSpore's threads do not survive a fork
+            with concurrent.futures.ProcessPoolExecutor(
+                    min(workers, len(pieces)), mp_context=context,
+                    initializer=_set_counters, initargs=(counters,)) as pool:
+                futures = {pool.submit(_run_piece, build_piece, job, piece): piece
+                           for piece in pieces}
+                try:
+                    for future in concurrent.futures.as_completed(futures):
+                        results[futures[future].index] = future.result()
+                except BaseException:
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise
+    finally:
+        progress.stop()
+    progress.report()
+    return results
+
+
+def _run_piece(build_piece, job: dict, piece: Piece) -> dict:
+    """Build a piece and note it as finished (`record_piece`), in the worker."""
+    record = build_piece(job, piece)
+    return record_piece(Path(job["output_dir"]), piece, record, job["tokenizer_sha256"])
+
+
+# --- resuming -----------------------------------------------------------------------------
+def load_plan(output_dir: Path, settings: dict) -> Optional[dict]:
+    """The plan of an earlier, unfinished build in `output_dir` with these settings (inputs
+    unchanged), or None."""
+    plan = read_json_or_none(output_dir / PLAN_FILE)
+    if plan is None or plan.get("settings") != settings:
+        return None
+    return plan
+
+
+def save_plan(output_dir: Path, plan: dict):
+    write_json_atomically(output_dir / PLAN_FILE, plan)
+
+
+def finished_piece(output_dir: Path, piece: Piece, tokenizer_sha256: str) -> Optional[dict]:
+    """The record of a piece an earlier run of this build finished (its files still the
+    size they were written), or None."""
+    record = read_json_or_none(output_dir / PIECE_RECORD.format(piece.index))
+    if record is None or record.get("tokenizer_sha256") != tokenizer_sha256:
+        return None
+    for name, recorded in record["files"].items():
+        path = output_dir / name
+        if not path.is_file() or path.stat().st_size != recorded["bytes"]:
+            return None
+    return record
+
+
+def record_piece(output_dir: Path, piece: Piece, record: dict, tokenizer_sha256: str) -> dict:
+    """Note a finished piece with the sizes and SHA-256 of its files."""
+    files = {name: {"bytes": (output_dir / name).stat().st_size,
+                    "sha256": sha256_of(output_dir / name)}
+             for name in record.pop("file_names")}
+    record = dict(record, files=files, tokenizer_sha256=tokenizer_sha256)
+    write_json_atomically(output_dir / PIECE_RECORD.format(piece.index), record)
+    return record
+
+
+def clear_build(output_dir: Path, splits, keep_plan: bool = False):
+    """Remove what an earlier build of these splits left in `output_dir`: their MindRecord
+    files (one or sharded), the piece records and (unless `keep_plan`) the plan."""
+    pattern = re.compile(rf"({'|'.join(map(re.escape, splits))})(-\d{{5}}-of-\d{{5}})?"
+                         rf"\.mindrecord(\.db)?|\.piece-\d{{5}}\.json")
+    if not output_dir.is_dir():
+        return
+    for entry in os.scandir(output_dir):
+        if pattern.fullmatch(entry.name) or (entry.name == PLAN_FILE and not keep_plan):
+            os.unlink(entry.path)
+
+
+def clear_build_notes(output_dir: Path):
+    """Remove the plan and piece records of a build that has finished."""
+    for entry in os.scandir(output_dir):
+        if entry.name == PLAN_FILE or re.fullmatch(r"\.piece-\d{5}\.json", entry.name):
+            os.unlink(entry.path)
+
+
+def input_signature(entries) -> list:
+    """What identifies the inputs for a resumed build: each file's path, size and time of
+    last change."""
+    signature = []
+    for entry in entries:
+        if isinstance(entry, str):
+            signature.append([entry, sys.version.split()[0]])
+        else:
+            status = entry.stat()
+            signature.append([str(entry), status.st_size, status.st_mtime_ns])
+    return signature
