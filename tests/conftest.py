@@ -35,13 +35,16 @@ TINY_CONFIG = {
 def tiny_dataset(tmp_path_factory):
     """Directory of a complete GPT-2 dataset: vocab 400, seq_length 16, about 700 samples."""
     from model_zoo.data import python_docstrings_corpus
+    from model_zoo.data.streaming import BuildOptions
     from model_zoo.models.gpt2.data import build_dataset
 
     directory = tmp_path_factory.mktemp("gpt2_data") / "tiny"
     corpus = write_jsonl(directory.parent / "corpus.jsonl",
                          python_docstrings_corpus()[:TINY_DOCUMENTS])
     build_dataset(directory, [corpus], vocab_size=TINY_VOCAB, seq_length=TINY_SEQ,
-                  heldout_fraction=0.1, seed=1, source="python docstrings (test slice)")
+                  options=BuildOptions(heldout_fraction=0.1, seed=1),
+                  source="python docstrings (test slice)",
+                  record_sources=False)
     return str(directory)
 
 

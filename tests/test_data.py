@@ -22,6 +22,7 @@ from model_zoo.errors import DataError
 from model_zoo.models.gpt2 import data as gpt2_data
 
 from conftest import write_jsonl
+from model_zoo.data.streaming import BuildOptions
 
 SCHEMA = {"input_ids": {"type": "int32", "shape": [-1]}}
 SAMPLE_COUNT = 20
@@ -306,7 +307,8 @@ def test_gpt2_build_dataset(small_corpus, tmp_path):
     output_dir = tmp_path / "gpt2"
     corpus = write_jsonl(tmp_path / "corpus.jsonl", small_corpus)
     manifest = gpt2_data.build_dataset(output_dir, [corpus], vocab_size=300, seq_length=32,
-                                       heldout_fraction=0.1, source="test")
+                                       options=BuildOptions(heldout_fraction=0.1),
+                                       source="test")
     assert json.loads((output_dir / "dataset.json").read_text()) == manifest
     assert sorted(p.name for p in output_dir.iterdir()) == [
         "dataset.json", "heldout.mindrecord", "heldout.mindrecord.db", "tokenizer.model",
@@ -334,7 +336,8 @@ def test_the_manifest_records_each_file_and_the_sources(small_corpus, tmp_path, 
     write_jsonl(tmp_path / "texts" / "a.jsonl", small_corpus)
     output_dir = tmp_path / "gpt2"
     manifest = gpt2_data.build_dataset(output_dir, ["./texts//a.jsonl"], vocab_size=300,
-                                       seq_length=32, heldout_fraction=0.1)
+                                       seq_length=32,
+                                       options=BuildOptions(heldout_fraction=0.1))
     assert manifest["sources"] == ["texts/a.jsonl"]
     for name in ("train.mindrecord", "train.mindrecord.db", "tokenizer.model"):
         content = (output_dir / name).read_bytes()

@@ -32,6 +32,7 @@ from model_zoo.data.manifest import (
     dataset_ready,
     read_manifest,
     split_path,
+    split_paths,
     verify_dataset,
     write_manifest,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "read_text_documents",
     "split_documents",
     "split_path",
+    "split_paths",
     "tokenizer_from_flag",
     "train_tokenizer",
     "verify_dataset",

@@ -157,6 +157,15 @@ def split_path(dataset_dir, split_files: dict, split: str) -> str:
     return os.path.join(str(dataset_dir), split_files[split])
 
 
+def split_paths(dataset_dir, split_files: dict, split: str) -> list:
+    """The MindRecord files of `split`: those dataset.json lists for it (the pieces of a
+    streamed build), else the one `split_files` ({split: file name}) names."""
+    path = split_path(dataset_dir, split_files, split)
+    manifest = read_manifest(dataset_dir) or {}
+    names = ((manifest.get("splits") or {}).get(split) or {}).get("files")
+    return [os.path.join(str(dataset_dir), name) for name in names] if names else [path]
+
+
 def check_positive(name: str, value):
     """DataError unless `value` (the size called `name`) is a positive integer."""
     if not isinstance(value, int) or value < 1:

@@ -32,8 +32,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from model_zoo.data.corpus import DocumentStart, input_bytes, iter_documents
-from model_zoo.data.manifest import sha256_of
+from model_zoo.data.corpus import (DEFAULT_JSON_KEY, DocumentStart, input_bytes, input_entries,
+                                   iter_documents)
+from model_zoo.data.manifest import check_no_dataset, check_positive, sha256_of, write_manifest
 from model_zoo.errors import DataError
 from model_zoo.files import read_json_or_none, write_json_atomically
 
@@ -43,6 +44,155 @@ DEFAULT_SHARD_MB = 64
 DEFAULT_TOKENIZER_SENTENCES = 1_000_000
 PROGRESS_SECONDS = 5.0
 MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How a streaming build reads, splits and cuts its corpus (the data commands' flags)."""
+
+    json_key: str = DEFAULT_JSON_KEY
+    heldout_fraction: float = 0.05
+    seed: int = 1
+    workers: Optional[int] = None         # default: the cores
+    shard_size: float = DEFAULT_SHARD_MB  # MB of input per piece, unless num_files is given
+    num_files: Optional[int] = None
+    tokenizer_sentences: int = DEFAULT_TOKENIZER_SENTENCES
+
+    @classmethod
+    def from_args(cls, args):
+        """The options of parsed `add_build_arguments` flags."""
+        return cls(json_key=args.json_key, heldout_fraction=args.heldout_fraction,
+                   seed=args.seed, workers=args.workers, shard_size=args.shard_size,
+                   num_files=args.num_files, tokenizer_sentences=args.tokenizer_sentences)
+
+    def check(self):
+        workers = default_workers() if self.workers is None else self.workers
+        check_positive("workers", workers)
+        if self.num_files is not None:
+            check_positive("num_files", self.num_files)
+        elif not self.shard_size > 0:
+            raise DataError(f"shard_size must be a positive number of MB, got {self.shard_size!r}")
+        check_positive("tokenizer_sentences", self.tokenizer_sentences + 1)
+        return workers
+
+    def pieces(self) -> dict:
+        return {"num_files": self.num_files} if self.num_files else {"shard_mb": self.shard_size}
+
+
+def add_build_arguments(parser):
+    """The flags of a streaming build (`BuildOptions`), after `add_input_arguments`."""
+    parser.add_argument("--heldout-fraction", type=float, default=0.05,
+                        help="fraction of documents held out for evaluation (default 0.05)")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="seed of the train/heldout split, the tokenizer's sample and "
+                             "what else is drawn (default 1)")
+    parser.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="processes that tokenize and write pieces of the corpus "
+                             "(default: the cores of this machine)")
+    parser.add_argument("--shard-size", type=float, default=DEFAULT_SHARD_MB, metavar="MB",
+                        help=f"MB of input text per piece, each written as its own files "
+                             f"(default {DEFAULT_SHARD_MB})")
+    parser.add_argument("--num-files", type=int, default=None, metavar="N",
+                        help="cut the corpus in about N pieces of equal size instead")
+    parser.add_argument("--tokenizer-sentences", type=int, default=DEFAULT_TOKENIZER_SENTENCES,
+                        metavar="N",
+                        help=f"lines of the train split the tokenizer is trained on, a "
+                             f"shuffled sample; 0 for all (default {DEFAULT_TOKENIZER_SENTENCES:,})")
+
+
+def streaming_build(output_dir, sources, options: BuildOptions, *, settings: dict, splits,
+                    label: str, tokenizer_for, build_piece, job: dict):
+    """Run the passes of a build (module docstring) and return (plan, the pieces' records
+    in order, tokenizer); the caller writes dataset.json with `finish_build`.
+
+    `settings`: the model's settings that change the output (e.g. seq_length), recorded
+    with the options and inputs so that only the same build is resumed. `tokenizer_for(plan,
+    rule, entries)`: the tokenizer (trained with `planned_tokenizer`, or given).
+    `build_piece(job, piece)`: a module-level function writing one piece's files of
+    `splits` (`shard_name`) and returning its record, `{"file_names": [...], "splits":
+    {split: numbers}}`; `job` reaches it with entries, json_key, rule, tokenizer,
+    tokenizer_sha256, output_dir and pieces (their count) added.
+    """
+    output_dir = Path(output_dir)
+    check_no_dataset(output_dir)
+    workers = options.check()
+    entries = input_entries(sources)
+    settings = dict(settings, inputs=input_signature(entries), json_key=options.json_key,
+                    heldout_fraction=options.heldout_fraction, seed=options.seed,
+                    tokenizer_sentences=options.tokenizer_sentences, pieces=options.pieces())
+    plan = load_plan(output_dir, settings)
+    if plan is None:
+        clear_build(output_dir, splits)
+        started = time.perf_counter()
+        plan = dict(scan_corpus(entries, options.json_key,
+                                heldout_fraction=options.heldout_fraction, seed=options.seed,
+                                piece_bytes=int(options.shard_size * 1e6),
+                                num_files=options.num_files),
+                    settings=settings)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        save_plan(output_dir, plan)
+        print(f"scanned {plan['documents']:,} documents, {plan['bytes'] / 1e6:,.1f} MB, in "
+              f"{time.perf_counter() - started:.1f} s: {len(plan['pieces'])} piece(s)",
+              flush=True)
+    else:
+        print(f"resuming the unfinished build in {output_dir}", flush=True)
+    rule = plan_rule(plan)
+    tokenizer = tokenizer_for(plan, rule, entries)
+    pieces = plan_pieces(plan)
+    tokenizer_sha256 = sha256_of(tokenizer.model_path)
+    records = {piece.index: record for piece in pieces
+               if (record := finished_piece(output_dir, piece, tokenizer_sha256))}
+    job = dict(job, entries=entries, json_key=options.json_key, rule=rule,
+               tokenizer=str(tokenizer.model_path), tokenizer_sha256=tokenizer_sha256,
+               output_dir=str(output_dir), pieces=len(pieces))
+    todo = [piece for piece in pieces if piece.index not in records]
+    records.update(build_pieces(build_piece, job, todo, workers, label=label,
+                                total_bytes=sum(piece.bytes for piece in todo)))
+    return plan, [records[piece.index] for piece in pieces], tokenizer
+
+
+def planned_tokenizer(output_dir, plan: dict, path, train):
+    """The tokenizer in `path` that an earlier run of this build trained (its plan records
+    the file's SHA-256), else the one `train()` trains there now, recorded in the plan."""
+    path = Path(path)
+    if plan.get("tokenizer_sha256") and path.is_file() \
+            and sha256_of(path) == plan["tokenizer_sha256"]:
+        from model_zoo.data.tokenizer import load_tokenizer_file
+        return load_tokenizer_file(path)
+    started = time.perf_counter()
+    tokenizer = train()
+    print(f"trained the tokenizer ({tokenizer.vocab_size} pieces) in "
+          f"{time.perf_counter() - started:.1f} s", flush=True)
+    plan["tokenizer_sha256"] = sha256_of(path)
+    save_plan(Path(output_dir), plan)
+    return tokenizer
+
+
+def split_totals(records: list, splits, numbers) -> dict:
+    """Each split's files (in piece order) and the sums of its `numbers` over the pieces."""
+    summary = {}
+    for split in splits:
+        parts = [record["splits"][split] for record in records]
+        summary[split] = {"files": [file for part in parts for file in part["files"]],
+                          **{key: sum(part[key] for part in parts) for key in numbers}}
+    return summary
+
+
+def build_summary(plan: dict) -> dict:
+    """The `build` entry of dataset.json: what was read and how it was cut."""
+    settings = plan["settings"]
+    return {"documents": plan["documents"], "input_bytes": plan["bytes"],
+            "pieces": len(plan["pieces"]), **settings["pieces"],
+            "tokenizer_sentences": settings["tokenizer_sentences"]}
+
+
+def finish_build(output_dir, manifest: dict, sources, records: list) -> dict:
+    """Write dataset.json (with the SHA-256 the workers took of their files) and remove the
+    build's notes; `sources` (None: not recorded) as `write_manifest`. Returns it."""
+    known = {name: info for record in records for name, info in record["files"].items()}
+    written = write_manifest(output_dir, manifest, sources, known_files=known)
+    clear_build_notes(Path(output_dir))
+    return written
 
 
 def heldout_draw(seed: int, index: int) -> float:

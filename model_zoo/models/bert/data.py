@@ -38,16 +38,19 @@ Pretraining examples (after Google's create_pretraining_data.py, with the deviat
     text token (id >= 7) with 0.1, and stays unchanged with 0.1. masked_lm_positions (sorted)
     and masked_lm_ids (the original tokens) are padded with 0 to max_predictions_per_seq,
     masked_lm_weights is 1.0 for the real predictions and 0.0 for padding.
-    Everything is drawn from Python's `random.Random`, seeded per split from `seed`: a build
-    is reproducible on any machine. The train split makes `dupe_factor` passes with different
-    pairs and masks; the held-out split one pass. Random B segments come from the same split.
+    Everything is drawn from Python's `random.Random`, seeded per split and piece of the
+    corpus from `seed`: a build is reproducible on any machine, with any number of workers.
+    The train split makes `dupe_factor` passes with different pairs and masks; the held-out
+    split one pass. Random B segments come from the same split of the same piece.
 
 Dataset directories (dataset.json is written last and marks a complete dataset):
-    pretraining:    tokenizer.model, train.mindrecord, heldout.mindrecord (+ .db), dataset.json
+    pretraining:    tokenizer.model, train.mindrecord, heldout.mindrecord (+ .db), dataset.json;
+                    a corpus of several pieces: train-00000-of-00004.mindrecord, ...
     classification: tokenizer.model (a copy of the one given), train.mindrecord,
                     dev.mindrecord (+ .db), dataset.json
 """
 
+import os
 import random
 import re
 from pathlib import Path
@@ -57,12 +60,23 @@ import numpy as np
 from model_zoo.data import (
     TOKENIZER_FILE,
     Tokenizer,
-    check_no_dataset,
     dataset_ready,
-    split_documents,
+    describe_sources,
+    split_paths,
     train_tokenizer,
-    write_manifest,
     write_mindrecord,
+)
+from model_zoo.data.streaming import (
+    BuildOptions,
+    build_summary,
+    count_progress,
+    finish_build,
+    piece_documents,
+    planned_tokenizer,
+    shard_name,
+    split_totals,
+    streaming_build,
+    train_documents,
 )
 from model_zoo.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from model_zoo.errors import DataError
@@ -83,7 +97,10 @@ PRETRAINING_SCHEMA = {
     "next_sentence_label": {"type": "int32"},
 }
 
-PRETRAINING_FILES = {"train": "train.mindrecord", "heldout": "heldout.mindrecord"}
+PRETRAINING_SPLITS = ("train", "heldout")
+PRETRAINING_FILES = {split: shard_name(split, 0, 1) for split in PRETRAINING_SPLITS}
+PIECE_NUMBERS = ("documents", "sentences", "tokens", "examples", "is_next", "random_next",
+                 "masked_predictions")   # what each piece counts of a split, summed
 
 BLANK_LINES = re.compile(r"\n\s*\n")
 SENTENCE_END = re.compile(r"[.!?][\"')\]]?\s+")
@@ -115,11 +132,13 @@ def split_sentences(document):
 
 # ----------------------------------------------------------------------------- tokenizer
 
-def train_bert_tokenizer(documents, model_path, vocab_size):
-    """Train BERT's SentencePiece tokenizer on the sentences of `documents` (see above)."""
-    sentences = [sentence for document in documents for sentence in split_sentences(document)]
-    train_tokenizer(sentences, model_path, vocab_size, user_defined_symbols=SPECIAL_SYMBOLS,
-                    word_boundaries=True)
+def train_bert_tokenizer(documents, model_path, vocab_size, *, sentences: int = 0,
+                         seed: int = 1):
+    """Train BERT's SentencePiece tokenizer on the sentences of `documents` (see above), a
+    seeded sample of `sentences` of them if > 0 (`train_tokenizer`)."""
+    lines = (sentence for document in documents for sentence in split_sentences(document))
+    train_tokenizer(lines, model_path, vocab_size, user_defined_symbols=SPECIAL_SYMBOLS,
+                    word_boundaries=True, sentences=sentences, seed=seed)
     return load_bert_tokenizer(model_path)
 
 
@@ -305,83 +324,115 @@ def _example(tokens_a, tokens_b, is_random, seq_length, rng, *, vocab_size,
             int(is_random))
 
 
-def build_pretraining_dataset(output_dir, documents, *, vocab_size, seq_length,
+def build_pretraining_dataset(output_dir, sources, *, vocab_size, seq_length,
                               max_predictions_per_seq=20, masked_lm_prob=0.15,
                               whole_word_mask=False, dupe_factor=2, short_seq_prob=0.1,
-                              heldout_fraction=0.05, seed=1, source="documents",
-                              sources=None):
-    """Build a BERT pretraining dataset from text documents into `output_dir`; returns dataset.json.
+                              options=BuildOptions(), source=None, record_sources=True):
+    """Build a BERT pretraining dataset from `sources` (files, folders, globs, built-in
+    corpora) into `output_dir`; returns dataset.json.
 
-    The documents are split into train and held-out documents by
-    `split_documents(documents, heldout_fraction, seed)`, the tokenizer is trained on the
-    train split, and each split becomes a MindRecord file of the rows of
-    `create_pretraining_examples(tokenize_documents(split documents, tokenizer), ...,
-    seed=f"{split}:{seed}")`, with dupe_factor passes for "train" and one for "heldout".
-    Files of an incomplete earlier build (no dataset.json) are replaced; a complete dataset
-    is never overwritten.
+    A streaming build (`model_zoo.data.streaming`, cut and split by `options`): the
+    tokenizer is trained on a sample of the train split's sentences, and each piece of the
+    corpus becomes its own MindRecord files of the rows of
+    `create_pretraining_examples(tokenize_documents(its documents of a split), ...,
+    seed=f"{split}:{seed}:{piece}")`, with dupe_factor passes for "train" and one for
+    "heldout"; random next sentences come from the same piece, as in Google's script, which
+    runs on each input shard alone. An unfinished earlier build with the same settings is
+    resumed, the files of another replaced; a complete dataset is never overwritten.
 
     Raises:
         DataError: a dataset already there, invalid sizes, or too little text for a split.
     """
     output_dir = Path(output_dir)
-    check_no_dataset(output_dir)
     _check_pretraining_sizes(vocab_size, seq_length, max_predictions_per_seq, masked_lm_prob,
                              dupe_factor, short_seq_prob)
-    splits = dict(zip(PRETRAINING_FILES, split_documents(documents, heldout_fraction, seed)))
-    tokenizer = train_bert_tokenizer(splits["train"], output_dir / TOKENIZER_FILE, vocab_size)
-    word_starts = word_start_flags(tokenizer) if whole_word_mask else None
+    sizes = {"vocab_size": vocab_size, "seq_length": seq_length,
+             "max_predictions_per_seq": max_predictions_per_seq,
+             "masked_lm_prob": masked_lm_prob, "whole_word_mask": whole_word_mask,
+             "dupe_factor": dupe_factor, "short_seq_prob": short_seq_prob}
+    path = output_dir / TOKENIZER_FILE
 
-    examples, summary = {}, {}
-    for split, split_documents_ in splits.items():
-        documents_ids = tokenize_documents(split_documents_, tokenizer)
-        pairable = sum(len(document) >= 2 for document in documents_ids)
-        if len(documents_ids) < 2 or pairable == 0:
+    def tokenizer_for(plan, rule, entries):
+        return planned_tokenizer(output_dir, plan, path, lambda: train_bert_tokenizer(
+            train_documents(entries, options.json_key, rule), path, vocab_size,
+            sentences=options.tokenizer_sentences, seed=options.seed))
+
+    plan, records, _ = streaming_build(
+        output_dir, sources, options, settings=dict(sizes, task="pretraining"),
+        splits=PRETRAINING_SPLITS, label="bert data", tokenizer_for=tokenizer_for,
+        build_piece=build_pretraining_piece, job=dict(sizes, seed=options.seed))
+    summary = split_totals(records, PRETRAINING_SPLITS, PIECE_NUMBERS)
+    for split, numbers in summary.items():
+        numbers["passes"] = dupe_factor if split == "train" else 1
+        if numbers["examples"] == 0:
             raise DataError(
-                f"the {split} split has {len(documents_ids)} non-empty documents, "
-                f"{pairable} of them with 2 sentences or more: sentence pairs need at least 2 "
-                f"documents, one of them with 2 sentences or more; give more text"
+                f"the {split} split has {numbers['documents']} documents and no sentence pair: "
+                f"pairs need at least 2 documents of a piece, one of them with 2 sentences or "
+                f"more; give more text or larger pieces"
                 + (" or a larger heldout_fraction" if split == "heldout" else ""))
-        passes = dupe_factor if split == "train" else 1
-        columns = create_pretraining_examples(
-            documents_ids, vocab_size=vocab_size, seq_length=seq_length,
-            max_predictions_per_seq=max_predictions_per_seq, masked_lm_prob=masked_lm_prob,
-            whole_word_mask=whole_word_mask, word_starts=word_starts, dupe_factor=passes,
-            short_seq_prob=short_seq_prob, seed=f"{split}:{seed}")
-        count = len(columns["next_sentence_label"])
-        random_next = int(columns["next_sentence_label"].sum())
-        examples[split] = columns
-        summary[split] = {
-            "file": PRETRAINING_FILES[split], "documents": len(split_documents_),
-            "sentences": sum(len(document) for document in documents_ids),
-            "tokens": sum(len(sentence) for document in documents_ids for sentence in document),
-            "passes": passes, "examples": count, "is_next": count - random_next,
-            "random_next": random_next,
-            "masked_predictions": int(columns["masked_lm_weights"].sum()),
-        }
-
-    for split, columns in examples.items():
-        write_mindrecord(output_dir / PRETRAINING_FILES[split], PRETRAINING_SCHEMA,
-                         record_rows(columns, PRETRAINING_COLUMNS),
-                         description=f"BERT pretraining examples ({split}), seq_length "
-                                     f"{seq_length}", overwrite=True)
     manifest = {
         "task": "pretraining",
-        "source": source,
-        "vocab_size": vocab_size,
-        "seq_length": seq_length,
-        "max_predictions_per_seq": max_predictions_per_seq,
-        "masked_lm_prob": masked_lm_prob,
-        "whole_word_mask": whole_word_mask,
-        "dupe_factor": dupe_factor,
-        "short_seq_prob": short_seq_prob,
-        "heldout_fraction": heldout_fraction,
-        "seed": seed,
+        "source": source or describe_sources([str(source) for source in sources]),
+        **sizes,
+        "heldout_fraction": options.heldout_fraction,
+        "seed": options.seed,
         "tokenizer": TOKENIZER_FILE,
         "special_ids": special_ids(),
         "columns": list(PRETRAINING_COLUMNS),
         "splits": summary,
+        "build": build_summary(plan),
     }
-    return write_manifest(output_dir, manifest, sources)
+    return finish_build(output_dir, manifest,
+                        [str(source) for source in sources] if record_sources else None, records)
+
+
+_TOKENIZERS = {}   # a worker's tokenizer and word starts, loaded once for all its pieces
+
+
+def build_pretraining_piece(job: dict, piece) -> dict:
+    """The pretraining examples of one piece of the corpus, written as its train and
+    heldout files (a worker's task; see `model_zoo.data.streaming.build_pieces`)."""
+    if job["tokenizer"] not in _TOKENIZERS:
+        tokenizer = load_bert_tokenizer(job["tokenizer"])
+        _TOKENIZERS[job["tokenizer"]] = (tokenizer, word_start_flags(tokenizer))
+    tokenizer, word_starts = _TOKENIZERS[job["tokenizer"]]
+    documents = {split: [] for split in PRETRAINING_SPLITS}
+    for _, text, heldout, size in piece_documents(job["entries"], job["json_key"], job["rule"],
+                                                  piece):
+        tokenized = tokenize_documents([text], tokenizer)
+        if tokenized:
+            documents["heldout" if heldout else "train"].append(tokenized[0])
+        count_progress(1, sum(len(sentence) for document in tokenized for sentence in document),
+                       size)
+    output_dir, names, numbers = Path(job["output_dir"]), [], {}
+    for split, documents_ids in documents.items():
+        pairable = sum(len(document) >= 2 for document in documents_ids)
+        columns = None
+        if len(documents_ids) >= 2 and pairable:
+            columns = create_pretraining_examples(
+                documents_ids, vocab_size=job["vocab_size"], seq_length=job["seq_length"],
+                max_predictions_per_seq=job["max_predictions_per_seq"],
+                masked_lm_prob=job["masked_lm_prob"], whole_word_mask=job["whole_word_mask"],
+                word_starts=word_starts, short_seq_prob=job["short_seq_prob"],
+                dupe_factor=job["dupe_factor"] if split == "train" else 1,
+                seed=f"{split}:{job['seed']}:{piece.index}")
+        count = 0 if columns is None else len(columns["next_sentence_label"])
+        name = shard_name(split, piece.index, job["pieces"])
+        if count:
+            write_mindrecord(output_dir / name, PRETRAINING_SCHEMA,
+                             record_rows(columns, PRETRAINING_COLUMNS),
+                             description=f"BERT pretraining examples ({split}), seq_length "
+                                         f"{job['seq_length']}", overwrite=True)
+            names += [name, name + ".db"]
+        random_next = 0 if columns is None else int(columns["next_sentence_label"].sum())
+        numbers[split] = {
+            "files": [name] if count else [], "documents": len(documents_ids),
+            "sentences": sum(len(document) for document in documents_ids),
+            "tokens": sum(len(sentence) for document in documents_ids for sentence in document),
+            "examples": count, "is_next": count - random_next, "random_next": random_next,
+            "masked_predictions": 0 if columns is None else int(columns["masked_lm_weights"].sum()),
+        }
+    return {"file_names": names, "splits": numbers}
 
 
 def pretraining_dataset_ready(output_dir, vocab_size, seq_length, max_predictions_per_seq):
@@ -392,8 +443,10 @@ def pretraining_dataset_ready(output_dir, vocab_size, seq_length, max_prediction
     """
     asked = {"vocab_size": vocab_size, "seq_length": seq_length,
              "max_predictions_per_seq": max_predictions_per_seq}
-    return dataset_ready(output_dir, asked, [TOKENIZER_FILE, *PRETRAINING_FILES.values()],
-                         task_check(output_dir, "pretraining"))
+    return dataset_ready(output_dir, asked, lambda manifest: [TOKENIZER_FILE, *(
+        os.path.basename(path) for split in PRETRAINING_SPLITS
+        for path in split_paths(output_dir, PRETRAINING_FILES, split))],
+        task_check(output_dir, "pretraining"))
 
 
 def record_rows(columns, names):

@@ -2,12 +2,8 @@
 
 from pathlib import Path
 
-from model_zoo.data import (
-    add_input_arguments,
-    check_no_dataset,
-    describe_sources,
-    load_documents,
-)
+from model_zoo.data import add_input_arguments, check_no_dataset
+from model_zoo.data.streaming import BuildOptions, add_build_arguments
 from model_zoo.errors import UserInputError
 
 from .classification import build_classification_dataset
@@ -34,12 +30,9 @@ def add_data_arguments(parser):
                              "(default 2)")
     parser.add_argument("--short-seq-prob", type=float, default=0.1,
                         help="pretrain: probability of a shorter target length (default 0.1)")
-    parser.add_argument("--heldout-fraction", type=float, default=0.05,
-                        help="pretrain: fraction of documents held out (default 0.05)")
     parser.add_argument("--tokenizer", metavar="PATH",
                         help="classify: the pretraining dataset's tokenizer.model")
-    parser.add_argument("--seed", type=int, default=1,
-                        help="seed of the splits, pairs and masks (default 1)")
+    add_build_arguments(parser)
 
 
 def run_data_command(args):
@@ -62,15 +55,13 @@ def run_data_command(args):
                if value is None]
     if missing:
         raise UserInputError(f"--task pretrain needs {' and '.join(missing)}")
-    documents = load_documents(args.input, args.json_key)
     manifest = build_pretraining_dataset(
-        output_dir, documents, vocab_size=args.vocab_size, seq_length=args.seq_length,
+        output_dir, args.input, vocab_size=args.vocab_size, seq_length=args.seq_length,
         max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
         whole_word_mask=args.whole_word_mask, dupe_factor=args.dupe_factor,
-        short_seq_prob=args.short_seq_prob, heldout_fraction=args.heldout_fraction,
-        seed=args.seed, source=describe_sources(args.input), sources=args.input)
+        short_seq_prob=args.short_seq_prob, options=BuildOptions.from_args(args))
     splits = manifest["splits"]
-    print(f"bert dataset: {len(documents)} documents, "
+    print(f"bert dataset: {manifest['build']['documents']} documents, "
           f"{splits['train']['sentences'] + splits['heldout']['sentences']} sentences, "
           f"{splits['train']['examples']} train / {splits['heldout']['examples']} heldout "
           f"examples of {args.seq_length} tokens (at most {args.max_predictions_per_seq} "

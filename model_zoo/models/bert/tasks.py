@@ -12,8 +12,9 @@ from typing import List
 
 
 from model_zoo.config import Config, DataConfig
-from model_zoo.data import (BUILTIN_PYTHON_DOCS, HFTokenizer, create_dataset, load_documents,
-                            load_tokenizer, parse_token_ids, read_manifest, split_path)
+from model_zoo.data import (BUILTIN_PYTHON_DOCS, HFTokenizer, create_dataset, load_tokenizer,
+                            parse_token_ids, read_manifest, split_paths)
+from model_zoo.data.streaming import BuildOptions
 from model_zoo.errors import ConfigError, DataError, UserInputError
 from model_zoo.train.checkpoint import load_network
 
@@ -68,11 +69,11 @@ def prepare_data(config: Config):
         print(f"building the pretraining dataset in {data.dataset_dir} from "
               f"{' '.join(data.sources)} ...", flush=True)
         manifest = build_pretraining_dataset(
-            data.dataset_dir, load_documents(data.sources), vocab_size=model.vocab_size,
+            data.dataset_dir, data.sources, vocab_size=model.vocab_size,
             seq_length=model.seq_length, max_predictions_per_seq=data.max_predictions_per_seq,
             masked_lm_prob=data.masked_lm_prob, whole_word_mask=data.whole_word_mask,
-            dupe_factor=data.dupe_factor, heldout_fraction=data.heldout_fraction,
-            seed=data.seed, source=" ".join(data.sources), sources=data.sources)
+            dupe_factor=data.dupe_factor,
+            options=BuildOptions(heldout_fraction=data.heldout_fraction, seed=data.seed))
         print(f"dataset: {manifest['splits']['train']['examples']} train / "
               f"{manifest['splits']['heldout']['examples']} held-out sentence pairs", flush=True)
         return
@@ -95,7 +96,7 @@ def prepare_data(config: Config):
 def _split(config: Config, split: str):
     files = PRETRAINING_FILES if _pretraining(config) else CLASSIFICATION_FILES
     columns = PRETRAINING_COLUMNS if _pretraining(config) else CLASSIFICATION_COLUMNS
-    return split_path(config.data.dataset_dir, files, split), columns
+    return split_paths(config.data.dataset_dir, files, split), columns
 
 
 def build_train_network(config: Config, compute_dtype):

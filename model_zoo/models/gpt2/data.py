@@ -29,111 +29,72 @@ from model_zoo.data import (
     dataset_ready,
     describe_sources,
     install_tokenizer,
+    split_paths,
     load_tokenizer_file,
     tokenizer_from_flag,
     train_tokenizer,
-    write_manifest,
 )
-from model_zoo.data.corpus import DEFAULT_JSON_KEY, input_entries
-from model_zoo.data.manifest import sha256_of
 from model_zoo.data.mindrecord import TokenPacker, write_mindrecord_unless_empty
 from model_zoo.data.streaming import (
-    DEFAULT_SHARD_MB,
-    DEFAULT_TOKENIZER_SENTENCES,
-    build_pieces,
-    clear_build,
-    clear_build_notes,
+    BuildOptions,
+    add_build_arguments,
+    build_summary,
     count_progress,
-    default_workers,
-    input_signature,
-    load_plan,
+    finish_build,
     piece_documents,
-    plan_pieces,
-    plan_rule,
-    save_plan,
-    scan_corpus,
+    planned_tokenizer,
     shard_name,
-    finished_piece,
+    split_totals,
+    streaming_build,
     train_documents,
 )
 from model_zoo.errors import DataError
 
 SPLITS = ("train", "heldout")
+SPLIT_FILES = {split: shard_name(split, 0, 1) for split in SPLITS}   # a one-piece build's
 SCHEMA = {"input_ids": {"type": "int32", "shape": [-1]}}
 ENCODE_BATCH_BYTES = 1 << 20   # text a worker encodes and packs at a time
 
 
-def build_dataset(output_dir, sources, *, vocab_size, seq_length, heldout_fraction=0.05, seed=1,
-                  json_key=DEFAULT_JSON_KEY, tokenizer=None, workers=None,
-                  shard_size=DEFAULT_SHARD_MB, num_files=None,
-                  tokenizer_sentences=DEFAULT_TOKENIZER_SENTENCES, source=None):
+def build_dataset(output_dir, sources, *, vocab_size, seq_length, tokenizer=None,
+                  options=BuildOptions(), source=None, record_sources=True):
     """Build a GPT-2 dataset from `sources` (files, folders, globs, built-in corpora) into
     `output_dir` and return its dataset.json.
 
-    The tokenizer is trained on (a sample of `tokenizer_sentences` lines of) the train split
-    only, unless `tokenizer` (what `tokenizer_from_flag` found) gives one; its vocabulary
-    size must then be `vocab_size` (None takes it). The corpus is built in pieces of about
-    `shard_size` MB of input (or `num_files` pieces) by `workers` processes (default: the
-    cores). An unfinished earlier build with the same settings and inputs is resumed; the
-    files of another are replaced; a complete dataset is never overwritten.
+    The tokenizer is trained on (a sample of `options.tokenizer_sentences` lines of) the
+    train split only, unless `tokenizer` (what `tokenizer_from_flag` found) gives one; its
+    vocabulary size must then be `vocab_size` (None takes it). The corpus is built in pieces
+    (`options`: their size, the workers, the split; see `model_zoo.data.streaming`). An
+    unfinished earlier build with the same settings and inputs is resumed; the files of
+    another are replaced; a complete dataset is never overwritten. `sources` are recorded
+    for `data.sources` checks unless `record_sources` is False.
     """
     output_dir = Path(output_dir)
-    check_no_dataset(output_dir)
     check_positive("seq_length", seq_length)
-    workers = default_workers() if workers is None else workers
-    check_positive("workers", workers)
-    if num_files is not None:
-        check_positive("num_files", num_files)
-    elif not shard_size > 0:
-        raise DataError(f"shard_size must be a positive number of MB, got {shard_size!r}")
     if tokenizer is None:
         check_positive("vocab_size", vocab_size)
-    entries = input_entries(sources)
-    settings = {"inputs": input_signature(entries), "json_key": json_key,
-                "vocab_size": vocab_size, "seq_length": seq_length,
-                "heldout_fraction": heldout_fraction, "seed": seed,
-                "tokenizer": str(tokenizer) if tokenizer else None,
-                "tokenizer_sentences": tokenizer_sentences,
-                "pieces": {"num_files": num_files} if num_files else {"shard_mb": shard_size}}
-    plan = load_plan(output_dir, settings)
-    if plan is None:
-        clear_build(output_dir, SPLITS)
-        started = time.perf_counter()
-        plan = dict(scan_corpus(entries, json_key, heldout_fraction=heldout_fraction, seed=seed,
-                                piece_bytes=int(shard_size * 1e6), num_files=num_files),
-                    settings=settings)
-        output_dir.mkdir(parents=True, exist_ok=True)
-        save_plan(output_dir, plan)
-        print(f"scanned {plan['documents']:,} documents, {plan['bytes'] / 1e6:,.1f} MB, in "
-              f"{time.perf_counter() - started:.1f} s: {len(plan['pieces'])} piece(s)",
-              flush=True)
-    else:
-        print(f"resuming the unfinished build in {output_dir}", flush=True)
-    rule = plan_rule(plan)
 
-    if tokenizer is None:
-        tokenizer = _trained_tokenizer(output_dir, plan, entries, json_key, rule)
-    else:
-        tokenizer = install_tokenizer(tokenizer, output_dir)
-        if vocab_size not in (None, tokenizer.vocab_size):
-            raise DataError(f"--vocab-size {vocab_size} differs from the {tokenizer.vocab_size} "
-                            f"tokens of the tokenizer {tokenizer.model_path}; leave it out")
-        vocab_size = tokenizer.vocab_size
-    if tokenizer.eos_id < 0:
-        raise DataError(f"{tokenizer.model_path}: the tokenizer has no end-of-text token "
-                        f"to separate documents")
+    def tokenizer_for(plan, rule, entries):
+        if tokenizer is None:
+            return planned_tokenizer(output_dir, plan, output_dir / TOKENIZER_FILE, lambda: (
+                train_tokenizer(train_documents(entries, options.json_key, rule),
+                                output_dir / TOKENIZER_FILE, vocab_size,
+                                sentences=options.tokenizer_sentences, seed=options.seed)))
+        given = install_tokenizer(tokenizer, output_dir)
+        if vocab_size not in (None, given.vocab_size):
+            raise DataError(f"--vocab-size {vocab_size} differs from the {given.vocab_size} "
+                            f"tokens of the tokenizer {given.model_path}; leave it out")
+        if given.eos_id < 0:
+            raise DataError(f"{given.model_path}: the tokenizer has no end-of-text token "
+                            f"to separate documents")
+        return given
 
-    pieces = plan_pieces(plan)
-    tokenizer_sha256 = sha256_of(tokenizer.model_path)
-    records = {piece.index: record for piece in pieces
-               if (record := finished_piece(output_dir, piece, tokenizer_sha256))}
-    todo = [piece for piece in pieces if piece.index not in records]
-    job = {"entries": entries, "json_key": json_key, "rule": rule,
-           "tokenizer": str(tokenizer.model_path), "tokenizer_sha256": tokenizer_sha256,
-           "length": seq_length + 1, "output_dir": str(output_dir), "pieces": len(pieces)}
-    records.update(build_pieces(build_piece, job, todo, workers, label="gpt2 data",
-                                total_bytes=sum(piece.bytes for piece in todo)))
-    summary = _split_summary([records[piece.index] for piece in pieces])
+    settings = {"vocab_size": vocab_size, "seq_length": seq_length,
+                "tokenizer": str(tokenizer) if tokenizer else None}
+    plan, records, used = streaming_build(
+        output_dir, sources, options, settings=settings, splits=SPLITS, label="gpt2 data",
+        tokenizer_for=tokenizer_for, build_piece=build_piece, job={"length": seq_length + 1})
+    summary = split_totals(records, SPLITS, ("documents", "tokens", "samples", "dropped_tokens"))
     for split in SPLITS:
         if summary[split]["samples"] == 0:
             raise DataError(f"the {split} split has {summary[split]['tokens']} tokens, fewer "
@@ -142,39 +103,16 @@ def build_dataset(output_dir, sources, *, vocab_size, seq_length, heldout_fracti
                             f"heldout fraction or larger pieces")
     manifest = {
         "source": source or describe_sources([str(source) for source in sources]),
-        "vocab_size": vocab_size,
+        "vocab_size": used.vocab_size,
         "seq_length": seq_length,
-        "heldout_fraction": heldout_fraction,
-        "seed": seed,
-        "tokenizer": tokenizer.model_path.name,
+        "heldout_fraction": options.heldout_fraction,
+        "seed": options.seed,
+        "tokenizer": used.model_path.name,
         "splits": summary,
-        "build": {"documents": plan["documents"], "input_bytes": plan["bytes"],
-                  "pieces": len(pieces), **settings["pieces"],
-                  "tokenizer_sentences": tokenizer_sentences},
+        "build": build_summary(plan),
     }
-    known = {name: info for record in records.values() for name, info in record["files"].items()}
-    written = write_manifest(output_dir, manifest, [str(source) for source in sources],
-                             known_files=known)
-    clear_build_notes(output_dir)
-    return written
-
-
-def _trained_tokenizer(output_dir: Path, plan: dict, entries, json_key, rule):
-    """The tokenizer trained on the train split, or the one an earlier run of this build
-    trained (recorded in its plan)."""
-    path = output_dir / TOKENIZER_FILE
-    if plan.get("tokenizer_sha256") and path.is_file() \
-            and sha256_of(path) == plan["tokenizer_sha256"]:
-        return load_tokenizer_file(path)
-    settings = plan["settings"]
-    started = time.perf_counter()
-    tokenizer = train_tokenizer(train_documents(entries, json_key, rule), path,
-                                settings["vocab_size"], sentences=settings["tokenizer_sentences"],
-                                seed=settings["seed"])
-    print(f"trained the tokenizer ({tokenizer.vocab_size} pieces) in "
-          f"{time.perf_counter() - started:.1f} s", flush=True)
-    save_plan(output_dir, dict(plan, tokenizer_sha256=sha256_of(path)))
-    return tokenizer
+    return finish_build(output_dir, manifest,
+                        [str(source) for source in sources] if record_sources else None, records)
 
 
 _TOKENIZERS = {}   # a worker's tokenizer, loaded once for all its pieces
@@ -236,26 +174,9 @@ def _batches(documents):
         yield batch
 
 
-def _split_summary(records: list) -> dict:
-    """Each split's files (in piece order) and totals over the pieces' records."""
-    summary = {}
-    for split in SPLITS:
-        parts = [record["splits"][split] for record in records]
-        summary[split] = {"files": [file for part in parts for file in part["files"]],
-                          **{key: sum(part[key] for part in parts)
-                             for key in ("documents", "tokens", "samples", "dropped_tokens")}}
-    return summary
-
-
 def split_files(dataset_dir, split: str) -> list:
     """The MindRecord files of a split of a built dataset, in order."""
-    from model_zoo.data import read_manifest
-    if split not in SPLITS:
-        raise DataError(f"unknown split {split!r} (splits: {', '.join(SPLITS)})")
-    manifest = read_manifest(dataset_dir) or {}
-    recorded = manifest.get("splits", {}).get(split, {})
-    names = recorded.get("files") or [recorded.get("file", f"{split}.mindrecord")]
-    return [str(Path(dataset_dir) / name) for name in names]
+    return split_paths(dataset_dir, SPLIT_FILES, split)
 
 
 def lm_dataset_ready(output_dir, vocab_size, seq_length) -> bool:
@@ -281,23 +202,7 @@ def add_data_arguments(parser):
                              f"dataset folder `model-zoo convert` wrote")
     parser.add_argument("--seq-length", type=int, required=True,
                         help="tokens per training sequence")
-    parser.add_argument("--heldout-fraction", type=float, default=0.05,
-                        help="fraction of documents held out for evaluation (default 0.05)")
-    parser.add_argument("--seed", type=int, default=1,
-                        help="seed of the train/heldout split and of the tokenizer's sample "
-                             "(default 1)")
-    parser.add_argument("--workers", type=int, default=None, metavar="N",
-                        help="processes that tokenize and write pieces of the corpus "
-                             "(default: the cores of this machine)")
-    parser.add_argument("--shard-size", type=float, default=DEFAULT_SHARD_MB, metavar="MB",
-                        help=f"MB of input text per piece, each written as its own files "
-                             f"(default {DEFAULT_SHARD_MB})")
-    parser.add_argument("--num-files", type=int, default=None, metavar="N",
-                        help="cut the corpus in about N pieces of equal size instead")
-    parser.add_argument("--tokenizer-sentences", type=int, default=DEFAULT_TOKENIZER_SENTENCES,
-                        metavar="N",
-                        help=f"lines of the train split that the tokenizer is trained on, a "
-                             f"shuffled sample; 0 for all (default {DEFAULT_TOKENIZER_SENTENCES:,})")
+    add_build_arguments(parser)
 
 
 def run_data_command(args):
@@ -308,11 +213,8 @@ def run_data_command(args):
     tokenizer = tokenizer_from_flag(args.tokenizer) if args.tokenizer else None
     started = time.perf_counter()
     manifest = build_dataset(args.output_dir, args.input, vocab_size=args.vocab_size,
-                             seq_length=args.seq_length, heldout_fraction=args.heldout_fraction,
-                             seed=args.seed, json_key=args.json_key, tokenizer=tokenizer,
-                             workers=args.workers, shard_size=args.shard_size,
-                             num_files=args.num_files,
-                             tokenizer_sentences=args.tokenizer_sentences)
+                             seq_length=args.seq_length, tokenizer=tokenizer,
+                             options=BuildOptions.from_args(args))
     print(describe_build(manifest, args.output_dir, time.perf_counter() - started))
 
 

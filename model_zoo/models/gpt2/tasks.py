@@ -15,6 +15,7 @@ import numpy as np
 from model_zoo.config import Config, DataConfig
 from model_zoo.data import (BUILTIN_PYTHON_DOCS, count_samples, create_dataset, load_tokenizer,
                             parse_token_ids)
+from model_zoo.data.streaming import BuildOptions
 from model_zoo.errors import UserInputError
 from model_zoo.files import check_file
 from model_zoo.train.checkpoint import load_network
@@ -53,8 +54,9 @@ def prepare_data(config: Config):
           flush=True)
     started = time.perf_counter()
     manifest = build_dataset(data.dataset_dir, data.sources, vocab_size=model.vocab_size,
-                             seq_length=model.seq_length, heldout_fraction=data.heldout_fraction,
-                             seed=data.seed)
+                             seq_length=model.seq_length,
+                             options=BuildOptions(heldout_fraction=data.heldout_fraction,
+                                                  seed=data.seed))
     print(describe_build(manifest, data.dataset_dir, time.perf_counter() - started), flush=True)
 
 

@@ -7,6 +7,7 @@ Sources of sentence pairs:
                              real phrases and sentences (`message_catalog_pairs`)
     SOURCE_FILE:TARGET_FILE  the user's parallel text, one sentence per line
                              (`read_parallel_files`)
+    PAIRS.tsv, PAIRS.jsonl   a file of pairs, optionally gzipped (`read_pair_file`)
 
 A built dataset directory holds:
     tokenizer.model              joint SentencePiece model of both languages, trained on the
@@ -40,6 +41,7 @@ The batch size is chosen when reading, not when building: the trainer's per-rank
 """
 
 import gettext
+import json
 import re
 import time
 from pathlib import Path
@@ -69,6 +71,7 @@ SPLIT_FILES = {split: f"{split}.mindrecord" for split in SPLITS}
 TEXT_SPLITS = ("dev", "test")
 CATALOG_ROOT = "/usr/share/locale"
 BUILTIN_LOCALE_PREFIX = "builtin:locale-"
+PAIR_FILE_SUFFIXES = (".tsv", ".jsonl")   # a file of pairs, optionally .gz
 BUILTIN_LOCALE_DE = "builtin:locale-de"
 DEFAULT_DEV_SIZE = 1000
 DEFAULT_TEST_SIZE = 1000
@@ -234,31 +237,77 @@ def read_parallel_files(source_path, target_path, *, stats=None) -> List[Pair]:
 
 
 def _read_lines(path):
+    """The lines of a UTF-8 text file (gzipped for .gz), without their line ends."""
+    from model_zoo.data.corpus import decoded_lines
     if not path.exists():
         raise DataError(f"{path}: file not found")
     if not path.is_file():
         raise DataError(f"{path}: not a regular file")
+    return [text.rstrip("\r") for text, _ in decoded_lines(path)]
+
+
+def read_pair_file(path, languages=("en", "de"), *, stats=None) -> List[Pair]:
+    """Sentence pairs from one file, optionally gzipped: `.tsv`, a source and its
+    translation on each line, separated by a tab; or `.jsonl`, one object a line whose
+    `languages` keys (source, target) hold them, at the top level or under "translation"
+    (the layout of Hugging Face translation datasets).
+
+    Whitespace is normalised and pairs with a blank side skipped, as in
+    `read_parallel_files`; DataError names the file and line of a malformed one.
+    """
+    from model_zoo.data.corpus import decoded_lines
+    path = Path(path)
+    json_lines = path.name.removesuffix(".gz").endswith(".jsonl")
+    pairs, lines, blank = [], 0, 0
+    for text, number in decoded_lines(path):
+        if not text.strip():
+            continue
+        lines += 1
+        if json_lines:
+            sides = _json_pair(path, number, text, languages)
+        else:
+            sides = text.rstrip("\r").split("\t")
+            if len(sides) != 2:
+                raise DataError(f"{path} line {number}: {len(sides)} tab-separated fields, "
+                                f"expected 2 (source, then its translation)")
+        source, target = (" ".join(side.split()) for side in sides)
+        if source and target:
+            pairs.append((source, target))
+        else:
+            blank += 1
+    if not pairs:
+        raise DataError(f"{path}: no pair with text on both sides")
+    if stats is not None:
+        stats.update(lines=lines, blank=blank, kept=len(pairs))
+    return pairs
+
+
+def _json_pair(path, number, text, languages):
     try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise DataError(f"{path}: cannot be read ({error.strerror})") from None
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    raw_lines = data.split(b"\n")
-    if raw_lines and raw_lines[-1] == b"":
-        raw_lines.pop()
-    lines = []
-    for number, raw in enumerate(raw_lines, start=1):
-        try:
-            lines.append(raw.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError as error:
-            raise DataError(f"{path}: line {number} is not UTF-8 text (invalid byte at "
-                            f"column {error.start + 1})") from None
-    return lines
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DataError(f"{path} line {number}: not JSON ({error.msg} at column "
+                        f"{error.colno})") from None
+    if isinstance(record, dict) and isinstance(record.get("translation"), dict):
+        record = record["translation"]
+    if not isinstance(record, dict) or any(lang not in record for lang in languages):
+        raise DataError(f"{path} line {number}: no {' and '.join(map(repr, languages))} "
+                        f"fields (give the languages with --source-lang and --target-lang)")
+    sides = [record[lang] for lang in languages]
+    if not all(isinstance(side, str) for side in sides):
+        raise DataError(f"{path} line {number}: the {' and '.join(languages)} fields must "
+                        f"be text")
+    return sides
 
 
-def load_pairs(sources, *, stats=None) -> List[Pair]:
-    """The pairs of every source in order: `builtin:locale-de` (or another locale code) or
+def is_pair_file(source: str) -> bool:
+    """Whether a source names one file of pairs (`read_pair_file`)."""
+    return source.removesuffix(".gz").endswith(PAIR_FILE_SUFFIXES) and Path(source).is_file()
+
+
+def load_pairs(sources, *, stats=None, languages=("en", "de")) -> List[Pair]:
+    """The pairs of every source in order: `builtin:locale-de` (or another locale code),
+    a file of pairs (`.tsv`, `.jsonl`, gzipped or not; `languages` are its JSON keys) or
     `SOURCE_FILE:TARGET_FILE`. If `stats` is a dict, it receives {source: its stats}."""
     sources = list(sources)
     if not sources:
@@ -270,6 +319,8 @@ def load_pairs(sources, *, stats=None) -> List[Pair]:
             pairs.extend(message_catalog_pairs(source[len(BUILTIN_LOCALE_PREFIX):], stats=found))
         elif source.startswith("builtin:"):
             raise DataError(f"{source}: unknown built-in corpus (available: {BUILTIN_LOCALE_DE})")
+        elif is_pair_file(source):
+            pairs.extend(read_pair_file(source, languages, stats=found))
         else:
             pairs.extend(read_parallel_files(*_file_pair(source), stats=found))
         if stats is not None:
@@ -545,7 +596,9 @@ def add_data_arguments(parser):
     """Arguments of `model-zoo data transformer`."""
     parser.add_argument("--input", nargs="+", default=[], metavar="SOURCE",
                         help=f"{BUILTIN_LOCALE_DE} for the English-German pairs of the system's "
-                             f"message catalogs, or SOURCE_FILE:TARGET_FILE parallel text files")
+                             f"message catalogs, SOURCE_FILE:TARGET_FILE parallel text files, "
+                             f"or a file of pairs: .tsv (source TAB target) or .jsonl (the "
+                             f"--source-lang and --target-lang fields), either gzipped")
     parser.add_argument("--source", action="append", default=[], metavar="FILE",
                         help="source-language text, one sentence per line (with --target)")
     parser.add_argument("--target", action="append", default=[], metavar="FILE",
@@ -580,7 +633,7 @@ def run_data_command(args):
                         f"--source FILE --target FILE")
     started = time.perf_counter()
     stats = {}
-    pairs = load_pairs(sources, stats=stats)
+    pairs = load_pairs(sources, stats=stats, languages=(args.source_lang, args.target_lang))
     for source, found in stats.items():
         print(f"{source}: {_describe_source(found)}")
     manifest = build_translation_dataset(

@@ -29,10 +29,12 @@ from model_zoo.data import (
     create_dataset,
     load_documents,
     python_docstrings_corpus,
-    split_documents,
     train_tokenizer,
 )
+from model_zoo.data.streaming import BuildOptions, SplitRule
 from model_zoo.errors import DataError, UserInputError
+
+from conftest import write_jsonl
 
 VOCAB = 300
 SEQ = 64
@@ -79,10 +81,12 @@ def whole_word_examples(documents_ids, word_starts):
 @pytest.fixture(scope="module")
 def pretraining_dir(documents, tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("bert_pretraining") / "data"
-    bert_data.build_pretraining_dataset(output_dir, documents[:150], vocab_size=VOCAB,
+    corpus = write_jsonl(output_dir.parent / "corpus.jsonl", documents[:150])
+    bert_data.build_pretraining_dataset(output_dir, [corpus], vocab_size=VOCAB,
                                         seq_length=48, max_predictions_per_seq=BUILD_PREDICTIONS,
-                                        dupe_factor=2, heldout_fraction=0.1, seed=3,
-                                        source="test slice")
+                                        dupe_factor=2, source="test slice",
+                                        options=BuildOptions(heldout_fraction=0.1, seed=3),
+                                        record_sources=False)
     return output_dir
 
 
@@ -318,18 +322,21 @@ def test_pretraining_dataset_round_trip(pretraining_dir, documents):
     assert manifest["columns"] == list(PRETRAINING_COLUMNS)
 
     tokenizer = bert_data.load_bert_tokenizer(pretraining_dir / "tokenizer.model")
-    splits = dict(zip(("train", "heldout"), split_documents(documents[:150], 0.1, 3)))
+    rule = SplitRule(0.1, 3)
+    splits = {"train": [d for i, d in enumerate(documents[:150]) if not rule.heldout(i)],
+              "heldout": [d for i, d in enumerate(documents[:150]) if rule.heldout(i)]}
     for split, split_docs in splits.items():
         summary = manifest["splits"][split]
         assert summary["documents"] == len(split_docs)
         expected = bert_data.create_pretraining_examples(
             bert_data.tokenize_documents(split_docs, tokenizer), vocab_size=VOCAB, seq_length=48,
             max_predictions_per_seq=BUILD_PREDICTIONS, dupe_factor=2 if split == "train" else 1,
-            seed=f"{split}:3")
+            seed=f"{split}:3:0")
         count = len(expected["input_ids"])
-        assert summary["examples"] == count == count_samples(pretraining_dir / summary["file"])
+        [name] = summary["files"]
+        assert summary["examples"] == count == count_samples(pretraining_dir / name)
         assert summary["random_next"] == expected["next_sentence_label"].sum()
-        dataset = create_dataset(pretraining_dir / summary["file"], PRETRAINING_COLUMNS,
+        dataset = create_dataset(pretraining_dir / name, PRETRAINING_COLUMNS,
                                  batch_size=1, shuffle=False, repeat=False)
         batches = list(dataset.create_tuple_iterator(output_numpy=True, num_epochs=1))
         assert len(batches) == count
@@ -375,17 +382,19 @@ def test_pretraining_rejects_too_little_text_and_bad_sizes(documents, documents_
     # every document one sentence: no pair can be made
     one_sentence = [" ".join(document.replace(".", ",").replace("?", ",").replace("!", ",")
                              .split()) for document in documents[:60]]
-    with pytest.raises(DataError, match="train split has 57 non-empty documents, 0 of them "
-                                        "with 2 sentences"):
-        bert_data.build_pretraining_dataset(tmp_path / "a", one_sentence, vocab_size=VOCAB,
-                                            seq_length=48)
+    with pytest.raises(DataError, match="train split has 5[0-9] documents and no sentence pair"):
+        bert_data.build_pretraining_dataset(
+            tmp_path / "a", [write_jsonl(tmp_path / "a.jsonl", one_sentence)],
+            vocab_size=VOCAB, seq_length=48)
     assert not (tmp_path / "a" / "dataset.json").exists()
     with pytest.raises(DataError, match="too small for vocab_size=300"):
-        bert_data.build_pretraining_dataset(tmp_path / "b", ["One. Two.", "Three. Four."],
-                                            vocab_size=VOCAB, seq_length=48)
+        bert_data.build_pretraining_dataset(
+            tmp_path / "b", [write_jsonl(tmp_path / "b.jsonl", ["One. Two.", "Three. Four."])],
+            vocab_size=VOCAB, seq_length=48)
     with pytest.raises(DataError, match="at least 2 documents"):
-        bert_data.build_pretraining_dataset(tmp_path / "c", documents[:1], vocab_size=VOCAB,
-                                            seq_length=48)
+        bert_data.build_pretraining_dataset(
+            tmp_path / "c", [write_jsonl(tmp_path / "c.jsonl", documents[:1])],
+            vocab_size=VOCAB, seq_length=48)
     sizes = {"vocab_size": VOCAB, "seq_length": 32}
     for bad, message in (({"max_predictions_per_seq": 30}, "more than the seq_length - 3"),
                          ({"masked_lm_prob": 0.0}, "masked_lm_prob"),
@@ -490,8 +499,10 @@ def test_data_command(documents, pretraining_dir, tmp_path, capsys):
                               "--max-predictions-per-seq", "5", "--whole-word-mask",
                               "--dupe-factor", "1", "--heldout-fraction", "0.2"])
     bert_command.run_data_command(args)
-    summary = capsys.readouterr().out.strip()
-    assert len(summary.splitlines()) == 1 and "train" in summary and "pre" in summary
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("scanned") and "bert data: 100%" in lines[-2]
+    summary = lines[-1]
+    assert summary.startswith("bert dataset:") and "train" in summary and "pre" in summary
     assert bert_data.pretraining_dataset_ready(tmp_path / "pre", VOCAB, 32, 5)
     manifest = json.loads((tmp_path / "pre" / "dataset.json").read_text())
     assert manifest["whole_word_mask"] is True and manifest["dupe_factor"] == 1

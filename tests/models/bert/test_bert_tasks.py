@@ -6,7 +6,7 @@ import re
 import pytest
 import yaml
 
-from conftest import run_cli
+from conftest import run_cli, write_jsonl
 
 SEQ = 32
 VOCAB = 300
@@ -14,12 +14,15 @@ VOCAB = 300
 
 @pytest.fixture(scope="module")
 def pretraining_dir(tmp_path_factory):
+    from model_zoo.data.streaming import BuildOptions
     from model_zoo.models.bert.data import build_pretraining_dataset
     from model_zoo.data import python_docstrings_corpus
     directory = tmp_path_factory.mktemp("bert") / "pretrain"
-    build_pretraining_dataset(directory, python_docstrings_corpus()[:150], vocab_size=VOCAB,
+    corpus = write_jsonl(directory.parent / "corpus.jsonl", python_docstrings_corpus()[:150])
+    build_pretraining_dataset(directory, [corpus], vocab_size=VOCAB,
                               seq_length=SEQ, max_predictions_per_seq=5, dupe_factor=1,
-                              heldout_fraction=0.1, seed=1, source="test slice")
+                              options=BuildOptions(heldout_fraction=0.1, seed=1),
+                              source="test slice", record_sources=False)
     return directory
 
 

@@ -148,7 +148,7 @@ def test_read_parallel_files(tmp_path):
     with pytest.raises(DataError, match=rf"{source} has 3 lines but {target} has 2"):
         tdata.read_parallel_files(source, target)
     target.write_bytes(b"Hallo\nGr\xfc\xdfe\nMorgen\n")
-    with pytest.raises(DataError, match=rf"{target}: line 2 is not UTF-8"):
+    with pytest.raises(DataError, match=rf"{target} line 2: not UTF-8"):
         tdata.read_parallel_files(source, target)
     with pytest.raises(DataError, match="missing.de: file not found"):
         tdata.read_parallel_files(source, tmp_path / "missing.de")
@@ -156,6 +156,35 @@ def test_read_parallel_files(tmp_path):
         tdata.load_pairs([str(source)])
     with pytest.raises(DataError, match="unknown built-in"):
         tdata.load_pairs(["builtin:wmt14"])
+
+
+def test_files_of_pairs_give_the_pairs_of_parallel_files(tmp_path):
+    import gzip
+    pairs = [("Hello world", "Hallo Welt"), ("Good  morning", "Guten Morgen"), ("x", " ")]
+    source, target = tmp_path / "a.en", tmp_path / "a.de"
+    source.write_text("".join(f"{s}\n" for s, _ in pairs), encoding="utf-8")
+    target.write_text("".join(f"{t}\n" for _, t in pairs), encoding="utf-8")
+    expected = tdata.read_parallel_files(source, target)
+    tsv = "".join(f"{s}\t{t}\r\n" for s, t in pairs)
+    lines = "".join(json.dumps({"translation": {"en": s, "de": t}}) + "\n" for s, t in pairs)
+    flat = "".join(json.dumps({"de": t, "en": s, "id": 1}) + "\n" for s, t in pairs)
+    (tmp_path / "p.tsv").write_text(tsv, encoding="utf-8")
+    (tmp_path / "p.tsv.gz").write_bytes(gzip.compress(tsv.encode()))
+    (tmp_path / "p.jsonl").write_text(lines, encoding="utf-8")
+    (tmp_path / "flat.jsonl.gz").write_bytes(gzip.compress(flat.encode()))
+    for name in ("p.tsv", "p.tsv.gz", "p.jsonl", "flat.jsonl.gz"):
+        stats = {}
+        assert tdata.load_pairs([str(tmp_path / name)], stats=stats) == expected
+        assert stats[str(tmp_path / name)] == {"lines": 3, "blank": 1, "kept": 2}
+    assert tdata.load_pairs([str(tmp_path / "p.jsonl")], languages=("de", "en")) == \
+        [(t, " ".join(s.split())) for s, t in expected]
+
+    (tmp_path / "bad.tsv").write_text("one\ttwo\nno tab here\n", encoding="utf-8")
+    with pytest.raises(DataError, match="bad.tsv line 2: 1 tab-separated fields"):
+        tdata.load_pairs([str(tmp_path / "bad.tsv")])
+    (tmp_path / "bad.jsonl").write_text('{"en": "a", "fr": "b"}\n', encoding="utf-8")
+    with pytest.raises(DataError, match="bad.jsonl line 1: no 'en' and 'de' fields"):
+        tdata.load_pairs([str(tmp_path / "bad.jsonl")])
 
 
 # --- split -----------------------------------------------------------------------------------
