@@ -62,11 +62,17 @@ def test_one_and_two_workers_write_the_same_files(corpus, one_worker, tmp_path):
     assert shards == [-(-train["samples"] // 2)] * 2   # MindSpore pads the shards to equal
 
 
-def test_bert_builds_the_same_pieces_with_one_and_two_workers(corpus, tmp_path):
+def test_bert_builds_the_same_pieces_with_one_and_two_workers(tmp_path):
+    rng = np.random.default_rng(1)
+    sentences = [" ".join(rng.choice(WORDS, rng.integers(4, 12))).capitalize() + "."
+                 for _ in range(900)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(" ".join(sentences[i:i + 3]) for i in range(0, 900, 3)),
+                      encoding="utf-8")
     manifests = []
     for workers in ("1", "2"):
         result = run_cli("data", "bert", "--input", corpus, "--output-dir", tmp_path / workers,
-                         "--vocab-size", "64", "--seq-length", "32", "--shard-size", "0.03",
+                         "--vocab-size", "64", "--seq-length", "32", "--shard-size", "0.01",
                          "--max-predictions-per-seq", "5", "--workers", workers)
         assert result.returncode == 0, result.stderr
         manifests.append(json.loads((tmp_path / workers / "dataset.json").read_text()))
