@@ -109,7 +109,8 @@ def reference_encoder(tokenizer_model: Path):
     import tokenizers
     from tokenizers import models, pre_tokenizers
     from transformers.convert_slow_tokenizer import SentencePieceExtractor
-    vocab, merges = SentencePieceExtractor(str(tokenizer_model)).extract()
+    found = SentencePieceExtractor(str(tokenizer_model)).extract(models.BPE)
+    vocab, merges = found["vocab"], found["merges"]
     tokenizer = tokenizers.Tokenizer(models.BPE(vocab, merges, unk_token="<unk>",
                                                 fuse_unk=True))
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")

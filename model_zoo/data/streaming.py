@@ -40,7 +40,9 @@ from model_zoo.files import read_json_or_none, write_json_atomically
 
 PLAN_FILE = ".build-plan.json"
 PIECE_RECORD = ".piece-{:05d}.json"
-DEFAULT_SHARD_MB = 64
+MAX_AUTO_SHARD_MB = 64     # pieces cut by default: about AUTO_PIECES of them, within these
+MIN_AUTO_SHARD_MB = 16     # sizes (a small corpus stays one piece, a large one is balanced)
+AUTO_PIECES = 16
 DEFAULT_TOKENIZER_SENTENCES = 1_000_000
 PROGRESS_SECONDS = 5.0
 MASK64 = (1 << 64) - 1
@@ -54,7 +56,7 @@ class BuildOptions:
     heldout_fraction: float = 0.05
     seed: int = 1
     workers: Optional[int] = None         # default: the cores
-    shard_size: float = DEFAULT_SHARD_MB  # MB of input per piece, unless num_files is given
+    shard_size: Optional[float] = None    # MB of input per piece (None: `auto_piece_bytes`)
     num_files: Optional[int] = None
     tokenizer_sentences: int = DEFAULT_TOKENIZER_SENTENCES
 
@@ -70,13 +72,18 @@ class BuildOptions:
         check_positive("workers", workers)
         if self.num_files is not None:
             check_positive("num_files", self.num_files)
-        elif not self.shard_size > 0:
+        elif self.shard_size is not None and not self.shard_size > 0:
             raise DataError(f"shard_size must be a positive number of MB, got {self.shard_size!r}")
         check_positive("tokenizer_sentences", self.tokenizer_sentences + 1)
         return workers
 
     def pieces(self) -> dict:
-        return {"num_files": self.num_files} if self.num_files else {"shard_mb": self.shard_size}
+        if self.num_files:
+            return {"num_files": self.num_files}
+        return {"shard_mb": self.shard_size or "auto"}
+
+    def piece_bytes(self):
+        return None if self.shard_size is None else int(self.shard_size * 1e6)
 
 
 def add_build_arguments(parser):
@@ -89,9 +96,10 @@ def add_build_arguments(parser):
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="processes that tokenize and write pieces of the corpus "
                              "(default: the cores of this machine)")
-    parser.add_argument("--shard-size", type=float, default=DEFAULT_SHARD_MB, metavar="MB",
+    parser.add_argument("--shard-size", type=float, default=None, metavar="MB",
                         help=f"MB of input text per piece, each written as its own files "
-                             f"(default {DEFAULT_SHARD_MB})")
+                             f"(default: a sixteenth of the corpus, at least "
+                             f"{MIN_AUTO_SHARD_MB} and at most {MAX_AUTO_SHARD_MB})")
     parser.add_argument("--num-files", type=int, default=None, metavar="N",
                         help="cut the corpus in about N pieces of equal size instead")
     parser.add_argument("--tokenizer-sentences", type=int, default=DEFAULT_TOKENIZER_SENTENCES,
@@ -126,7 +134,7 @@ def streaming_build(output_dir, sources, options: BuildOptions, *, settings: dic
         started = time.perf_counter()
         plan = dict(scan_corpus(entries, options.json_key,
                                 heldout_fraction=options.heldout_fraction, seed=options.seed,
-                                piece_bytes=int(options.shard_size * 1e6),
+                                piece_bytes=options.piece_bytes(),
                                 num_files=options.num_files),
                     settings=settings)
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -182,7 +190,8 @@ def build_summary(plan: dict) -> dict:
     """The `build` entry of dataset.json: what was read and how it was cut."""
     settings = plan["settings"]
     return {"documents": plan["documents"], "input_bytes": plan["bytes"],
-            "pieces": len(plan["pieces"]), **settings["pieces"],
+            "pieces": len(plan["pieces"]), "piece_bytes": plan["piece_bytes"],
+            **settings["pieces"],
             "tokenizer_sentences": settings["tokenizer_sentences"]}
 
 
@@ -237,7 +246,8 @@ def scan_corpus(entries, json_key, *, heldout_fraction: float, seed: int,
     """Pass 1: the pieces of the corpus and its split rule, as a JSON-ready dict.
 
     Pieces are cut every `piece_bytes` of input, or in `num_files` pieces of about equal
-    size (cut by `input_bytes`, so about that many). DataError for fewer than 2 documents or
+    size (cut by `input_bytes`, so about that many), or when neither is given every
+    `auto_piece_bytes` of input. DataError for fewer than 2 documents or
     a heldout_fraction outside (0, 1), and for unreadable input (named by file and line).
     """
     if not 0.0 < heldout_fraction < 1.0:
@@ -245,6 +255,8 @@ def scan_corpus(entries, json_key, *, heldout_fraction: float, seed: int,
                         f"got {heldout_fraction}")
     if num_files is not None:
         piece_bytes = max(1, -(-sum(input_bytes(entry) for entry in entries) // num_files))
+    elif piece_bytes is None:
+        piece_bytes = auto_piece_bytes(sum(input_bytes(entry) for entry in entries))
     pieces, total_bytes, heldout_count = [], 0, 0
     lowest = highest = (None, None)     # (draw, index) of the extreme draws
     count = 0
@@ -274,8 +286,17 @@ def scan_corpus(entries, json_key, *, heldout_fraction: float, seed: int,
     rule = SplitRule(heldout_fraction, seed,
                      forced_heldout=lowest[1] if heldout_count == 0 else None,
                      forced_train=highest[1] if heldout_count == count else None)
-    return {"documents": count, "bytes": total_bytes, "rule": asdict(rule),
+    return {"documents": count, "bytes": total_bytes, "piece_bytes": piece_bytes,
+            "rule": asdict(rule),
             "pieces": [asdict(piece) for piece in pieces]}
+
+
+def auto_piece_bytes(total_bytes: int) -> int:
+    """The default piece size: a sixteenth of the corpus, so that workers share it evenly,
+    within [MIN_AUTO_SHARD_MB, MAX_AUTO_SHARD_MB] MB (a function of the corpus alone, so the
+    dataset stays the same for any number of workers)."""
+    return int(min(max(total_bytes / AUTO_PIECES, MIN_AUTO_SHARD_MB * 1e6),
+                   MAX_AUTO_SHARD_MB * 1e6))
 
 
 def plan_rule(plan: dict) -> SplitRule:

@@ -550,3 +550,40 @@ extern "C" int ColumnSum(AOT_ARGS) {
   }
   return 0;
 }
+
+// Dropout whose mask is a function of a key and the element's index alone (SplitMix64 of
+// both): the same key gives the same mask on any machine, in any run, and the backward pass
+// regenerates it instead of storing it. inputs: x, key int32 (4), keep float32 (1); outputs:
+// y = x * mask / keep. The backward takes dy in place of x and gives dx the same way.
+namespace {
+
+inline uint64_t splitmix64(uint64_t value) {
+  value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9ull;
+  value = (value ^ (value >> 27)) * 0x94D049BB133111EBull;
+  return value ^ (value >> 31);
+}
+
+}  // namespace
+
+extern "C" int KeyedDropout(AOT_ARGS) {
+  if (nparam != 4 || !all_float32(1, dtypes) || std::strcmp(dtypes[1], "int32") != 0 ||
+      shapes[1][0] != 4) {
+    return 1;
+  }
+  const float *x = as_float(params[0]);
+  const int32_t *key = static_cast<const int32_t *>(params[1]);
+  const float keep = *as_float(params[2]);
+  float *y = as_float(params[3]);
+  const int64_t count = elements(ndims[0], shapes[0]);
+  uint64_t base = 0;
+  for (int i = 0; i < 4; ++i) base = splitmix64(base + static_cast<uint32_t>(key[i]));
+  // an element is kept when the top 24 bits of its draw, as a fraction, are below `keep`
+  const uint64_t threshold = static_cast<uint64_t>(static_cast<double>(keep) * (1 << 24));
+  const float scale = 1.0f / keep;
+#pragma omp simd
+  for (int64_t i = 0; i < count; ++i) {
+    const uint64_t draw = splitmix64(base + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i));
+    y[i] = (draw >> 40) < threshold ? x[i] * scale : 0.0f;
+  }
+  return 0;
+}

@@ -191,6 +191,17 @@ def bias_add():
     return _custom("BiasAddForward", lambda x, bias: x, lambda x, bias: x, bprop)
 
 
+def keyed_dropout():
+    """Custom op (x float32, key int32 (4,), keep float32 (1,)) -> x * mask / keep, where the
+    mask keeps each element with probability `keep` as a function of the key and the
+    element's index alone; the backward pass regenerates the mask from the key."""
+    def bprop(x, key, keep, out, dout):
+        return keyed(dout, key, keep), ops.zeros_like(key), ops.zeros_like(keep)
+
+    keyed = _custom("KeyedDropout", lambda x, key, keep: x, lambda x, key, keep: x)
+    return _custom("KeyedDropout", lambda x, key, keep: x, lambda x, key, keep: x, bprop)
+
+
 SKINNY_ROWS = 16   # up to this many rows, a matmul reads its weight once (`skinny_matmul`)
 
 

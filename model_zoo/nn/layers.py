@@ -37,6 +37,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, One, Zero, initializer
+from mindspore.common.seed import _get_graph_seed  # how nn.Dropout takes its seeds
 
 from model_zoo.nn import cpu_kernels
 from model_zoo.parallel.config import ParallelConfig
@@ -107,8 +108,25 @@ def as_tokens(x):
     return ops.reshape(x, (-1, x.shape[-1]))
 
 
+# The (train step, micro batch) that the keyed dropout masks of this process follow: the
+# train step writes it before each forward pass (`model_zoo.train.step.TrainStep`). A free
+# variable of the Dropout cells, not a parameter of theirs: it is never saved or loaded.
+DROPOUT_STEP = Parameter(Tensor(np.zeros(2, np.int32)), name="dropout_step", requires_grad=False)
+
+
 class Dropout(nn.Cell):
     """Dropout with a strategy; an identity when the rate is 0 or the cell is not training.
+
+    Its masks are a function of `train.seed` (MindSpore's global seed when the cell is
+    built), the cell's place among the random operators built since then, and DROPOUT_STEP:
+    the same run gives the same masks, and a resumed run the masks it would have had. On
+    CPU the keyed kernel (`cpu_kernels.keyed_dropout`) does this. MindSpore's own CPU
+    Dropout draws from `std::random_device` unless given seeds, and with seeds keeps its
+    generator's state inside the kernel, where no checkpoint reaches it
+    (`plugin/device/cpu/kernel/dropout_cpu_kernel.cc`). Elsewhere (Ascend, the plan check)
+    the cell is MindSpore's Dropout with seeds from the global seed, as `nn.Dropout` takes
+    them (`mindspore/nn/layer/basic.py`): a run is repeatable, but a resumed run draws a
+    new stream.
 
     Args:
         rate: probability of dropping an element.
@@ -120,11 +138,18 @@ class Dropout(nn.Cell):
         super().__init__()
         self.rate = rate
         self.rank = len(strategy)
-        self.dropout = ops.Dropout(keep_prob=1.0 - rate).shard((tuple(strategy),))
+        seed, op_seed = _get_graph_seed(0, "dropout")
+        self.dropout = ops.Dropout(keep_prob=1.0 - rate, Seed0=seed,
+                                   Seed1=op_seed).shard((tuple(strategy),))
+        self.keyed = cpu_kernels.keyed_dropout() if rate and use_cpu_kernels() else None
+        self.seeds = Tensor([seed % 2 ** 31, op_seed % 2 ** 31], ms.int32)
+        self.keep = Tensor([1.0 - rate], ms.float32)
 
     def construct(self, x):
         if self.rate == 0.0 or not self.training:
             return x
+        if self.keyed is not None and x.dtype == ms.float32:
+            return self.keyed(x, ops.concat((self.seeds, DROPOUT_STEP)), self.keep)
         if len(x.shape) == self.rank:
             return self.dropout(x)[0]
         return ops.reshape(self.dropout(as_tokens(x))[0], x.shape)

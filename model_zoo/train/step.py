@@ -12,7 +12,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from model_zoo.nn import cpu_kernels
 from model_zoo.parallel.context import ascend_supports, is_ascend_910b
-from model_zoo.nn.layers import use_cpu_kernels
+from model_zoo.nn.layers import DROPOUT_STEP, use_cpu_kernels
 
 
 STOP_FLAG = "stop_requested"  # the StopVote parameter; not saved in checkpoints
@@ -203,13 +203,13 @@ class TrainStep(nn.Cell):
     def _gradients(self, batch, scale):
         """Loss and summed (still scaled) gradients over the accumulation micro batches."""
         if self.accumulation == 1:
-            loss = self.network(*batch)
+            loss = self.network(*self._keyed(batch, 0))
             return loss / self.micro_batches, self._backward(batch, loss, scale)
         size = batch[0].shape[0] // self.accumulation
         loss_sum, grads = None, None
         for index in range(self.accumulation):
             micro = tuple(column[index * size:(index + 1) * size] for column in batch)
-            loss = self.network(*micro)
+            loss = self.network(*self._keyed(micro, index))
             micro_grads = self._backward(micro, loss, scale, first=index == 0)
             if grads is None:
                 loss_sum, grads = loss, micro_grads
@@ -217,6 +217,13 @@ class TrainStep(nn.Cell):
                 loss_sum = loss_sum + loss
                 grads = self.hyper_map(ops.add, grads, micro_grads)
         return loss_sum / (self.accumulation * self.micro_batches), grads
+
+    def _keyed(self, batch, micro: int):
+        """The batch, once DROPOUT_STEP holds (this step, micro batch `micro`): the dropout
+        masks of its forward pass (and of the gradient's, which runs it again) follow the
+        step, which checkpoints keep, so a resumed run draws the masks it would have."""
+        key = ops.stack((self.step, Tensor(micro, ms.int32)))
+        return ops.depend(batch, ops.assign(DROPOUT_STEP, key))
 
     def construct(self, *batch):
         # a copy: returning the Parameter itself would report its value after this step's
