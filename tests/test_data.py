@@ -14,7 +14,6 @@ from model_zoo.data import (
     pack_token_stream,
     python_docstrings_corpus,
     read_text_documents,
-    split_documents,
     train_tokenizer,
     write_mindrecord,
 )
@@ -160,18 +159,6 @@ def test_bad_inputs_name_the_file_and_line(tmp_path, name, content, message):
     (tmp_path / name).write_bytes(content)
     with pytest.raises(DataError, match=message):
         read_text_documents([tmp_path / name])
-
-
-def test_split_documents_is_deterministic_and_keeps_both_splits():
-    documents = [f"document {i}" for i in range(10)]
-    train, heldout = split_documents(documents, 0.2, seed=3)
-    assert (train, heldout) == split_documents(documents, 0.2, seed=3)
-    assert len(heldout) == 2 and sorted(train + heldout) == sorted(documents)
-    assert split_documents(documents[:2], 0.01, seed=3)[1] != []
-    with pytest.raises(DataError, match="at least 2 documents"):
-        split_documents(documents[:1], 0.5, seed=3)
-    with pytest.raises(DataError, match="heldout_fraction"):
-        split_documents(documents, 1.0, seed=3)
 
 
 def test_tokenizer_round_trip_and_exact_vocab_size(tokenizer, small_corpus):

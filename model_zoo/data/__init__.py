@@ -20,7 +20,6 @@ from model_zoo.data.corpus import (
     python_docstring_records,
     python_docstrings_corpus,
     read_text_documents,
-    split_documents,
 )
 from model_zoo.data.manifest import (
     MANIFEST_FILE,
@@ -85,7 +84,6 @@ __all__ = [
     "read_manifest",
     "read_mindrecord",
     "read_text_documents",
-    "split_documents",
     "split_path",
     "split_paths",
     "tokenizer_from_flag",

@@ -225,11 +225,14 @@ def _builtin_documents(name: str) -> tuple:
 
 def _lines(path: Path, offset: int, line: int):
     """(line bytes without its newline, its byte offset, its number) of a file (gunzipped
-    for .gz) from `offset`, read in chunks."""
+    for .gz) from `offset`, read in chunks; a byte-order mark at the start is skipped."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as handle:
             if offset:
+                handle.seek(offset)
+            if offset == 0:   # the first line starts after a byte-order mark
+                offset = len(UTF8_BOM) if handle.read(len(UTF8_BOM)) == UTF8_BOM else 0
                 handle.seek(offset)
             tail = b""
             while chunk := handle.read(READ_CHUNK):
@@ -260,31 +263,29 @@ def _decoded(path: Path, raw: bytes, line: int) -> str:
 def decoded_lines(path: Path):
     """(text, line number) of each line of a UTF-8 file (gunzipped for .gz), without its
     newline; DataError naming the file and line of what cannot be read."""
-    for raw, position, number in _lines(path, 0, 1):
-        if position == 0 and raw.startswith(UTF8_BOM):
-            raw = raw[len(UTF8_BOM):]
+    for raw, _, number in _lines(path, 0, 1):
         yield _decoded(path, raw, number), number
 
 
 def _text_documents(path: Path, offset: int, line: int, json_key=None):
     """(text, (offset, line), size) of each document of a plain text file: runs of lines
-    that are not blank (ASCII whitespace only), joined with newlines; "\r\n" and lone
-    "\r" become "\n"."""
+    that are not blank (ASCII whitespace only), joined with newlines. Lines end at "\n"
+    ("\r\n" too; a lone "\r" inside a document becomes "\n")."""
     del json_key
     lines, start, size = [], None, 0
     for raw, position, number in _lines(path, offset, line):
-        if position == 0 and raw.startswith(UTF8_BOM):
-            raw = raw[len(UTF8_BOM):]
         if raw.strip():
             if not lines:
                 start, size = (position, number), 0
             lines.append(raw)
             size += len(raw) + 1
         elif lines:
-            yield _text_document(path, lines, start), start, size + len(raw) + 1
+            text = _text_document(path, lines, start)
+            if text:
+                yield text, start, size + len(raw) + 1
             lines = []
-    if lines:
-        yield _text_document(path, lines, start), start, size
+    if lines and (text := _text_document(path, lines, start)):
+        yield text, start, size
 
 
 def _text_document(path: Path, lines: list, start) -> str:
@@ -299,8 +300,6 @@ def _json_line_documents(path: Path, offset: int, line: int, json_key: str):
     lines and empty texts are skipped."""
     # lines end at "\n" only: JSON strings may hold U+2028 and the like unescaped
     for raw, position, number in _lines(path, offset, line):
-        if position == 0 and raw.startswith(UTF8_BOM):
-            raw = raw[len(UTF8_BOM):]
         if not raw.strip():
             continue
         try:
@@ -317,27 +316,6 @@ def _json_line_documents(path: Path, offset: int, line: int, json_key: str):
                             f"{type(value).__name__}, not text")
         if value.strip():
             yield value, (position, number), len(raw) + 1
-
-
-def split_documents(documents, heldout_fraction, seed):
-    """Split documents into (train, heldout) by a permutation seeded with `seed`.
-
-    About `heldout_fraction` of the documents are held out, at least one in each split;
-    both splits keep the documents' original order.
-    """
-    documents = list(documents)
-    if len(documents) < 2:
-        raise DataError(f"need at least 2 documents to split into train and heldout, "
-                        f"got {len(documents)}")
-    if not 0.0 < heldout_fraction < 1.0:
-        raise DataError(f"heldout_fraction must be between 0 and 1 (exclusive), "
-                        f"got {heldout_fraction}")
-    heldout_count = min(max(round(len(documents) * heldout_fraction), 1), len(documents) - 1)
-    permutation = np.random.default_rng(seed).permutation(len(documents))
-    heldout_indices = set(permutation[:heldout_count].tolist())
-    train = [doc for index, doc in enumerate(documents) if index not in heldout_indices]
-    heldout = [doc for index, doc in enumerate(documents) if index in heldout_indices]
-    return train, heldout
 
 
 def add_input_arguments(parser, *, required: bool, note: str = ""):

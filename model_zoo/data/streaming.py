@@ -32,14 +32,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from model_zoo.data.corpus import (DEFAULT_JSON_KEY, DocumentStart, input_bytes, input_entries,
-                                   iter_documents)
+from model_zoo.data.corpus import (DEFAULT_JSON_KEY, DocumentStart, describe_sources,
+                                   input_bytes, input_entries, iter_documents)
 from model_zoo.data.manifest import check_no_dataset, check_positive, sha256_of, write_manifest
 from model_zoo.errors import DataError
 from model_zoo.files import read_json_or_none, write_json_atomically
 
 PLAN_FILE = ".build-plan.json"
 PIECE_RECORD = ".piece-{:05d}.json"
+PIECE_RECORD_PATTERN = r"\.piece-\d{5}\.json"
 MAX_AUTO_SHARD_MB = 64     # pieces cut by default: about AUTO_PIECES of them, within these
 MIN_AUTO_SHARD_MB = 16     # sizes (a small corpus stays one piece, a large one is balanced)
 AUTO_PIECES = 16
@@ -70,11 +71,15 @@ class BuildOptions:
     def check(self):
         workers = default_workers() if self.workers is None else self.workers
         check_positive("workers", workers)
+        if self.num_files is not None and self.shard_size is not None:
+            raise DataError("give --shard-size or --num-files, not both")
         if self.num_files is not None:
             check_positive("num_files", self.num_files)
         elif self.shard_size is not None and not self.shard_size > 0:
             raise DataError(f"shard_size must be a positive number of MB, got {self.shard_size!r}")
-        check_positive("tokenizer_sentences", self.tokenizer_sentences + 1)
+        if not isinstance(self.tokenizer_sentences, int) or self.tokenizer_sentences < 0:
+            raise DataError(f"tokenizer_sentences must be 0 (every line) or a positive "
+                            f"number of lines, got {self.tokenizer_sentences!r}")
         return workers
 
     def pieces(self) -> dict:
@@ -152,7 +157,7 @@ def streaming_build(output_dir, sources, options: BuildOptions, *, settings: dic
                if (record := finished_piece(output_dir, piece, tokenizer_sha256))}
     job = dict(job, entries=entries, json_key=options.json_key, rule=rule,
                tokenizer=str(tokenizer.model_path), tokenizer_sha256=tokenizer_sha256,
-               output_dir=str(output_dir), pieces=len(pieces))
+               output_dir=str(output_dir), pieces=len(pieces), splits=list(splits))
     todo = [piece for piece in pieces if piece.index not in records]
     records.update(build_pieces(build_piece, job, todo, workers, label=label,
                                 total_bytes=sum(piece.bytes for piece in todo)))
@@ -176,6 +181,18 @@ def planned_tokenizer(output_dir, plan: dict, path, train):
     return tokenizer
 
 
+_TOKENIZERS = {}   # a worker's tokenizers, loaded once for all its pieces
+
+
+def piece_tokenizer(job: dict, load):
+    """`load(path)` of the job's tokenizer, kept for the worker's later pieces (keyed by the
+    file's SHA-256 too: a build retrained in the same place gets the new one)."""
+    key = (job["tokenizer"], job["tokenizer_sha256"])
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = load(job["tokenizer"])
+    return _TOKENIZERS[key]
+
+
 def split_totals(records: list, splits, numbers) -> dict:
     """Each split's files (in piece order) and the sums of its `numbers` over the pieces."""
     summary = {}
@@ -195,11 +212,16 @@ def build_summary(plan: dict) -> dict:
             "tokenizer_sentences": settings["tokenizer_sentences"]}
 
 
-def finish_build(output_dir, manifest: dict, sources, records: list) -> dict:
-    """Write dataset.json (with the SHA-256 the workers took of their files) and remove the
-    build's notes; `sources` (None: not recorded) as `write_manifest`. Returns it."""
+def finish_build(output_dir, manifest: dict, sources, records: list,
+                 record_sources: bool = True) -> dict:
+    """Write dataset.json (with the SHA-256 the workers took of their files, and `sources`
+    for `data.sources` checks unless not `record_sources`) and remove the build's notes.
+    Returns what was written."""
+    sources = [str(source) for source in sources]
+    manifest = dict(manifest, source=manifest.get("source") or describe_sources(sources))
     known = {name: info for record in records for name, info in record["files"].items()}
-    written = write_manifest(output_dir, manifest, sources, known_files=known)
+    written = write_manifest(output_dir, manifest, sources if record_sources else None,
+                             known_files=known)
     clear_build_notes(Path(output_dir))
     return written
 
@@ -257,18 +279,21 @@ def scan_corpus(entries, json_key, *, heldout_fraction: float, seed: int,
         piece_bytes = max(1, -(-sum(input_bytes(entry) for entry in entries) // num_files))
     elif piece_bytes is None:
         piece_bytes = auto_piece_bytes(sum(input_bytes(entry) for entry in entries))
+    piece_bytes = max(1, piece_bytes)
     pieces, total_bytes, heldout_count = [], 0, 0
     lowest = highest = (None, None)     # (draw, index) of the extreme draws
     count = 0
     piece_start, piece_first, piece_bytes_read = None, 0, 0
     next_cut = piece_bytes
     for index, document in enumerate(iter_documents(entries, json_key)):
-        if piece_start is None or total_bytes >= next_cut:
+        # a gzip file is cut only where it starts: reading from inside one means
+        # decompressing everything before (give a large corpus as many .gz files)
+        cuttable = document.start.offset == 0 or not _is_gzip(entries[document.start.entry])
+        if piece_start is None or (total_bytes >= next_cut and cuttable):
             if piece_start is not None:
                 pieces.append(Piece(len(pieces), piece_start, piece_first,
                                     index - piece_first, piece_bytes_read))
-                while next_cut <= total_bytes:
-                    next_cut += piece_bytes
+                next_cut = (total_bytes // piece_bytes + 1) * piece_bytes
             piece_start, piece_first, piece_bytes_read = document.start, index, 0
         draw = heldout_draw(seed, index)
         heldout_count += draw < heldout_fraction
@@ -299,6 +324,10 @@ def auto_piece_bytes(total_bytes: int) -> int:
                    MAX_AUTO_SHARD_MB * 1e6))
 
 
+def _is_gzip(entry) -> bool:
+    return not isinstance(entry, str) and entry.suffix == ".gz"
+
+
 def plan_rule(plan: dict) -> SplitRule:
     return SplitRule(**plan["rule"])
 
@@ -319,7 +348,12 @@ def piece_documents(entries, json_key, rule: SplitRule, piece: Piece):
     """(document index, text, is held out, input bytes) of each document of `piece`."""
     documents = iter_documents(entries, json_key, piece.start)
     for index in range(piece.first_document, piece.first_document + piece.documents):
-        document = next(documents)
+        document = next(documents, None)
+        if document is None or (index == piece.first_document and
+                                tuple(document.start) != tuple(piece.start)):
+            raise DataError(f"{entries[piece.start.entry]}: the input changed since the build "
+                            f"began (piece {piece.index} no longer starts where it did); "
+                            f"delete the unfinished build's folder and build again")
         yield index, document.text, rule.heldout(index), document.size
     documents.close()
 
@@ -394,6 +428,8 @@ def build_pieces(build_piece, job: dict, pieces: list, workers: int, *, label: s
     `build_piece` is a module-level function (the workers import it by name); an error in
     one piece stops the build, and the pieces finished before it stay for a resumed build.
     """
+    if not pieces:   # a resumed build whose pieces were all finished
+        return {}
     context = multiprocessing.get_context("spawn")
     counters = context.Array("q", 3)
     progress = ProgressLine(counters, total_bytes, label)
@@ -428,8 +464,13 @@ def build_pieces(build_piece, job: dict, pieces: list, workers: int, *, label: s
 
 def _run_piece(build_piece, job: dict, piece: Piece) -> dict:
     """Build a piece and note it as finished (`record_piece`), in the worker."""
+    output_dir = Path(job["output_dir"])
+    for split in job["splits"]:   # what an earlier try of this piece may have left
+        name = shard_name(split, piece.index, job["pieces"])
+        for path in (output_dir / name, output_dir / f"{name}.db"):
+            path.unlink(missing_ok=True)
     record = build_piece(job, piece)
-    return record_piece(Path(job["output_dir"]), piece, record, job["tokenizer_sha256"])
+    return record_piece(output_dir, piece, record, job["tokenizer_sha256"])
 
 
 # --- resuming -----------------------------------------------------------------------------
@@ -473,7 +514,7 @@ def clear_build(output_dir: Path, splits, keep_plan: bool = False):
     """Remove what an earlier build of these splits left in `output_dir`: their MindRecord
     files (one or sharded), the piece records and (unless `keep_plan`) the plan."""
     pattern = re.compile(rf"({'|'.join(map(re.escape, splits))})(-\d{{5}}-of-\d{{5}})?"
-                         rf"\.mindrecord(\.db)?|\.piece-\d{{5}}\.json")
+                         rf"\.mindrecord(\.db)?|{PIECE_RECORD_PATTERN}")
     if not output_dir.is_dir():
         return
     for entry in os.scandir(output_dir):
@@ -484,7 +525,7 @@ def clear_build(output_dir: Path, splits, keep_plan: bool = False):
 def clear_build_notes(output_dir: Path):
     """Remove the plan and piece records of a build that has finished."""
     for entry in os.scandir(output_dir):
-        if entry.name == PLAN_FILE or re.fullmatch(r"\.piece-\d{5}\.json", entry.name):
+        if entry.name == PLAN_FILE or re.fullmatch(PIECE_RECORD_PATTERN, entry.name):
             os.unlink(entry.path)
 
 

@@ -191,6 +191,7 @@ def bias_add():
     return _custom("BiasAddForward", lambda x, bias: x, lambda x, bias: x, bprop)
 
 
+@functools.lru_cache(maxsize=None)
 def keyed_dropout():
     """Custom op (x float32, key int32 (4,), keep float32 (1,)) -> x * mask / keep, where the
     mask keeps each element with probability `keep` as a function of the key and the

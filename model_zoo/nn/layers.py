@@ -30,6 +30,7 @@ choice follows the device target; the plan check, which models Ascend, builds un
 `kernels_for("Ascend")` and so sees MindSpore's operators.
 """
 
+import itertools
 import math
 from contextlib import contextmanager
 
@@ -114,6 +115,18 @@ def as_tokens(x):
 DROPOUT_STEP = Parameter(Tensor(np.zeros(2, np.int32)), name="dropout_step", requires_grad=False)
 
 
+_UNSEEDED_CELLS = itertools.count(1)
+
+
+def _rank() -> int:
+    """This process's rank once communication is initialised, else 0."""
+    try:
+        from mindspore.communication import get_rank
+        return get_rank()
+    except (RuntimeError, ValueError):
+        return 0
+
+
 class Dropout(nn.Cell):
     """Dropout with a strategy; an identity when the rate is 0 or the cell is not training.
 
@@ -142,7 +155,11 @@ class Dropout(nn.Cell):
         self.dropout = ops.Dropout(keep_prob=1.0 - rate, Seed0=seed,
                                    Seed1=op_seed).shard((tuple(strategy),))
         self.keyed = cpu_kernels.keyed_dropout() if rate and use_cpu_kernels() else None
-        self.seeds = Tensor([seed % 2 ** 31, op_seed % 2 ** 31], ms.int32)
+        if seed == op_seed == 0:   # no global seed: at least no two cells alike
+            op_seed = next(_UNSEEDED_CELLS)
+        # each rank of CPU data parallel draws its own masks
+        self.seeds = Tensor([(seed * 1_000_003 + _rank()) % 2 ** 31, op_seed % 2 ** 31],
+                            ms.int32)
         self.keep = Tensor([1.0 - rate], ms.float32)
 
     def construct(self, x):

@@ -188,6 +188,7 @@ class TrainStep(nn.Cell):
         if accumulated_by_compiler:
             self.accu_grads = self.weights.clone(prefix="accu_grads", init="zeros")
         self.step = Parameter(Tensor(0, ms.int32), name=STEP_COUNTER, requires_grad=False)
+        self.keyed_dropout = use_cpu_kernels()   # the masks follow DROPOUT_STEP
         self.hyper_map = ops.HyperMap()
         self.gradient_norm = gradient_norm if gradient_norm is not None else GradientNorm()
         self.stop_vote = stop_vote if stop_vote is not None else StopVote()
@@ -222,6 +223,8 @@ class TrainStep(nn.Cell):
         """The batch, once DROPOUT_STEP holds (this step, micro batch `micro`): the dropout
         masks of its forward pass (and of the gradient's, which runs it again) follow the
         step, which checkpoints keep, so a resumed run draws the masks it would have."""
+        if not self.keyed_dropout:
+            return batch
         key = ops.stack((self.step, Tensor(micro, ms.int32)))
         return ops.depend(batch, ops.assign(DROPOUT_STEP, key))
 

@@ -61,7 +61,6 @@ from model_zoo.data import (
     TOKENIZER_FILE,
     Tokenizer,
     dataset_ready,
-    describe_sources,
     split_paths,
     train_tokenizer,
     write_mindrecord,
@@ -72,6 +71,7 @@ from model_zoo.data.streaming import (
     count_progress,
     finish_build,
     piece_documents,
+    piece_tokenizer,
     planned_tokenizer,
     shard_name,
     split_totals,
@@ -372,7 +372,7 @@ def build_pretraining_dataset(output_dir, sources, *, vocab_size, seq_length,
                 + (" or a larger heldout_fraction" if split == "heldout" else ""))
     manifest = {
         "task": "pretraining",
-        "source": source or describe_sources([str(source) for source in sources]),
+        "source": source,
         **sizes,
         "heldout_fraction": options.heldout_fraction,
         "seed": options.seed,
@@ -382,20 +382,18 @@ def build_pretraining_dataset(output_dir, sources, *, vocab_size, seq_length,
         "splits": summary,
         "build": build_summary(plan),
     }
-    return finish_build(output_dir, manifest,
-                        [str(source) for source in sources] if record_sources else None, records)
+    return finish_build(output_dir, manifest, sources, records, record_sources)
 
 
-_TOKENIZERS = {}   # a worker's tokenizer and word starts, loaded once for all its pieces
+def _tokenizer_and_word_starts(path):
+    tokenizer = load_bert_tokenizer(path)
+    return tokenizer, word_start_flags(tokenizer)
 
 
 def build_pretraining_piece(job: dict, piece) -> dict:
     """The pretraining examples of one piece of the corpus, written as its train and
     heldout files (a worker's task; see `model_zoo.data.streaming.build_pieces`)."""
-    if job["tokenizer"] not in _TOKENIZERS:
-        tokenizer = load_bert_tokenizer(job["tokenizer"])
-        _TOKENIZERS[job["tokenizer"]] = (tokenizer, word_start_flags(tokenizer))
-    tokenizer, word_starts = _TOKENIZERS[job["tokenizer"]]
+    tokenizer, word_starts = piece_tokenizer(job, _tokenizer_and_word_starts)
     documents = {split: [] for split in PRETRAINING_SPLITS}
     for _, text, heldout, size in piece_documents(job["entries"], job["json_key"], job["rule"],
                                                   piece):

@@ -27,7 +27,6 @@ from model_zoo.data import (
     check_no_dataset,
     check_positive,
     dataset_ready,
-    describe_sources,
     install_tokenizer,
     split_paths,
     load_tokenizer_file,
@@ -42,6 +41,7 @@ from model_zoo.data.streaming import (
     count_progress,
     finish_build,
     piece_documents,
+    piece_tokenizer,
     planned_tokenizer,
     shard_name,
     split_totals,
@@ -102,7 +102,7 @@ def build_dataset(output_dir, sources, *, vocab_size, seq_length, tokenizer=None
                             f"any piece; give more text, a smaller seq_length, a larger "
                             f"heldout fraction or larger pieces")
     manifest = {
-        "source": source or describe_sources([str(source) for source in sources]),
+        "source": source,
         "vocab_size": used.vocab_size,
         "seq_length": seq_length,
         "heldout_fraction": options.heldout_fraction,
@@ -111,19 +111,13 @@ def build_dataset(output_dir, sources, *, vocab_size, seq_length, tokenizer=None
         "splits": summary,
         "build": build_summary(plan),
     }
-    return finish_build(output_dir, manifest,
-                        [str(source) for source in sources] if record_sources else None, records)
-
-
-_TOKENIZERS = {}   # a worker's tokenizer, loaded once for all its pieces
+    return finish_build(output_dir, manifest, sources, records, record_sources)
 
 
 def build_piece(job: dict, piece) -> dict:
     """Tokenize and pack one piece of the corpus into its train and heldout files (a worker's
     task; see `model_zoo.data.streaming.build_pieces`)."""
-    tokenizer = _TOKENIZERS.get(job["tokenizer"])
-    if tokenizer is None:
-        tokenizer = _TOKENIZERS[job["tokenizer"]] = load_tokenizer_file(job["tokenizer"])
+    tokenizer = piece_tokenizer(job, load_tokenizer_file)
     output_dir = Path(job["output_dir"])
     packers = {split: TokenPacker(job["length"], tokenizer.eos_id) for split in SPLITS}
     documents = dict.fromkeys(SPLITS, 0)

@@ -301,8 +301,10 @@ def _json_pair(path, number, text, languages):
 
 
 def is_pair_file(source: str) -> bool:
-    """Whether a source names one file of pairs (`read_pair_file`)."""
-    return source.removesuffix(".gz").endswith(PAIR_FILE_SUFFIXES) and Path(source).is_file()
+    """Whether a source names one file of pairs (`read_pair_file`), rather than
+    SOURCE_FILE:TARGET_FILE."""
+    return source.removesuffix(".gz").endswith(PAIR_FILE_SUFFIXES) and (
+        ":" not in source or Path(source).is_file())
 
 
 def load_pairs(sources, *, stats=None, languages=("en", "de")) -> List[Pair]:

@@ -179,7 +179,10 @@ class Transformer(nn.Cell):
         self.positions = SinusoidalPositionEncoding(
             config.seq_length + config.max_decode_extra + 1, config.hidden_size,
             parallel_config=parallel_config)
-        self.dropout = stream_dropout(config.dropout, parallel_config)
+        # one per side: a cell's mask follows the step, so a shared one would drop the same
+        # positions of the source and target embeddings
+        self.source_dropout = stream_dropout(config.dropout, parallel_config)
+        self.target_dropout = stream_dropout(config.dropout, parallel_config)
         self.encoder_layers = nn.CellList([EncoderLayer(config, parallel_config, compute_dtype)
                                            for _ in range(config.num_layers)])
         self.encoder_norm = LayerNorm(config.hidden_size, parallel_config=parallel_config,
@@ -192,28 +195,31 @@ class Transformer(nn.Cell):
                                           compute_dtype=compute_dtype)
         assign_pipeline_stages(list(self.encoder_layers) + list(self.decoder_layers),
                                parallel_config)
-        for cell in (self.embedding, self.positions, self.dropout):
+        for cell in (self.embedding, self.positions, self.source_dropout, self.target_dropout):
             cell.pipeline_stage = 0
         self.decoder_norm.pipeline_stage = parallel_config.pipeline_stage - 1
         self.projection.pipeline_stage = parallel_config.pipeline_stage - 1
         self.embedding_multiplier = Tensor(math.sqrt(config.hidden_size), ms.float32)
         self.padding_bias = PaddingBias(parallel_config=parallel_config)
 
-    def embed(self, ids):
-        """Token embeddings scaled by sqrt(hidden), plus positions (from 0)."""
-        x = self.embedding_scale(self.embedding(ids), self.embedding_multiplier)
-        return self.dropout(self.positions(x))
+    def embed(self, ids, source: bool):
+        """Token embeddings scaled by sqrt(hidden), plus positions (from 0), then the
+        source's or the target's dropout."""
+        x = self.positions(self.embedding_scale(self.embedding(ids), self.embedding_multiplier))
+        if source:
+            return self.source_dropout(x)
+        return self.target_dropout(x)
 
     def encode(self, source_ids, source_mask):
         """(memory (batch, seq_s, hidden), source bias (batch, 1, 1, seq_s))."""
         source_bias = self.padding_bias(source_mask)
-        x = self.embed(source_ids)
+        x = self.embed(source_ids, True)
         for layer in self.encoder_layers:
             x = layer(x, source_bias)
         return self.encoder_norm(x), source_bias
 
     def decode(self, decoder_input_ids, memory, source_bias):
-        x = self.embed(decoder_input_ids)
+        x = self.embed(decoder_input_ids, False)
         for layer in self.decoder_layers:
             x = layer(x, memory, source_bias)
         return self.projection(self.decoder_norm(x), self.embedding.embedding_table)

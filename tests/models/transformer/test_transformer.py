@@ -95,7 +95,7 @@ class DecoderHidden(nn.Cell):
         self.transformer = transformer
 
     def construct(self, decoder_input_ids, memory, source_bias):
-        x = self.transformer.embed(decoder_input_ids)
+        x = self.transformer.embed(decoder_input_ids, False)
         for layer in self.transformer.decoder_layers:
             x = layer(x, memory, source_bias)
         return self.transformer.decoder_norm(x)
