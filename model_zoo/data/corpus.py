@@ -17,8 +17,6 @@ import zlib
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
-
 from model_zoo.errors import DataError
 
 BUILTIN_PYTHON_DOCS = "builtin:python-docs"
