@@ -222,18 +222,24 @@ def read_parallel_files(source_path, target_path, *, stats=None) -> List[Pair]:
         raise DataError(f"parallel files differ in length: {source_path} has "
                         f"{len(source_lines)} lines but {target_path} has {len(target_lines)}; "
                         f"they need one sentence per line, line i translating line i")
-    pairs, blank = [], 0
-    for source, target in zip(source_lines, target_lines):
-        source, target = " ".join(source.split()), " ".join(target.split())
-        if source and target:
-            pairs.append((source, target))
-        else:
-            blank += 1
+    pairs, blank = _normalised_pairs(zip(source_lines, target_lines))
     if not pairs:
         raise DataError(f"{source_path} and {target_path}: no line pair with text on both sides")
     if stats is not None:
         stats.update(lines=len(source_lines), blank=blank, kept=len(pairs))
     return pairs
+
+
+def _normalised_pairs(raw_pairs):
+    """(the pairs with whitespace normalised, how many were skipped for a blank side)."""
+    pairs, blank = [], 0
+    for sides in raw_pairs:
+        source, target = (" ".join(side.split()) for side in sides)
+        if source and target:
+            pairs.append((source, target))
+        else:
+            blank += 1
+    return pairs, blank
 
 
 def _read_lines(path):
@@ -258,11 +264,10 @@ def read_pair_file(path, languages=("en", "de"), *, stats=None) -> List[Pair]:
     from model_zoo.data.corpus import decoded_lines
     path = Path(path)
     json_lines = path.name.removesuffix(".gz").endswith(".jsonl")
-    pairs, lines, blank = [], 0, 0
+    raw_pairs = []
     for text, number in decoded_lines(path):
         if not text.strip():
             continue
-        lines += 1
         if json_lines:
             sides = _json_pair(path, number, text, languages)
         else:
@@ -270,11 +275,9 @@ def read_pair_file(path, languages=("en", "de"), *, stats=None) -> List[Pair]:
             if len(sides) != 2:
                 raise DataError(f"{path} line {number}: {len(sides)} tab-separated fields, "
                                 f"expected 2 (source, then its translation)")
-        source, target = (" ".join(side.split()) for side in sides)
-        if source and target:
-            pairs.append((source, target))
-        else:
-            blank += 1
+        raw_pairs.append(sides)
+    lines = len(raw_pairs)
+    pairs, blank = _normalised_pairs(raw_pairs)
     if not pairs:
         raise DataError(f"{path}: no pair with text on both sides")
     if stats is not None:
