@@ -201,11 +201,10 @@ def install_tokenizer(source: Path, output_dir):
     tokenizer.json or tokenizer.model) and return it loaded."""
     output_dir = Path(output_dir)
     if source.is_dir():
-        import_hf_tokenizer(source, output_dir)
-    else:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        _copy_unless_same(source, output_dir / TOKENIZER_FILE)
-    return load_tokenizer(output_dir)
+        return HFTokenizer(import_hf_tokenizer(source, output_dir))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    _copy_unless_same(source, output_dir / TOKENIZER_FILE)
+    return Tokenizer(output_dir / TOKENIZER_FILE)
 
 
 def _copy_unless_same(source: Path, target: Path):
