@@ -158,14 +158,18 @@ def test_other_settings_replace_an_unfinished_build(corpus, tmp_path):
     output_dir.mkdir()
     (output_dir / PLAN_FILE).write_text(json.dumps({"settings": {"seed": 99}}))
     (output_dir / "train-00007-of-00009.mindrecord").write_bytes(b"stale")
-    manifest = build(corpus, output_dir, "--num-files", "2")
+    result = run_cli("data", "gpt2", "--input", corpus, "--output-dir", output_dir,
+                     "--vocab-size", "64", "--seq-length", "16", "--num-files", "2")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((output_dir / "dataset.json").read_text())
     assert "train-00007-of-00009.mindrecord" not in manifest["files"]
     assert not (output_dir / "train-00007-of-00009.mindrecord").exists()
     assert manifest["build"]["pieces"] == 2
 
 
 @pytest.mark.parametrize("name, content, message", [
-    ("bad.jsonl", b'{"text": "fine"}\n{"text": "also fine"}\n{broken\n', "bad.jsonl line 3: not JSON"),
+    ("bad.jsonl", b'{"text": "fine"}\n{"text": "also fine"}\n{broken\n',
+     "bad.jsonl line 3: not JSON"),
     ("latin.txt", b"fine\n\nstill fine\ncaf\xe9\n", "latin.txt line 4: not UTF-8"),
     ("empty.txt", b"\n  \n", "empty.txt: holds no text"),
 ])

@@ -110,7 +110,8 @@ def add_build_arguments(parser):
     parser.add_argument("--tokenizer-sentences", type=int, default=DEFAULT_TOKENIZER_SENTENCES,
                         metavar="N",
                         help=f"lines of the train split the tokenizer is trained on, a "
-                             f"shuffled sample; 0 for all (default {DEFAULT_TOKENIZER_SENTENCES:,})")
+                             f"shuffled sample; 0 for all "
+                             f"(default {DEFAULT_TOKENIZER_SENTENCES:,})")
 
 
 def streaming_build(output_dir, sources, options: BuildOptions, *, settings: dict, splits,

@@ -225,7 +225,8 @@ class TrainStep(nn.Cell):
         step, which checkpoints keep, so a resumed run draws the masks it would have."""
         if not self.keyed_dropout:
             return batch
-        key = ops.stack((self.step, Tensor(micro, ms.int32)))
+        # * 1: the step's value (PyNative refuses to stack a Parameter with a tensor)
+        key = ops.stack((self.step * 1, Tensor(micro, ms.int32)))
         return ops.depend(batch, ops.assign(DROPOUT_STEP, key))
 
     def construct(self, *batch):
