@@ -123,8 +123,8 @@ def streaming_build(output_dir, sources, options: BuildOptions, *, settings: dic
     with the options and inputs so that only the same build is resumed. `tokenizer_for(plan,
     rule, entries)`: the tokenizer (trained with `planned_tokenizer`, or given).
     `build_piece(job, piece)`: a module-level function writing one piece's files of
-    `splits` (`shard_name`) and returning its record, `{"file_names": [...], "splits":
-    {split: numbers}}`; `job` reaches it with entries, json_key, rule, tokenizer,
+    `splits` (`shard_name`) and returning its record, `{"splits": {split: numbers, "files"
+    among them}}`; `job` reaches it with entries, json_key, rule, tokenizer,
     tokenizer_sha256, output_dir and pieces (their count) added.
     """
     output_dir = Path(output_dir)
@@ -505,7 +505,8 @@ def record_piece(output_dir: Path, piece: Piece, record: dict, tokenizer_sha256:
     """Note a finished piece with the sizes and SHA-256 of its files."""
     files = {name: {"bytes": (output_dir / name).stat().st_size,
                     "sha256": sha256_of(output_dir / name)}
-             for name in record.pop("file_names")}
+             for split in record["splits"].values() for data_file in split["files"]
+             for name in (data_file, f"{data_file}.db")}
     record = dict(record, files=files, tokenizer_sha256=tokenizer_sha256)
     write_json_atomically(output_dir / PIECE_RECORD.format(piece.index), record)
     return record

@@ -402,7 +402,7 @@ def build_pretraining_piece(job: dict, piece) -> dict:
             documents["heldout" if heldout else "train"].append(tokenized[0])
         count_progress(1, sum(len(sentence) for document in tokenized for sentence in document),
                        size)
-    output_dir, names, numbers = Path(job["output_dir"]), [], {}
+    output_dir, numbers = Path(job["output_dir"]), {}
     for split, documents_ids in documents.items():
         pairable = sum(len(document) >= 2 for document in documents_ids)
         columns = None
@@ -421,7 +421,6 @@ def build_pretraining_piece(job: dict, piece) -> dict:
                              record_rows(columns, PRETRAINING_COLUMNS),
                              description=f"BERT pretraining examples ({split}), seq_length "
                                          f"{job['seq_length']}", overwrite=True)
-            names += [name, name + ".db"]
         random_next = 0 if columns is None else int(columns["next_sentence_label"].sum())
         numbers[split] = {
             "files": [name] if count else [], "documents": len(documents_ids),
@@ -430,7 +429,7 @@ def build_pretraining_piece(job: dict, piece) -> dict:
             "examples": count, "is_next": count - random_next, "random_next": random_next,
             "masked_predictions": 0 if columns is None else int(columns["masked_lm_weights"].sum()),
         }
-    return {"file_names": names, "splits": numbers}
+    return {"splits": numbers}
 
 
 def pretraining_dataset_ready(output_dir, vocab_size, seq_length, max_predictions_per_seq):

@@ -146,9 +146,7 @@ def build_piece(job: dict, piece) -> dict:
         output_dir / names["heldout"], SCHEMA,
         ({"input_ids": row} for rows in heldout_rows for row in rows),
         description=f"heldout samples of {job['length']} token ids")
-    return {"file_names": [file for split in SPLITS if samples[split]
-                           for file in (names[split], names[split] + ".db")],
-            "splits": {split: {"files": [names[split]] if samples[split] else [],
+    return {"splits": {split: {"files": [names[split]] if samples[split] else [],
                                "documents": documents[split],
                                "tokens": packers[split].tokens, "samples": samples[split],
                                "dropped_tokens": packers[split].dropped}
