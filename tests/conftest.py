@@ -48,6 +48,14 @@ def tiny_dataset(tmp_path_factory):
     return str(directory)
 
 
+def write_pairs(path, pairs):
+    """Sentence pairs as a .tsv input file (source TAB target a line)."""
+    path = Path(path)
+    path.write_text("".join(f"{source}\t{target}\n" for source, target in pairs),
+                    encoding="utf-8")
+    return path
+
+
 def write_jsonl(path, documents):
     """Documents as a JSON-lines input file (which keeps blank lines inside a document)."""
     import json

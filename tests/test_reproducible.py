@@ -139,13 +139,17 @@ CATALOGS = "/usr/share/locale/de/LC_MESSAGES"
 
 
 def test_transformer_with_dropout_repeats(tmp_path):
+    from conftest import write_pairs
     from model_zoo.models.transformer import data as tdata
+    from model_zoo.models.transformer.pairs import message_catalog_pairs
     if not glob.glob(os.path.join(CATALOGS, "*.mo")):
         pytest.skip(f"no German message catalogs in {CATALOGS}")
-    pairs = [pair for pair in tdata.message_catalog_pairs() if max(map(len, pair)) <= 24]
-    tdata.build_translation_dataset(tmp_path / "data", pairs[::8][:400], vocab_size=200,
-                                    seq_length=16, dev_size=16, test_size=16, seed=1,
-                                    buckets=[16], source="catalog slice (test)")
+    pairs = [pair for pair in message_catalog_pairs() if max(map(len, pair)) <= 24]
+    tdata.build_translation_dataset(tmp_path / "data",
+                                    [write_pairs(tmp_path / "pairs.tsv", pairs[::8][:400])],
+                                    vocab_size=200, seq_length=16, dev_size=16, test_size=16,
+                                    seed=1, buckets=[16], source="catalog slice (test)",
+                                    record_sources=False)
     config = {"model": {"name": "transformer", "num_layers": 1, "hidden_size": 32,
                         "num_heads": 2, "ffn_hidden_size": 64, "seq_length": 16,
                         "vocab_size": 200, "dropout": 0.1, "attention_dropout": 0.1,

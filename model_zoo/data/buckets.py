@@ -80,13 +80,15 @@ def global_batches(buckets, global_batch_size, *, seed=1, epoch=0, shuffle=True,
 
 
 class BucketedBatches:
-    """Iterable of this rank's batches: `make_batch(indices, bucket_length)` -> tuple of arrays.
+    """Iterable of this rank's batches, epoch after epoch: `read_batches(schedule)` yields
+    the batches (tuples of arrays) of a `schedule`, the list of (bucket length, example
+    indices) of this rank for the rest of an epoch.
 
     With `repeat` the stream is endless (epoch after epoch); `skip_batches` global steps are
     skipped without building them.
     """
 
-    def __init__(self, buckets, make_batch, batch_size, *, num_shards=1, shard_id=0, seed=1,
+    def __init__(self, buckets, read_batches, batch_size, *, num_shards=1, shard_id=0, seed=1,
                  shuffle=True, skip_batches=0, repeat=True, drop_remainder=True):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise DataError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -95,7 +97,7 @@ class BucketedBatches:
         if skip_batches < 0:
             raise DataError(f"skip_batches must not be negative, got {skip_batches}")
         self.buckets = np.asarray(buckets)
-        self.make_batch = make_batch
+        self.read_batches = read_batches
         self.batch_size = batch_size
         self.num_shards = num_shards
         self.shard_id = shard_id
@@ -119,11 +121,11 @@ class BucketedBatches:
     def __iter__(self):
         epoch, position = divmod(self.skip_batches, self.batches_per_epoch)
         while self.repeat or epoch == 0:
-            for bucket, members in self._epoch(epoch)[position:]:
-                mine = members[self.shard_id * self.batch_size:
-                               (self.shard_id + 1) * self.batch_size]
-                if len(mine):
-                    yield self.make_batch(mine, bucket)
+            mine = slice(self.shard_id * self.batch_size, (self.shard_id + 1) * self.batch_size)
+            schedule = [(bucket, members[mine]) for bucket, members
+                        in self._epoch(epoch)[position:] if len(members[mine])]
+            if schedule:
+                yield from self.read_batches(schedule)
             epoch, position = epoch + 1, 0
 
 

@@ -221,7 +221,7 @@ def _builtin_documents(name: str) -> tuple:
     return tuple(python_docstrings_corpus())
 
 
-def _lines(path: Path, offset: int, line: int):
+def raw_lines(path: Path, offset: int, line: int):
     """(line bytes without its newline, its byte offset, its number) of a file (gunzipped
     for .gz) from `offset`, read in chunks; a byte-order mark at the start is skipped."""
     opener = gzip.open if path.suffix == ".gz" else open
@@ -247,7 +247,7 @@ def _lines(path: Path, offset: int, line: int):
         raise DataError(f"{path}: cannot be read ({reason})") from None
 
 
-def _decoded(path: Path, raw: bytes, line: int) -> str:
+def decode_text(path: Path, raw: bytes, line: int) -> str:
     """UTF-8 text of input bytes starting at `line`; DataError naming the bad byte's line."""
     try:
         return raw.decode("utf-8")
@@ -261,8 +261,8 @@ def _decoded(path: Path, raw: bytes, line: int) -> str:
 def decoded_lines(path: Path):
     """(text, line number) of each line of a UTF-8 file (gunzipped for .gz), without its
     newline; DataError naming the file and line of what cannot be read."""
-    for raw, _, number in _lines(path, 0, 1):
-        yield _decoded(path, raw, number), number
+    for raw, _, number in raw_lines(path, 0, 1):
+        yield decode_text(path, raw, number), number
 
 
 def _text_documents(path: Path, offset: int, line: int, json_key=None):
@@ -271,7 +271,7 @@ def _text_documents(path: Path, offset: int, line: int, json_key=None):
     ("\r\n" too; a lone "\r" inside a document becomes "\n")."""
     del json_key
     lines, start, size = [], None, 0
-    for raw, position, number in _lines(path, offset, line):
+    for raw, position, number in raw_lines(path, offset, line):
         if raw.strip():
             if not lines:
                 start, size = (position, number), 0
@@ -287,7 +287,7 @@ def _text_documents(path: Path, offset: int, line: int, json_key=None):
 
 
 def _text_document(path: Path, lines: list, start) -> str:
-    text = _decoded(path, b"\n".join(lines), start[1])
+    text = decode_text(path, b"\n".join(lines), start[1])
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     return text.rstrip()
@@ -297,11 +297,11 @@ def _json_line_documents(path: Path, offset: int, line: int, json_key: str):
     """(text, (offset, line), size) of the `json_key` string of each JSON line; blank
     lines and empty texts are skipped."""
     # lines end at "\n" only: JSON strings may hold U+2028 and the like unescaped
-    for raw, position, number in _lines(path, offset, line):
+    for raw, position, number in raw_lines(path, offset, line):
         if not raw.strip():
             continue
         try:
-            record = json.loads(_decoded(path, raw, number))
+            record = json.loads(decode_text(path, raw, number))
         except json.JSONDecodeError as error:
             raise DataError(f"{path} line {number}: not JSON ({error.msg} at column "
                             f"{error.colno})") from None

@@ -98,6 +98,11 @@ def add_build_arguments(parser):
     parser.add_argument("--seed", type=int, default=1,
                         help="seed of the train/heldout split, the tokenizer's sample and "
                              "what else is drawn (default 1)")
+    add_piece_arguments(parser)
+
+
+def add_piece_arguments(parser):
+    """The flags of a streaming build that say how its inputs are cut and built."""
     parser.add_argument("--workers", type=int, default=None, metavar="N",
                         help="processes that tokenize and write pieces of the corpus "
                              "(default: the cores of this machine)")
@@ -115,7 +120,7 @@ def add_build_arguments(parser):
 
 
 def streaming_build(output_dir, sources, options: BuildOptions, *, settings: dict, splits,
-                    label: str, tokenizer_for, build_piece, job: dict):
+                    label: str, tokenizer_for, build_piece, job: dict, corpus=None):
     """Run the passes of a build (module docstring) and return (plan, the pieces' records
     in order, tokenizer); the caller writes dataset.json with `finish_build`.
 
@@ -125,34 +130,33 @@ def streaming_build(output_dir, sources, options: BuildOptions, *, settings: dic
     `build_piece(job, piece)`: a module-level function writing one piece's files of
     `splits` (`shard_name`) and returning its record, `{"splits": {split: numbers, "files"
     among them}}`; `job` reaches it with entries, json_key, rule, tokenizer,
-    tokenizer_sha256, output_dir and pieces (their count) added.
+    tokenizer_sha256, output_dir and pieces (their count) added. `corpus`: what is read
+    and how it is scanned and split (`DocumentCorpus`, the default, reads documents).
     """
     output_dir = Path(output_dir)
     check_no_dataset(output_dir)
     workers = options.check()
-    entries = input_entries(sources)
-    settings = dict(settings, inputs=input_signature(entries), json_key=options.json_key,
+    corpus = corpus or DocumentCorpus(sources, options.json_key)
+    entries = corpus.entries
+    settings = dict(settings, inputs=corpus.signature(), json_key=options.json_key,
                     heldout_fraction=options.heldout_fraction, seed=options.seed,
                     tokenizer_sentences=options.tokenizer_sentences, pieces=options.pieces())
     plan = load_plan(output_dir, settings)
     if plan is None:
         clear_build(output_dir, splits)
         started = time.perf_counter()
-        plan = dict(scan_corpus(entries, options.json_key,
-                                heldout_fraction=options.heldout_fraction, seed=options.seed,
-                                piece_bytes=options.piece_bytes(),
-                                num_files=options.num_files),
-                    settings=settings)
+        plan = dict(corpus.scan(options), settings=settings)
         output_dir.mkdir(parents=True, exist_ok=True)
         save_plan(output_dir, plan)
-        print(f"scanned {plan['documents']:,} documents, {plan['bytes'] / 1e6:,.1f} MB, in "
+        print(f"scanned {plan['documents']:,} {corpus.unit}, {plan['bytes'] / 1e6:,.1f} MB, "
+              f"in "
               f"{time.perf_counter() - started:.1f} s: {len(plan['pieces'])} piece(s)",
               flush=True)
     else:
         print(f"resuming the unfinished build in {output_dir}", flush=True)
-    rule = plan_rule(plan)
+    rule = corpus.rule(plan)
     tokenizer = tokenizer_for(plan, rule, entries)
-    pieces = plan_pieces(plan)
+    pieces = plan_pieces(plan, corpus.start_type)
     tokenizer_sha256 = sha256_of(tokenizer.model_path)
     records = {piece.index: record for piece in pieces
                if (record := finished_piece(output_dir, piece, tokenizer_sha256))}
@@ -161,8 +165,33 @@ def streaming_build(output_dir, sources, options: BuildOptions, *, settings: dic
                output_dir=str(output_dir), pieces=len(pieces), splits=list(splits))
     todo = [piece for piece in pieces if piece.index not in records]
     records.update(build_pieces(build_piece, job, todo, workers, label=label,
-                                total_bytes=sum(piece.bytes for piece in todo)))
+                                total_bytes=sum(piece.bytes for piece in todo),
+                                unit=corpus.unit))
     return plan, [records[piece.index] for piece in pieces], tokenizer
+
+
+class DocumentCorpus:
+    """The documents of a build's sources, scanned by `scan_corpus` and split by
+    `SplitRule`: what `streaming_build` reads unless it is given another corpus (one with
+    the same attributes and methods)."""
+
+    unit = "documents"
+    start_type = DocumentStart
+
+    def __init__(self, sources, json_key: str):
+        self.entries = input_entries(sources)
+        self.json_key = json_key
+
+    def signature(self) -> list:
+        return input_signature(self.entries)
+
+    def scan(self, options: BuildOptions) -> dict:
+        return scan_corpus(self.entries, self.json_key,
+                           heldout_fraction=options.heldout_fraction, seed=options.seed,
+                           piece_bytes=options.piece_bytes(), num_files=options.num_files)
+
+    def rule(self, plan: dict):
+        return plan_rule(plan)
 
 
 def planned_tokenizer(output_dir, plan: dict, path, train):
@@ -276,45 +305,76 @@ def scan_corpus(entries, json_key, *, heldout_fraction: float, seed: int,
     if not 0.0 < heldout_fraction < 1.0:
         raise DataError(f"heldout_fraction must be between 0 and 1 (exclusive), "
                         f"got {heldout_fraction}")
-    if num_files is not None:
-        piece_bytes = max(1, -(-sum(input_bytes(entry) for entry in entries) // num_files))
-    elif piece_bytes is None:
-        piece_bytes = auto_piece_bytes(sum(input_bytes(entry) for entry in entries))
-    piece_bytes = max(1, piece_bytes)
-    pieces, total_bytes, heldout_count = [], 0, 0
+    piece_bytes = chosen_piece_bytes(sum(input_bytes(entry) for entry in entries),
+                                     piece_bytes, num_files)
+    cutter = PieceCutter(piece_bytes)
+    heldout_count = 0
     lowest = highest = (None, None)     # (draw, index) of the extreme draws
-    count = 0
-    piece_start, piece_first, piece_bytes_read = None, 0, 0
-    next_cut = piece_bytes
     for index, document in enumerate(iter_documents(entries, json_key)):
         # a gzip file is cut only where it starts: reading from inside one means
         # decompressing everything before (give a large corpus as many .gz files)
-        cuttable = document.start.offset == 0 or not _is_gzip(entries[document.start.entry])
-        if piece_start is None or (total_bytes >= next_cut and cuttable):
-            if piece_start is not None:
-                pieces.append(Piece(len(pieces), piece_start, piece_first,
-                                    index - piece_first, piece_bytes_read))
-                next_cut = (total_bytes // piece_bytes + 1) * piece_bytes
-            piece_start, piece_first, piece_bytes_read = document.start, index, 0
+        cutter.add(index, document.start, document.size, cuttable=document.start.offset == 0
+                   or not _is_gzip(entries[document.start.entry]))
         draw = heldout_draw(seed, index)
         heldout_count += draw < heldout_fraction
         if lowest[0] is None or draw < lowest[0]:
             lowest = (draw, index)
         if highest[0] is None or draw > highest[0]:
             highest = (draw, index)
-        total_bytes += document.size
-        piece_bytes_read += document.size
-        count = index + 1
+    count = cutter.count
     if count < 2:
         raise DataError(f"need at least 2 documents to split into train and heldout, got {count}")
-    pieces.append(Piece(len(pieces), piece_start, piece_first, count - piece_first,
-                        piece_bytes_read))
     rule = SplitRule(heldout_fraction, seed,
                      forced_heldout=lowest[1] if heldout_count == 0 else None,
                      forced_train=highest[1] if heldout_count == count else None)
-    return {"documents": count, "bytes": total_bytes, "piece_bytes": piece_bytes,
-            "rule": asdict(rule),
-            "pieces": [asdict(piece) for piece in pieces]}
+    return dict(cutter.plan(), rule=asdict(rule))
+
+
+class PieceCutter:
+    """Cuts a stream of units (documents, sentence pairs) into pieces as a scan reads it:
+    a piece starts at the first cuttable unit once `piece_bytes` of input have been read
+    since the previous cut point."""
+
+    def __init__(self, piece_bytes: int):
+        self.piece_bytes = piece_bytes
+        self.pieces, self.count, self.total_bytes = [], 0, 0
+        self.start, self.first, self.bytes = None, 0, 0
+        self.next_cut = piece_bytes
+
+    def add(self, index: int, start, size: int, cuttable: bool = True):
+        """Unit `index` (the next one), starting at `start` (a NamedTuple), `size` bytes."""
+        if self.start is None or (self.total_bytes >= self.next_cut and cuttable):
+            if self.start is not None:
+                self._close(index)
+                self.next_cut = (self.total_bytes // self.piece_bytes + 1) * self.piece_bytes
+            self.start, self.first, self.bytes = start, index, 0
+        self.total_bytes += size
+        self.bytes += size
+        self.count = index + 1
+
+    def _close(self, stop: int):
+        self.pieces.append(Piece(len(self.pieces), self.start, self.first, stop - self.first,
+                                 self.bytes))
+
+    def plan(self) -> dict:
+        """The scan's pieces, as the plan records them."""
+        if self.start is not None:
+            self._close(self.count)
+            self.start = None
+        return {"documents": self.count, "bytes": self.total_bytes,
+                "piece_bytes": self.piece_bytes,
+                "pieces": [asdict(piece) for piece in self.pieces]}
+
+
+def chosen_piece_bytes(total_bytes: int, piece_bytes: Optional[int] = None,
+                       num_files: Optional[int] = None) -> int:
+    """The piece size of a corpus of `total_bytes`: `piece_bytes`, or that of `num_files`
+    equal pieces, or when neither is given `auto_piece_bytes`."""
+    if num_files is not None:
+        piece_bytes = -(-total_bytes // num_files)
+    elif piece_bytes is None:
+        piece_bytes = auto_piece_bytes(total_bytes)
+    return max(1, piece_bytes)
 
 
 def auto_piece_bytes(total_bytes: int) -> int:
@@ -333,8 +393,8 @@ def plan_rule(plan: dict) -> SplitRule:
     return SplitRule(**plan["rule"])
 
 
-def plan_pieces(plan: dict) -> list:
-    return [Piece(**dict(piece, start=DocumentStart(*piece["start"])))
+def plan_pieces(plan: dict, start_type=DocumentStart) -> list:
+    return [Piece(**dict(piece, start=start_type(*piece["start"])))
             for piece in plan["pieces"]]
 
 
@@ -388,9 +448,10 @@ def count_progress(documents: int, tokens: int, size: int):
 class ProgressLine(threading.Thread):
     """Prints documents/s, tokens/s and MB/s of the pieces being built every few seconds."""
 
-    def __init__(self, counters, total_bytes: int, label: str):
+    def __init__(self, counters, total_bytes: int, label: str, unit: str = "documents"):
         super().__init__(daemon=True)
         self.counters, self.total_bytes, self.label = counters, total_bytes, label
+        self.unit = unit
         self.started = time.perf_counter()
         self.finished = threading.Event()
 
@@ -403,7 +464,7 @@ class ProgressLine(threading.Thread):
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         share = size / self.total_bytes if self.total_bytes else 1.0
         remaining = elapsed * (1 - share) / share if share > 0 else float("inf")
-        print(f"{self.label}: {min(share, 1.0):.0%} {documents:,} documents "
+        print(f"{self.label}: {min(share, 1.0):.0%} {documents:,} {self.unit} "
               f"({documents / elapsed:,.0f}/s), {tokens:,} tokens ({tokens / elapsed:,.0f}/s), "
               f"{size / 1e6:,.1f} MB ({size / 1e6 / elapsed:,.2f} MB/s)"
               + (f", {remaining:,.0f} s left" if share < 1 else ""), flush=True)
@@ -422,7 +483,7 @@ def default_workers() -> int:
 
 
 def build_pieces(build_piece, job: dict, pieces: list, workers: int, *, label: str,
-                 total_bytes: int) -> dict:
+                 total_bytes: int, unit: str = "documents") -> dict:
     """Pass 3: {piece index: build_piece(job, piece)} for every piece, in `workers` spawned
     processes (in this one for a single worker or piece); a progress line as they go.
 
@@ -433,7 +494,7 @@ def build_pieces(build_piece, job: dict, pieces: list, workers: int, *, label: s
         return {}
     context = multiprocessing.get_context("spawn")
     counters = context.Array("q", 3)
-    progress = ProgressLine(counters, total_bytes, label)
+    progress = ProgressLine(counters, total_bytes, label, unit)
     progress.start()
     results = {}
     try:

@@ -1,30 +1,27 @@
-"""Translation dataset: sentence pairs, a leak-free split, a joint SentencePiece vocabulary
-and length-bucketed MindRecord files.
-
-Sources of sentence pairs:
-    builtin:locale-de        English -> German pairs from the system's gettext message
-                             catalogs (/usr/share/locale/de/LC_MESSAGES/*.mo), filtered to
-                             real phrases and sentences (`message_catalog_pairs`)
-    SOURCE_FILE:TARGET_FILE  the user's parallel text, one sentence per line
-                             (`read_parallel_files`)
-    PAIRS.tsv, PAIRS.jsonl   a file of pairs, optionally gzipped (`read_pair_file`)
+"""Translation dataset: sentence pairs (`pairs`), a leak-free split, a joint SentencePiece
+vocabulary and length-bucketed MindRecord files, built as a stream in pieces.
 
 A built dataset directory holds:
-    tokenizer.model              joint SentencePiece model of both languages, trained on the
-                                 train split (pad=0, unk=1, bos=2, eos=3)
-    train.mindrecord (+ .db)     one row per sentence pair (columns below), in split order
+    tokenizer.model              joint SentencePiece model of both languages, trained on (a
+                                 sample of) the train split (pad=0, unk=1, bos=2, eos=3)
+    train.mindrecord (+ .db)     one row per sentence pair (columns below);
+                                 `train-00003-of-00016.mindrecord` ... when the inputs are
+                                 built in several pieces (--shard-size, --num-files)
     dev.mindrecord (+ .db)
     test.mindrecord (+ .db)
     dev.en dev.de test.en test.de  the dev/test pairs as plain text, one per line: line i is
                                  the row with index i (references for sacreBLEU)
     dataset.json                 what was built; written last, it marks a complete dataset
 
-MindRecord columns (RECORD_SCHEMA), one row per pair:
+MindRecord columns (RECORD_SCHEMA), one row per pair; each file's rows are sorted by
+bucket (then by index), and dataset.json counts each file's rows per bucket, so a reader
+knows every row's bucket without reading the files:
     source_ids  int32 [n]      source tokens + eos                       (n <= seq_length)
     target_ids  int32 [m + 2]  bos + target tokens + eos                 (m + 1 <= seq_length)
     bucket      int32          padded length of the pair: the smallest bucket boundary
                                >= max(n, m + 1)
-    index       int32          position of the pair in its split (line in dev.en / dev.de)
+    index       int32          dev/test: the pair's position in its split (line in dev.en);
+                               train: its position in the inputs
 
 Batches (`create_translation_dataset`): each batch holds `batch_size` *sentences* of one
 bucket, padded with pad=0 to that bucket's length L; columns in this order (BATCH_COLUMNS),
@@ -40,308 +37,52 @@ The batch size is chosen when reading, not when building: the trainer's per-rank
 (train.global_batch_size / data shards), counted in sentences.
 """
 
-import gettext
-import json
+import hashlib
+import heapq
 import re
 import time
 from pathlib import Path
-from typing import List, NamedTuple, Tuple
+from typing import NamedTuple
 
 import numpy as np
+import mindspore.dataset as ms_dataset
 
-from model_zoo.data.buckets import (
-    DEFAULT_BUCKETS,
-    BucketedBatches,
-    assign_buckets,
-    bucket_boundaries,
-    bucket_counts,
-    bucketed_dataset,
-    padding_ratio,
-)
+from model_zoo.data.buckets import (DEFAULT_BUCKETS, BucketedBatches, assign_buckets,
+                                    bucket_boundaries, bucketed_dataset, padding_ratio)
+from model_zoo.data.corpus import input_bytes
 from model_zoo.data.manifest import (check_no_dataset, check_positive, dataset_ready,
-                                     write_manifest)
-from model_zoo.data.mindrecord import read_mindrecord, write_mindrecord
+                                     read_manifest)
+from model_zoo.data.mindrecord import read_mindrecord, write_mindrecord_unless_empty
+from model_zoo.data.streaming import (BuildOptions, Piece, PieceCutter, add_piece_arguments,
+                                      build_summary, chosen_piece_bytes, count_progress,
+                                      finish_build, heldout_draw, input_signature,
+                                      piece_tokenizer, planned_tokenizer, shard_name,
+                                      streaming_build)
 from model_zoo.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID,
-                                      train_tokenizer)
+                                      load_tokenizer_file, train_tokenizer)
 from model_zoo.errors import DataError
 from model_zoo.files import write_atomically
 
+from .pairs import (BUILTIN_LOCALE_DE, CATALOG, MAX_WORDS, MIN_WORDS, PairStart, iter_pairs,
+                    pair_entries)
+
 SPLITS = ("train", "dev", "test")
-SPLIT_FILES = {split: f"{split}.mindrecord" for split in SPLITS}
+SPLIT_FILES = {split: shard_name(split, 0, 1) for split in SPLITS}   # a one-piece build's
 TEXT_SPLITS = ("dev", "test")
-CATALOG_ROOT = "/usr/share/locale"
-BUILTIN_LOCALE_PREFIX = "builtin:locale-"
-PAIR_FILE_SUFFIXES = (".tsv", ".jsonl")   # a file of pairs, optionally .gz
-BUILTIN_LOCALE_DE = "builtin:locale-de"
 DEFAULT_DEV_SIZE = 1000
 DEFAULT_TEST_SIZE = 1000
-MIN_WORDS = 2
-MAX_WORDS = 60
+CANDIDATE_FACTOR = 4   # the scan keeps the lowest-drawn groups holding 4 x (dev + test) pairs
+ENCODE_BATCH = 10_000  # pairs a worker encodes at a time
 RECORD_SCHEMA = {
     "source_ids": {"type": "int32", "shape": [-1]},
     "target_ids": {"type": "int32", "shape": [-1]},
     "bucket": {"type": "int32"},
     "index": {"type": "int32"},
 }
+READ_COLUMNS = ["source_ids", "target_ids", "index"]
 BATCH_COLUMNS = ("source_ids", "source_mask", "decoder_input_ids", "decoder_mask", "label_ids")
 INDEX_COLUMN = "index"
-
-Pair = Tuple[str, str]
-
-# printf (%s, %-10.3lu, %1$s, %%), Python (%(name)s, {0}, {name}), shell ($HOME, ${VAR}) and
-# <placeholder> forms. No space flag: "50% of" is not a placeholder.
-PLACEHOLDER = re.compile(
-    r"%(?:\d+\$)?[-+#0']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t|I64)?"
-    r"[diouxXeEfFgGaAcspnmS%]"
-    r"|%\([^)\s]*\)[a-zA-Z]|\{[^{}\s]*\}|\$\{?\w+\}?|<[^<>\s]+>")
-OPTION = re.compile(r"^[\[(\"'`]*--?[A-Za-z0-9?]")
-PATH_OR_URL = re.compile(r"^[\[(\"'`«»„“‘]*(?:/|~/|\.\.?/|[A-Za-z]:\\)|://|^\S+@\S+\.\w+")
-LETTERS = re.compile(r"[^\W\d_]{2,}")
-# A word: starts with a letter; letters and digits joined by - ' ’ . /; opening brackets or
-# quotes before it, closing ones and punctuation after it.
-WORD = re.compile(r"^[(\[{\"'«»„“‘‚¿¡]*[^\W\d_][^\W_]*(?:[-'’./][^\W_]+)*"
-                  r"[-)\]}\"'»«“”’‘.,:;!?…]*$")
-MNEMONIC = re.compile(r"_(?=[^\W\d_])")
 NOT_WORD = re.compile(r"[\W_]+")
-
-
-# ---------------------------------------------------------------------------------------------
-# Sentence pairs
-
-def message_catalog_pairs(locale="de", root=CATALOG_ROOT, *, stats=None) -> List[Pair]:
-    """English -> `locale` pairs from the gettext catalogs in `root/<locale>/LC_MESSAGES/*.mo`.
-
-    Files are read in sorted order (unreadable ones are skipped and named in `stats`). Kept are
-    msgid -> msgstr entries that are phrases: the header, plural and context entries,
-    untranslated entries, strings made mostly of placeholders, options or paths, strings of
-    fewer than 2 words on the English side (a word starts with a letter and holds no
-    underscore, so identifiers such as fts_close are not words) and strings of more than 60
-    tokens on either side are dropped. Whitespace is normalised (multi-line entries become one
-    line) and GTK mnemonic underscores ("_Open") are removed. The first entry of each English
-    string wins. If `stats` is a dict, it receives the counts of each reason and the files
-    read and skipped.
-    """
-    directory = Path(root) / locale / "LC_MESSAGES"
-    files = sorted(directory.glob("*.mo"))
-    if not files:
-        raise DataError(f"{directory}: no message catalogs (*.mo) found for locale {locale!r}")
-    counts = dict.fromkeys(("entries", "header", "plural", "context", "untranslated",
-                            "technical", "too_short", "too_long", "duplicate", "kept"), 0)
-    skipped, seen, pairs = [], set(), []
-    for path in files:
-        catalog = _read_catalog(path)
-        if catalog is None:
-            skipped.append(path.name)
-            continue
-        for msgid, msgstr in catalog.items():
-            counts["entries"] += 1
-            reason, pair = _catalog_entry(msgid, msgstr)
-            if reason is None and pair[0] in seen:
-                reason = "duplicate"
-            if reason is not None:
-                counts[reason] += 1
-                continue
-            seen.add(pair[0])
-            pairs.append(pair)
-    counts["kept"] = len(pairs)
-    if stats is not None:
-        stats.update(counts, directory=str(directory), files_read=len(files) - len(skipped),
-                     files_skipped=skipped)
-    return pairs
-
-
-def _read_catalog(path):
-    try:
-        with open(path, "rb") as handle:
-            return gettext.GNUTranslations(handle)._catalog  # pylint: disable=protected-access
-    except (OSError, UnicodeDecodeError, LookupError, ValueError, TypeError):
-        return None  # corrupt, or a charset the header misstates
-
-
-def _catalog_entry(msgid, msgstr):
-    """(reason to drop or None, (english, translation))."""
-    if not isinstance(msgid, str):  # gettext keys plural forms as (msgid, n)
-        return "plural", None
-    if msgid == "":
-        return "header", None
-    if "\x00" in msgid or "\x00" in msgstr:
-        return "plural", None
-    if "\x04" in msgid:
-        return "context", None
-    english, translation = _strip_mnemonics(" ".join(msgid.split()), " ".join(msgstr.split()))
-    if not translation or english.casefold() == translation.casefold():
-        return "untranslated", None
-    return _phrase_check(english, translation), (english, translation)
-
-
-def _phrase_check(english, translation):
-    tokens = english.split()
-    technical = [_is_technical(token) for token in tokens]
-    if 2 * sum(technical) > len(tokens):
-        return "technical"
-    words = sum(not tech and bool(WORD.match(PLACEHOLDER.sub("", token)))
-                for token, tech in zip(tokens, technical))
-    if words < MIN_WORDS:
-        return "too_short"
-    if max(len(tokens), len(translation.split())) > MAX_WORDS:
-        return "too_long"
-    return None
-
-
-def _is_technical(token):
-    """A placeholder, option, path, URL or e-mail, or a token without a word in it."""
-    if OPTION.match(token) or PATH_OR_URL.search(token):
-        return True
-    return not LETTERS.search(PLACEHOLDER.sub(" ", token))
-
-
-def _strip_mnemonics(english, translation):
-    """Remove GTK keyboard-accelerator underscores ("_Open" / "Ö_ffnen") from both sides.
-
-    Only when the English has exactly one underscore before a letter and its word does not
-    recur in the translation (where it would be an identifier such as max_connections).
-    """
-    if english.count("_") != 1 or not MNEMONIC.search(english):
-        return english, translation
-    word = next(token for token in english.split() if "_" in token)
-    if word in translation.split():
-        return english, translation
-    return MNEMONIC.sub("", english, count=1), MNEMONIC.sub("", translation, count=1)
-
-
-def read_parallel_files(source_path, target_path, *, stats=None) -> List[Pair]:
-    """Sentence pairs from two UTF-8 files with one sentence per line.
-
-    Whitespace is normalised; lines where either side is blank are skipped (counted in
-    `stats["blank"]` when `stats` is a dict). DataError names the file for a missing or
-    non-UTF-8 file (with the line), and both files and their line counts when they differ.
-    """
-    source_lines = _read_lines(Path(source_path))
-    target_lines = _read_lines(Path(target_path))
-    if len(source_lines) != len(target_lines):
-        raise DataError(f"parallel files differ in length: {source_path} has "
-                        f"{len(source_lines)} lines but {target_path} has {len(target_lines)}; "
-                        f"they need one sentence per line, line i translating line i")
-    pairs, blank = _normalised_pairs(zip(source_lines, target_lines))
-    if not pairs:
-        raise DataError(f"{source_path} and {target_path}: no line pair with text on both sides")
-    if stats is not None:
-        stats.update(lines=len(source_lines), blank=blank, kept=len(pairs))
-    return pairs
-
-
-def _normalised_pairs(raw_pairs):
-    """(the pairs with whitespace normalised, how many were skipped for a blank side)."""
-    pairs, blank = [], 0
-    for sides in raw_pairs:
-        source, target = (" ".join(side.split()) for side in sides)
-        if source and target:
-            pairs.append((source, target))
-        else:
-            blank += 1
-    return pairs, blank
-
-
-def _read_lines(path):
-    """The lines of a UTF-8 text file (gzipped for .gz), without their line ends."""
-    from model_zoo.data.corpus import decoded_lines
-    if not path.exists():
-        raise DataError(f"{path}: file not found")
-    if not path.is_file():
-        raise DataError(f"{path}: not a regular file")
-    return [text.rstrip("\r") for text, _ in decoded_lines(path)]
-
-
-def read_pair_file(path, languages=("en", "de"), *, stats=None) -> List[Pair]:
-    """Sentence pairs from one file, optionally gzipped: `.tsv`, a source and its
-    translation on each line, separated by a tab; or `.jsonl`, one object a line whose
-    `languages` keys (source, target) hold them, at the top level or under "translation"
-    (the layout of Hugging Face translation datasets).
-
-    Whitespace is normalised and pairs with a blank side skipped, as in
-    `read_parallel_files`; DataError names the file and line of a malformed one.
-    """
-    from model_zoo.data.corpus import decoded_lines
-    path = Path(path)
-    json_lines = path.name.removesuffix(".gz").endswith(".jsonl")
-    raw_pairs = []
-    for text, number in decoded_lines(path):
-        if not text.strip():
-            continue
-        if json_lines:
-            sides = _json_pair(path, number, text, languages)
-        else:
-            sides = text.rstrip("\r").split("\t")
-            if len(sides) != 2:
-                raise DataError(f"{path} line {number}: {len(sides)} tab-separated fields, "
-                                f"expected 2 (source, then its translation)")
-        raw_pairs.append(sides)
-    lines = len(raw_pairs)
-    pairs, blank = _normalised_pairs(raw_pairs)
-    if not pairs:
-        raise DataError(f"{path}: no pair with text on both sides")
-    if stats is not None:
-        stats.update(lines=lines, blank=blank, kept=len(pairs))
-    return pairs
-
-
-def _json_pair(path, number, text, languages):
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise DataError(f"{path} line {number}: not JSON ({error.msg} at column "
-                        f"{error.colno})") from None
-    if isinstance(record, dict) and isinstance(record.get("translation"), dict):
-        record = record["translation"]
-    if not isinstance(record, dict) or any(lang not in record for lang in languages):
-        raise DataError(f"{path} line {number}: no {' and '.join(map(repr, languages))} "
-                        f"fields (give the languages with --source-lang and --target-lang)")
-    sides = [record[lang] for lang in languages]
-    if not all(isinstance(side, str) for side in sides):
-        raise DataError(f"{path} line {number}: the {' and '.join(languages)} fields must "
-                        f"be text")
-    return sides
-
-
-def is_pair_file(source: str) -> bool:
-    """Whether a source names one file of pairs (`read_pair_file`), rather than
-    SOURCE_FILE:TARGET_FILE."""
-    return source.removesuffix(".gz").endswith(PAIR_FILE_SUFFIXES) and (
-        ":" not in source or Path(source).is_file())
-
-
-def load_pairs(sources, *, stats=None, languages=("en", "de")) -> List[Pair]:
-    """The pairs of every source in order: `builtin:locale-de` (or another locale code),
-    a file of pairs (`.tsv`, `.jsonl`, gzipped or not; `languages` are its JSON keys) or
-    `SOURCE_FILE:TARGET_FILE`. If `stats` is a dict, it receives {source: its stats}."""
-    sources = list(sources)
-    if not sources:
-        raise DataError(f"no input given: use {BUILTIN_LOCALE_DE} or SOURCE_FILE:TARGET_FILE")
-    pairs = []
-    for source in sources:
-        found = {}
-        if source.startswith(BUILTIN_LOCALE_PREFIX):
-            pairs.extend(message_catalog_pairs(source[len(BUILTIN_LOCALE_PREFIX):], stats=found))
-        elif source.startswith("builtin:"):
-            raise DataError(f"{source}: unknown built-in corpus (available: {BUILTIN_LOCALE_DE})")
-        elif is_pair_file(source):
-            pairs.extend(read_pair_file(source, languages, stats=found))
-        else:
-            pairs.extend(read_parallel_files(*_file_pair(source), stats=found))
-        if stats is not None:
-            stats[source] = found
-    return pairs
-
-
-def _file_pair(source):
-    """Split SOURCE_FILE:TARGET_FILE at the first colon that leaves two existing files."""
-    colons = [i for i, char in enumerate(source) if char == ":"]
-    if not colons:
-        raise DataError(f"{source!r}: expected SOURCE_FILE:TARGET_FILE or {BUILTIN_LOCALE_DE}")
-    for i in colons:
-        if Path(source[:i]).is_file() and Path(source[i + 1:]).is_file():
-            return source[:i], source[i + 1:]
-    return source[:colons[0]], source[colons[0] + 1:]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,47 +93,101 @@ def normalised_source(text):
     return " ".join(NOT_WORD.sub(" ", text.casefold()).split())
 
 
-def split_pairs(pairs, dev=DEFAULT_DEV_SIZE, test=DEFAULT_TEST_SIZE, seed=1):
-    """Split pairs into {"train", "dev", "test"} without leakage between them.
+def group_key(source: str) -> int:
+    """A 64-bit key of a source sentence's leakage group (its `normalised_source`)."""
+    digest = hashlib.blake2b(normalised_source(source).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
-    Pairs whose source sentences are equal up to case, punctuation and spacing form one group,
-    and a group never straddles two splits. Groups are taken in an order permuted with `seed`
-    and fill dev, then test, with whole groups up to `dev` and `test` pairs (exactly those sizes
-    unless large groups are in the way); the rest is train. Each split keeps the input order.
+
+class HeldOutGroups:
+    """Chooses the dev and test groups while the pairs stream past, in bounded memory.
+
+    Each group draws a number from (seed, its key) alone; groups are taken by increasing
+    draw and fill dev, then test, with whole groups up to `dev` and `test` pairs (exactly
+    those sizes unless large groups are in the way). Only the groups of lowest draw holding
+    CANDIDATE_FACTOR x (dev + test) pairs are kept while counting: a group whose draw lies
+    above them all can no longer be chosen.
     """
-    pairs = list(pairs)
-    for name, size in (("dev", dev), ("test", test)):
-        if not isinstance(size, int) or size < 0:
-            raise DataError(f"{name} size must be a non-negative integer, got {size!r}")
-    if len(pairs) - dev - test < 1:
-        raise DataError(f"{len(pairs)} pairs cannot give {dev} dev and {test} test pairs and "
-                        f"still leave training pairs; use smaller dev/test sizes or more data")
-    groups = {}
-    for index, (source, _) in enumerate(pairs):
-        groups.setdefault(normalised_source(source), []).append(index)
-    members = list(groups.values())
-    assignment = np.zeros(len(pairs), dtype=np.int8)  # 0 train, 1 dev, 2 test
-    filled = {1: 0, 2: 0}
-    limits = {1: dev, 2: test}
-    for group in np.random.default_rng(seed).permutation(len(members)):
-        indices = members[group]
-        for split in (1, 2):
-            if filled[split] + len(indices) <= limits[split]:
-                assignment[indices] = split
-                filled[split] += len(indices)
+
+    def __init__(self, dev: int, test: int, seed: int):
+        for name, size in (("dev", dev), ("test", test)):
+            if not isinstance(size, int) or size < 0:
+                raise DataError(f"{name} size must be a non-negative integer, got {size!r}")
+        self.dev, self.test, self.seed = dev, test, seed
+        self.limit = CANDIDATE_FACTOR * (dev + test)
+        self.groups = {}      # key -> [draw, pairs]
+        self.highest = []     # heap of (-draw, key): the kept group of highest draw first
+        self.kept_pairs = 0
+        self.pairs = 0
+        self.threshold = 1.0  # draws at or above it are out
+
+    def add(self, key: int):
+        """Count one pair of group `key`."""
+        self.pairs += 1
+        group = self.groups.get(key)
+        if group is None:
+            draw = heldout_draw(self.seed, key)
+            if draw >= self.threshold or self.limit == 0:
+                return
+            group = self.groups[key] = [draw, 0]
+            heapq.heappush(self.highest, (-draw, key))
+        group[1] += 1
+        self.kept_pairs += 1
+        while self.kept_pairs - self.groups[self.highest[0][1]][1] >= self.limit:
+            draw, key = heapq.heappop(self.highest)
+            self.kept_pairs -= self.groups.pop(key)[1]
+            self.threshold = -draw
+
+    def choose(self) -> dict:
+        """{"dev": keys, "test": keys} (sorted) once every pair was added."""
+        if self.pairs - self.dev - self.test < 1:
+            raise DataError(f"{self.pairs} pairs cannot give {self.dev} dev and {self.test} test "
+                            f"pairs and still leave training pairs; use smaller dev/test "
+                            f"sizes or more data")
+        chosen = {"dev": [], "test": []}
+        room = {"dev": self.dev, "test": self.test}
+        for key, (_, pairs) in sorted(self.groups.items(), key=lambda item: item[1][0]):
+            split = next((name for name in chosen if pairs <= room[name]), None)
+            if split is not None:
+                chosen[split].append(key)
+                room[split] -= pairs
+            if not any(room.values()):
                 break
-        if filled[1] == dev and filled[2] == test:
-            break
-    return {name: [pairs[i] for i in np.flatnonzero(assignment == code)]
-            for code, name in enumerate(SPLITS)}
+        return {split: sorted(keys) for split, keys in chosen.items()}
+
+
+class PairSplit:
+    """Which split a pair belongs to: dev and test hold the chosen groups, train the rest."""
+
+    def __init__(self, chosen: dict):
+        self.dev, self.test = set(chosen["dev"]), set(chosen["test"])
+
+    def __call__(self, source: str) -> str:
+        key = group_key(source)
+        return "dev" if key in self.dev else "test" if key in self.test else "train"
+
+
+def split_pairs(pairs, dev=DEFAULT_DEV_SIZE, test=DEFAULT_TEST_SIZE, seed=1):
+    """Split a list of pairs into {"train", "dev", "test"} as a build does (`HeldOutGroups`):
+    pairs whose sources are equal up to case, punctuation and spacing never straddle two
+    splits. Each split keeps the input order."""
+    pairs = list(pairs)
+    groups = HeldOutGroups(dev, test, seed)
+    for source, _ in pairs:
+        groups.add(group_key(source))
+    split_of = PairSplit(groups.choose())
+    splits = {name: [] for name in SPLITS}
+    for pair in pairs:
+        splits[split_of(pair[0])].append(pair)
+    return splits
 
 
 # ---------------------------------------------------------------------------------------------
 # Building the dataset
 
 class Examples(NamedTuple):
-    """A split's tokenized pairs: per pair its source ids (+eos), target ids (bos...eos),
-    bucket length and index in the split."""
+    """Tokenized pairs: per pair its source ids (+eos), target ids (bos...eos), bucket length
+    and index."""
 
     source_ids: list
     target_ids: list
@@ -400,14 +195,15 @@ class Examples(NamedTuple):
     indices: np.ndarray
 
 
-def encode_pairs(tokenizer, pairs, seq_length, boundaries):
+def encode_pairs(tokenizer, pairs, seq_length, boundaries, indices=None):
     """Tokenize pairs into Examples, dropping those longer than `seq_length` on either side
-    (source + eos, or bos + target). Returns (examples, kept pairs, dropped count)."""
+    (source + eos, or bos + target). `indices` (default 0, 1, ... over the kept pairs) are
+    the pairs' indices. Returns (examples, kept pairs, dropped count)."""
     pairs = list(pairs)
     sources = tokenizer.encode([source for source, _ in pairs]) if pairs else []  # batch encode
     targets = tokenizer.encode([target for _, target in pairs]) if pairs else []
-    source_ids, target_ids, lengths, kept = [], [], [], []
-    for pair, source, target in zip(pairs, sources, targets):
+    source_ids, target_ids, lengths, kept, kept_indices = [], [], [], [], []
+    for number, (pair, source, target) in enumerate(zip(pairs, sources, targets)):
         source = np.array(source + [EOS_ID], dtype=np.int32)
         target = np.array([BOS_ID] + target + [EOS_ID], dtype=np.int32)
         length = max(len(source), len(target) - 1)
@@ -417,9 +213,17 @@ def encode_pairs(tokenizer, pairs, seq_length, boundaries):
         target_ids.append(target)
         lengths.append(length)
         kept.append(pair)
+        kept_indices.append(len(kept) - 1 if indices is None else indices[number])
     buckets = assign_buckets(lengths, boundaries) if lengths else np.zeros(0, np.int32)
-    examples = Examples(source_ids, target_ids, buckets, np.arange(len(kept), dtype=np.int32))
+    examples = Examples(source_ids, target_ids, buckets, np.array(kept_indices, dtype=np.int32))
     return examples, kept, len(pairs) - len(kept)
+
+
+def concatenate_examples(parts) -> Examples:
+    return Examples([ids for part in parts for ids in part.source_ids],
+                    [ids for part in parts for ids in part.target_ids],
+                    np.concatenate([part.buckets for part in parts] or [np.zeros(0, np.int32)]),
+                    np.concatenate([part.indices for part in parts] or [np.zeros(0, np.int32)]))
 
 
 def token_counts(examples, seq_length):
@@ -430,19 +234,92 @@ def token_counts(examples, seq_length):
     return real, bucketed, 2 * seq_length * len(examples.source_ids)
 
 
-def build_translation_dataset(output_dir, pairs, *, vocab_size, seq_length,
-                              dev_size=DEFAULT_DEV_SIZE, test_size=DEFAULT_TEST_SIZE, seed=1,
-                              source="pairs", buckets=DEFAULT_BUCKETS, source_lang="en",
-                              target_lang="de", source_stats=None, batch_size=None,
-                              sources=None):
-    """Build a translation dataset from (source, target) pairs into `output_dir`.
+class PairCorpus:
+    """The sentence pairs of a build's sources as `streaming_build` reads them: scanned by
+    `scan_pairs`, split by `PairSplit`."""
 
-    Splits the pairs (`split_pairs`), trains the joint tokenizer on the train split, drops pairs
-    longer than `seq_length` tokens on either side, assigns buckets and writes the files listed
-    in this module's docstring, dataset.json last. Returns the manifest. Files of an
-    incomplete earlier build (no dataset.json) are replaced; a complete dataset is never
-    overwritten. `source_stats` (e.g. from `load_pairs`) is recorded in the manifest, and
-    `sources` (the data sources the pairs came from) for `data.sources` checks.
+    unit = "sentence pairs"
+    start_type = PairStart
+
+    def __init__(self, sources, languages, dev_size, test_size, seed):
+        self.entries = pair_entries(sources, languages)
+        self.dev_size, self.test_size, self.seed = dev_size, test_size, seed
+
+    def signature(self) -> list:
+        return [[entry.kind, *entry.languages, *(input_signature(entry.files()) or
+                                                entry.paths)] for entry in self.entries]
+
+    def scan(self, options: BuildOptions) -> dict:
+        return scan_pairs(self.entries, dev_size=self.dev_size, test_size=self.test_size,
+                          seed=self.seed, piece_bytes=options.piece_bytes(),
+                          num_files=options.num_files)
+
+    def rule(self, plan: dict):
+        return plan["held_out_groups"]
+
+
+def scan_pairs(entries, *, dev_size, test_size, seed, piece_bytes=None, num_files=None) -> dict:
+    """Pass 1 of a build: the pieces of the inputs (as `model_zoo.data.streaming.scan_corpus`
+    cuts documents; a gzipped file only where it starts), the dev and test groups
+    (`HeldOutGroups`) and each input's counts, as a JSON-ready dict."""
+    total = sum(_entry_bytes(entry) for entry in entries)
+    cutter = PieceCutter(chosen_piece_bytes(total, piece_bytes, num_files))
+    groups = HeldOutGroups(dev_size, test_size, seed)
+    stats = {}
+    for index, pair in enumerate(iter_pairs(entries, stats=stats)):
+        gzipped = any(path.suffix == ".gz" for path in entries[pair.start.entry].files())
+        cutter.add(index, pair.start, pair.size,
+                   cuttable=not gzipped or (pair.start.offset, pair.start.target_offset) == (0, 0))
+        groups.add(group_key(pair.source))
+    return dict(cutter.plan(), held_out_groups=groups.choose(), source_stats=stats)
+
+
+def _entry_bytes(entry) -> int:
+    if entry.kind == CATALOG:
+        return sum(pair.size for pair in iter_pairs([entry]))
+    return sum(input_bytes(path) for path in entry.files())
+
+
+def train_lines(entries, split_of):
+    """Both sides of every train pair (pass 2: the tokenizer's input)."""
+    for pair in iter_pairs(entries):
+        if split_of(pair.source) == "train":
+            yield pair.source
+            yield pair.target
+
+
+def piece_pairs(entries, piece: Piece):
+    """(index, pair) of each pair of `piece`; DataError if the inputs changed since the scan."""
+    pairs = iter_pairs(entries, piece.start)
+    for index in range(piece.first_document, piece.first_document + piece.documents):
+        pair = next(pairs, None)
+        if pair is None or (index == piece.first_document and
+                            tuple(pair.start) != tuple(piece.start)):
+            raise DataError(f"{' and '.join(entries[piece.start.entry].paths)}: the input "
+                            f"changed since the build began (piece {piece.index} no longer "
+                            f"starts where it did); delete the unfinished build's folder and "
+                            f"build again")
+        yield index, pair
+    pairs.close()
+
+
+def build_translation_dataset(output_dir, sources, *, vocab_size, seq_length,
+                              dev_size=DEFAULT_DEV_SIZE, test_size=DEFAULT_TEST_SIZE, seed=1,
+                              buckets=DEFAULT_BUCKETS, languages=("en", "de"),
+                              options=BuildOptions(), source=None, batch_size=None,
+                              record_sources=True):
+    """Build a translation dataset from `sources` (`pairs.pair_entries`) into `output_dir`
+    and return its dataset.json.
+
+    The build streams (`model_zoo.data.streaming`): a scan chooses the dev and test groups
+    (`HeldOutGroups`) and cuts the inputs into pieces; the joint tokenizer is trained on (a
+    sample of `options.tokenizer_sentences` lines of) the train split; `options.workers`
+    processes encode the pieces' train pairs into their own files, each dropping pairs
+    longer than `seq_length` tokens on either side and sorting its rows by bucket; the dev
+    and test pairs the pieces found are written last, with their text files. An unfinished
+    earlier build with the same settings and inputs is resumed; a complete dataset is never
+    overwritten. `sources` are recorded for `data.sources` checks unless `record_sources` is
+    False.
 
     Batches are formed when reading (`create_translation_dataset`), so the files serve any
     batch size and number of ranks. `batch_size` (optional, sentences per global step) only
@@ -456,44 +333,35 @@ def build_translation_dataset(output_dir, pairs, *, vocab_size, seq_length,
     if batch_size is not None:
         check_positive("batch_size", batch_size)
     boundaries = bucket_boundaries(seq_length, buckets)
-    pairs = list(pairs)
-    splits = split_pairs(pairs, dev_size, test_size, seed)
-    train_text = [s for s, _ in splits["train"]] + [t for _, t in splits["train"]]
-    tokenizer = train_tokenizer(train_text, output_dir / TOKENIZER_FILE, vocab_size)
+    corpus = PairCorpus(sources, languages, dev_size, test_size, seed)
 
-    encoded, summary = {}, {}
-    for split, split_pairs_ in splits.items():
-        examples, kept, dropped = encode_pairs(tokenizer, split_pairs_, seq_length, boundaries)
-        if split == "train" and not kept:
-            raise DataError(f"no training pair fits seq_length={seq_length}")
-        real, bucketed, full = token_counts(examples, seq_length)
-        encoded[split] = (examples, kept)
-        summary[split] = {
-            "file": SPLIT_FILES[split], "pairs": len(split_pairs_), "kept": len(kept),
-            "dropped_too_long": dropped, "tokens": real,
-            "examples_per_bucket": {str(length): count for length, count
-                                    in bucket_counts(examples.buckets).items()},
-            "padding_ratio": {"bucketed": round(padding_ratio(real, bucketed), 4),
-                              "full_length": round(padding_ratio(real, full), 4)}}
+    def tokenizer_for(plan, chosen, entries):
+        return planned_tokenizer(output_dir, plan, output_dir / TOKENIZER_FILE, lambda: (
+            train_tokenizer(train_lines(entries, PairSplit(chosen)), output_dir / TOKENIZER_FILE,
+                            vocab_size, sentences=options.tokenizer_sentences, seed=seed)))
 
-    for split, (examples, kept) in encoded.items():
-        write_mindrecord(output_dir / SPLIT_FILES[split], RECORD_SCHEMA, _record_rows(examples),
-                         description=f"{split} {source_lang}->{target_lang} pairs, "
-                                     f"seq_length {seq_length}", overwrite=True)
-        if split in TEXT_SPLITS:
-            texts = {}
-            for lang, side in ((source_lang, 0), (target_lang, 1)):
-                name = f"{split}.{lang}"
-                write_atomically(output_dir / name, "".join(pair[side] + "\n" for pair in kept))
-                texts[lang] = name
-            summary[split]["text"] = texts
+    settings = {"vocab_size": vocab_size, "seq_length": seq_length, "buckets": boundaries,
+                "dev_size": dev_size, "test_size": test_size, "split_seed": seed}
+    plan, records, tokenizer = streaming_build(
+        output_dir, sources, options, settings=settings, splits=("train",),
+        label="transformer data", tokenizer_for=tokenizer_for,
+        build_piece=build_translation_piece, corpus=corpus,
+        job={"seq_length": seq_length, "boundaries": list(boundaries)})
 
+    summary = {"train": _train_summary(records, boundaries, seq_length)}
+    if summary["train"]["kept"] == 0:
+        raise DataError(f"no training pair fits seq_length={seq_length}")
+    for split in TEXT_SPLITS:
+        found = [pair for record in records for pair in record["held_out"][split]]
+        summary[split] = _write_held_out(output_dir, split, found, tokenizer, seq_length,
+                                         boundaries, languages)
     kept_total = sum(part["kept"] for part in summary.values())
+    found_total = sum(part["pairs"] for part in summary.values())
     manifest = {
         "source": source,
-        "languages": {"source": source_lang, "target": target_lang},
-        "pairs": {"found": len(pairs), "kept": kept_total,
-                  "dropped_too_long": len(pairs) - kept_total},
+        "languages": {"source": languages[0], "target": languages[1]},
+        "pairs": {"found": found_total, "kept": kept_total,
+                  "dropped_too_long": found_total - kept_total},
         "vocab_size": vocab_size,
         "seq_length": seq_length,
         "buckets": list(boundaries),
@@ -507,22 +375,125 @@ def build_translation_dataset(output_dir, pairs, *, vocab_size, seq_length,
         "batch_size_unit": "sentences",
         "padding_ratio": summary["train"]["padding_ratio"],
         "splits": summary,
-        "build_seconds": round(time.perf_counter() - started, 1),
+        "source_stats": plan["source_stats"],
+        "build": dict(build_summary(plan), seconds=round(time.perf_counter() - started, 1)),
     }
+    manifest["build"]["pairs"] = manifest["build"].pop("documents")
     if batch_size is not None:
         manifest["train_batches_per_epoch"] = {
             "batch_size": batch_size,
             "batches": sum(count // batch_size for count
-                           in bucket_counts(encoded["train"][0].buckets).values())}
-    if source_stats is not None:
-        manifest["source_stats"] = source_stats
-    return write_manifest(output_dir, manifest, sources)
+                           in summary["train"]["examples_per_bucket"].values())}
+    return finish_build(output_dir, manifest, sources, records, record_sources)
 
 
-def _record_rows(examples):
-    for source, target, bucket, index in zip(*examples):
-        yield {"source_ids": source, "target_ids": target, "bucket": np.int32(bucket),
-               "index": np.int32(index)}
+def build_translation_piece(job: dict, piece: Piece) -> dict:
+    """Encode one piece's train pairs into its train file, rows sorted by bucket, and return
+    its record with the dev and test pairs it holds (a worker's task; see
+    `model_zoo.data.streaming.build_pieces`)."""
+    tokenizer = piece_tokenizer(job, load_tokenizer_file)
+    split_of = PairSplit(job["rule"])
+    held_out = {split: [] for split in TEXT_SPLITS}
+    parts, batch, pairs, dropped = [], [], 0, 0
+
+    def encode(batch):
+        examples, _, too_long = encode_pairs(tokenizer, [pair[:2] for _, pair in batch],
+                                             job["seq_length"], job["boundaries"],
+                                             indices=[index for index, _ in batch])
+        count_progress(len(batch), token_counts(examples, job["seq_length"])[0],
+                       sum(pair[2] for _, pair in batch))
+        return examples, too_long
+
+    for index, pair in piece_pairs(job["entries"], piece):
+        split = split_of(pair.source)
+        if split != "train":
+            held_out[split].append([index, pair.source, pair.target])
+            count_progress(1, 0, pair.size)
+            continue
+        pairs += 1
+        batch.append((index, (pair.source, pair.target, pair.size)))
+        if len(batch) == ENCODE_BATCH:
+            examples, too_long = encode(batch)
+            parts.append(examples)
+            dropped += too_long
+            batch = []
+    if batch:
+        examples, too_long = encode(batch)
+        parts.append(examples)
+        dropped += too_long
+    examples = concatenate_examples(parts)
+    name = shard_name("train", piece.index, job["pieces"])
+    written = _write_examples(Path(job["output_dir"]) / name, examples,
+                              f"train pairs of piece {piece.index}")
+    return {"splits": {"train": {
+                "files": [name] if written else [],
+                "file_buckets": [_bucket_counts(examples.buckets)] if written else [],
+                "pairs": pairs, "kept": len(examples.source_ids), "dropped_too_long": dropped,
+                "tokens": token_counts(examples, job["seq_length"])[0]}},
+            "held_out": held_out}
+
+
+def _bucket_counts(buckets) -> dict:
+    values, counts = np.unique(np.asarray(buckets), return_counts=True)
+    return {str(int(v)): int(c) for v, c in zip(values, counts)}
+
+
+def _write_examples(path, examples, description) -> int:
+    """Write Examples as a MindRecord file, rows sorted by (bucket, index); the rows
+    written (no file for none)."""
+    order = np.lexsort((examples.indices, examples.buckets))
+    rows = ({"source_ids": examples.source_ids[i], "target_ids": examples.target_ids[i],
+             "bucket": np.int32(examples.buckets[i]), "index": np.int32(examples.indices[i])}
+            for i in order)
+    return write_mindrecord_unless_empty(path, RECORD_SCHEMA, rows, description=description)
+
+
+def _summary(examples, seq_length, pairs, dropped, files, file_buckets) -> dict:
+    real, bucketed, full = token_counts(examples, seq_length)
+    return {"files": files, "file_buckets": file_buckets, "pairs": pairs,
+            "kept": len(examples.source_ids), "dropped_too_long": dropped, "tokens": real,
+            "examples_per_bucket": _bucket_counts(examples.buckets),
+            "padding_ratio": {"bucketed": round(padding_ratio(real, bucketed), 4),
+                              "full_length": round(padding_ratio(real, full), 4)}}
+
+
+def _train_summary(records, boundaries, seq_length) -> dict:
+    """The train split's entry of dataset.json, from the pieces' records."""
+    parts = [record["splits"]["train"] for record in records]
+    per_bucket = {str(b): sum(counts.get(str(b), 0) for part in parts
+                              for counts in part["file_buckets"]) for b in boundaries}
+    per_bucket = {b: count for b, count in per_bucket.items() if count}
+    real = sum(part["tokens"] for part in parts)
+    kept = sum(part["kept"] for part in parts)
+    bucketed = 2 * sum(int(b) * count for b, count in per_bucket.items())
+    return {"files": [name for part in parts for name in part["files"]],
+            "file_buckets": [counts for part in parts for counts in part["file_buckets"]],
+            "pairs": sum(part["pairs"] for part in parts), "kept": kept,
+            "dropped_too_long": sum(part["dropped_too_long"] for part in parts),
+            "tokens": real, "examples_per_bucket": per_bucket,
+            "padding_ratio": {"bucketed": round(padding_ratio(real, bucketed), 4),
+                              "full_length": round(padding_ratio(real, 2 * seq_length * kept),
+                                                   4)}}
+
+
+def _write_held_out(output_dir, split, found, tokenizer, seq_length, boundaries,
+                    languages) -> dict:
+    """Write a dev or test split (its pairs in input order, indexed 0, 1, ... after the
+    pairs too long are dropped) and its text files; its entry of dataset.json."""
+    found.sort()
+    examples, kept, dropped = encode_pairs(tokenizer, [(s, t) for _, s, t in found],
+                                           seq_length, boundaries)
+    name = SPLIT_FILES[split]
+    written = _write_examples(output_dir / name, examples,
+                              f"{split} {languages[0]}->{languages[1]} pairs")
+    summary = _summary(examples, seq_length, len(found), dropped, [name] if written else [],
+                       [_bucket_counts(examples.buckets)] if written else [])
+    summary["text"] = {}
+    for lang, side in zip(languages, (0, 1)):
+        text_name = f"{split}.{lang}"
+        write_atomically(output_dir / text_name, "".join(pair[side] + "\n" for pair in kept))
+        summary["text"][lang] = text_name
+    return summary
 
 
 def translation_dataset_ready(output_dir, vocab_size, seq_length):
@@ -530,9 +501,14 @@ def translation_dataset_ready(output_dir, vocab_size, seq_length):
     seq_length; False if it holds none. DataError if it was built with other sizes or if
     files are missing."""
     def files(manifest):
-        names = [TOKENIZER_FILE, *SPLIT_FILES.values()]
-        for split in TEXT_SPLITS:
-            names.extend(manifest.get("splits", {}).get(split, {}).get("text", {}).values())
+        if any("file_buckets" not in part for part in manifest.get("splits", {}).values()):
+            raise DataError(f"{output_dir}: built by an earlier version of model-zoo (its "
+                            f"dataset.json has no per-file bucket counts); delete it and build "
+                            f"again")
+        names = [TOKENIZER_FILE]
+        for split, part in manifest.get("splits", {}).items():
+            names.extend(part.get("files", [SPLIT_FILES.get(split)]))
+            names.extend(part.get("text", {}).values())
         return names
     return dataset_ready(output_dir, {"vocab_size": vocab_size, "seq_length": seq_length}, files)
 
@@ -540,24 +516,44 @@ def translation_dataset_ready(output_dir, vocab_size, seq_length):
 # ---------------------------------------------------------------------------------------------
 # Reading
 
-def read_examples(path) -> Examples:
-    """A split's rows in file order (== index order) as Examples."""
-    rows = read_mindrecord(path, list(RECORD_SCHEMA))
+def split_rows(dataset_dir, split):
+    """(the split's MindRecord files, the bucket of every row of them in order), from
+    dataset.json's per-file bucket counts (each file's rows are sorted by bucket)."""
+    if split not in SPLIT_FILES:
+        raise DataError(f"unknown split {split!r} (splits: {', '.join(SPLITS)})")
+    manifest = read_manifest(dataset_dir)
+    if manifest is None:
+        raise DataError(f"{dataset_dir}: no dataset.json (build the dataset first)")
+    part = manifest["splits"][split]
+    paths = [str(Path(dataset_dir) / name) for name in part["files"]]
+    for path in paths:
+        if not Path(path).is_file():
+            raise DataError(f"{path}: file not found (dataset.json lists it)")
+    buckets = [np.repeat(np.array([int(b) for b in counts], np.int32),
+                         [counts[b] for b in counts]) for counts in part["file_buckets"]]
+    return paths, np.concatenate(buckets) if buckets else np.zeros(0, np.int32)
+
+
+def read_examples(dataset_dir, split) -> Examples:
+    """A split's rows in index order (dev/test: the order of their text files) as Examples."""
+    paths, _ = split_rows(dataset_dir, split)
+    rows = [row for path in paths for row in read_mindrecord(path, list(RECORD_SCHEMA))]
+    rows.sort(key=lambda row: int(row["index"]))
     return Examples([row["source_ids"] for row in rows], [row["target_ids"] for row in rows],
                     np.array([row["bucket"] for row in rows], dtype=np.int32),
                     np.array([row["index"] for row in rows], dtype=np.int32))
 
 
-def make_batch(examples, members, length, with_index=False):
-    """The BATCH_COLUMNS arrays for `members` (indices into `examples`) padded to `length`."""
-    rows = len(members)
-    source_ids = np.full((rows, length), PAD_ID, dtype=np.int32)
-    source_mask = np.zeros((rows, length), dtype=np.int32)
-    decoder_input_ids = np.full((rows, length), PAD_ID, dtype=np.int32)
-    decoder_mask = np.zeros((rows, length), dtype=np.int32)
-    label_ids = np.full((rows, length), PAD_ID, dtype=np.int32)
-    for row, member in enumerate(members):
-        source, target = examples.source_ids[member], examples.target_ids[member]
+def make_batch(rows, length, with_index=False):
+    """The BATCH_COLUMNS arrays for `rows` ((source ids, target ids, index) each) padded to
+    `length`."""
+    count = len(rows)
+    source_ids = np.full((count, length), PAD_ID, dtype=np.int32)
+    source_mask = np.zeros((count, length), dtype=np.int32)
+    decoder_input_ids = np.full((count, length), PAD_ID, dtype=np.int32)
+    decoder_mask = np.zeros((count, length), dtype=np.int32)
+    label_ids = np.full((count, length), PAD_ID, dtype=np.int32)
+    for row, (source, target, _) in enumerate(rows):
         source_ids[row, :len(source)] = source
         source_mask[row, :len(source)] = 1
         decoder_length = len(target) - 1
@@ -566,13 +562,13 @@ def make_batch(examples, members, length, with_index=False):
         decoder_mask[row, :decoder_length] = 1
     batch = (source_ids, source_mask, decoder_input_ids, decoder_mask, label_ids)
     if with_index:
-        batch += (examples.indices[np.asarray(members)].astype(np.int32),)
+        batch += (np.array([int(index) for _, _, index in rows], dtype=np.int32),)
     return batch
 
 
-def create_translation_dataset(path, batch_size, *, num_shards=1, shard_id=0, seed=1,
-                               shuffle=True, skip_batches=0, repeat=True, drop_remainder=True,
-                               with_index=False):
+def create_translation_dataset(dataset_dir, split, batch_size, *, num_shards=1, shard_id=0,
+                               seed=1, shuffle=True, skip_batches=0, repeat=True,
+                               drop_remainder=True, with_index=False):
     """This rank's bucketed batches of a split, as a MindSpore dataset (columns BATCH_COLUMNS).
 
     `batch_size` sentences per rank; a global step takes `batch_size * num_shards` pairs of one
@@ -581,15 +577,26 @@ def create_translation_dataset(path, batch_size, *, num_shards=1, shard_id=0, se
     the epoch); `skip_batches` resumes at a step with the batches an uninterrupted run would
     see. With `repeat` the dataset is endless. For evaluation use shuffle=False, repeat=False,
     drop_remainder=False (the last batch of a bucket may then be smaller) and with_index=True.
+
+    Only the rows' buckets (from dataset.json) are held in memory: each epoch, the rows this
+    rank needs are read from the files in the order it needs them (MindDataset with a
+    SubsetSampler), as the batches are taken.
     """
-    examples = read_examples(path)
-    if not examples.source_ids:
-        raise DataError(f"{path}: holds no sentence pairs")
+    paths, buckets = split_rows(dataset_dir, split)
+    if not buckets.size:
+        raise DataError(f"{dataset_dir}: its {split} split holds no sentence pairs")
+
+    def read_batches(schedule):   # [(bucket length, row numbers)] of the rest of an epoch
+        order = np.concatenate([members for _, members in schedule]).tolist()
+        rows = ms_dataset.MindDataset(
+            paths, columns_list=READ_COLUMNS, sampler=ms_dataset.SubsetSampler(order),
+            num_parallel_workers=1).create_tuple_iterator(output_numpy=True, num_epochs=1)
+        for length, members in schedule:
+            yield make_batch([next(rows) for _ in members], length, with_index)
+
     batches = BucketedBatches(
-        examples.buckets, lambda members, length: make_batch(examples, members, length,
-                                                             with_index),
-        batch_size, num_shards=num_shards, shard_id=shard_id, seed=seed, shuffle=shuffle,
-        skip_batches=skip_batches, repeat=repeat, drop_remainder=drop_remainder)
+        buckets, read_batches, batch_size, num_shards=num_shards, shard_id=shard_id, seed=seed,
+        shuffle=shuffle, skip_batches=skip_batches, repeat=repeat, drop_remainder=drop_remainder)
     columns = BATCH_COLUMNS + ((INDEX_COLUMN,) if with_index else ())
     return bucketed_dataset(batches, columns)
 
@@ -622,13 +629,14 @@ def add_data_arguments(parser):
                                           f"{' '.join(map(str, DEFAULT_BUCKETS))})")
     parser.add_argument("--source-lang", default="en", help="source language code (default en)")
     parser.add_argument("--target-lang", default="de", help="target language code (default de)")
-    parser.add_argument("--seed", type=int, default=1, help="seed of the split (default 1)")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="seed of the split and the tokenizer's sample (default 1)")
+    add_piece_arguments(parser)
 
 
 def run_data_command(args):
     """Build the dataset described by the parsed arguments and print what was found."""
     output_dir = Path(args.output_dir)
-    check_no_dataset(output_dir)
     if len(args.source) != len(args.target):
         raise DataError(f"give as many --target files as --source files "
                         f"({len(args.source)} --source, {len(args.target)} --target)")
@@ -637,15 +645,16 @@ def run_data_command(args):
         raise DataError(f"no input: use --input {BUILTIN_LOCALE_DE}, --input SOURCE:TARGET or "
                         f"--source FILE --target FILE")
     started = time.perf_counter()
-    stats = {}
-    pairs = load_pairs(sources, stats=stats, languages=(args.source_lang, args.target_lang))
-    for source, found in stats.items():
-        print(f"{source}: {_describe_source(found)}")
+    options = BuildOptions(seed=args.seed, workers=args.workers, shard_size=args.shard_size,
+                           num_files=args.num_files,
+                           tokenizer_sentences=args.tokenizer_sentences)
     manifest = build_translation_dataset(
-        output_dir, pairs, vocab_size=args.vocab_size, seq_length=args.seq_length,
+        output_dir, sources, vocab_size=args.vocab_size, seq_length=args.seq_length,
         dev_size=args.dev_size, test_size=args.test_size, seed=args.seed,
-        source=" ".join(sources), sources=sources, buckets=args.buckets,
-        source_lang=args.source_lang, target_lang=args.target_lang, source_stats=stats)
+        source=" ".join(sources), buckets=args.buckets,
+        languages=(args.source_lang, args.target_lang), options=options)
+    for source, found in manifest["source_stats"].items():
+        print(f"{source}: {_describe_source(found)}")
     splits, padding = manifest["splits"], manifest["padding_ratio"]
     print(f"transformer dataset: {manifest['pairs']['found']} pairs found, "
           f"{manifest['pairs']['kept']} kept, {manifest['pairs']['dropped_too_long']} dropped "
@@ -653,6 +662,7 @@ def run_data_command(args):
           + ", ".join(f"{s} {splits[s]['kept']}/{splits[s]['pairs']}" for s in SPLITS)
           + f"; vocab {args.vocab_size}; buckets {manifest['buckets']}; train padding "
             f"{padding['bucketed']:.1%} bucketed vs {padding['full_length']:.1%} at full length; "
+            f"{len(splits['train']['files'])} train file(s); "
             f"{time.perf_counter() - started:.1f} s; in {output_dir}")
 
 

@@ -14,13 +14,12 @@ import numpy as np
 from mindspore import ops
 
 from model_zoo.config import Config, DataConfig
-from model_zoo.data import Tokenizer, split_path
+from model_zoo.data import Tokenizer
 from model_zoo.errors import DataError, UserInputError
 from model_zoo.train.checkpoint import load_network
 
-from .data import (BUILTIN_LOCALE_DE, SPLIT_FILES, TOKENIZER_FILE, build_translation_dataset,
-                   create_translation_dataset, load_pairs, read_examples,
-                   translation_dataset_ready)
+from .data import (BUILTIN_LOCALE_DE, TOKENIZER_FILE, build_translation_dataset,
+                   create_translation_dataset, read_examples, translation_dataset_ready)
 from .decode import Translator
 from .model import FlatDecoderStep, TransformerForTraining
 
@@ -31,12 +30,15 @@ EVAL_BATCH = 32
 class TransformerDataConfig(DataConfig):
     """The Transformer's `data` section.
 
-    sources: `builtin:locale-de` (English-German pairs of the system's message catalogs) or
-    `SOURCE_FILE:TARGET_FILE` pairs (one sentence per line), built on first use.
+    sources: `builtin:locale-de` (English-German pairs of the system's message catalogs),
+    `SOURCE_FILE:TARGET_FILE` pairs (one sentence per line) or files of pairs (.tsv, .jsonl
+    keyed by source_lang and target_lang), built on first use.
     """
 
     dataset_dir: str = "datasets/transformer"
     sources: List[str] = field(default_factory=lambda: [BUILTIN_LOCALE_DE])
+    source_lang: str = "en"
+    target_lang: str = "de"
     dev_size: int = 1000
     test_size: int = 1000
     seed: int = 1
@@ -55,11 +57,11 @@ def prepare_data(config: Config):
         return
     print(f"building the dataset in {data.dataset_dir} from {' '.join(data.sources)} ...",
           flush=True)
-    pairs = load_pairs(data.sources)
     manifest = build_translation_dataset(
-        data.dataset_dir, pairs, vocab_size=model.vocab_size, seq_length=model.seq_length,
-        dev_size=data.dev_size, test_size=data.test_size, seed=data.seed,
-        source=" ".join(data.sources), sources=data.sources)
+        data.dataset_dir, data.sources, vocab_size=model.vocab_size,
+        seq_length=model.seq_length, dev_size=data.dev_size, test_size=data.test_size,
+        seed=data.seed, languages=(data.source_lang, data.target_lang),
+        source=" ".join(data.sources))
     splits = manifest["splits"]
     print(f"dataset: {manifest['pairs']['found']} sentence pairs found; train "
           f"{splits['train']['kept']}, dev {splits['dev']['kept']}, test {splits['test']['kept']}; "
@@ -106,7 +108,7 @@ def inference_graphs(config: Config, network, batch_size: int) -> dict:
 def create_train_dataset(config: Config, shard, skip_batches: int = 0):
     """This rank's length-bucketed batches of the train split, resumable at `skip_batches`."""
     return create_translation_dataset(
-        split_path(config.data.dataset_dir, SPLIT_FILES, "train"), shard.batch_size,
+        config.data.dataset_dir, "train", shard.batch_size,
         num_shards=shard.num_shards, shard_id=shard.shard_id, seed=config.train.seed,
         shuffle=config.data.shuffle, skip_batches=skip_batches)
 
@@ -168,8 +170,9 @@ def evaluate(config: Config, network, split: str = "test", beam_size: int = None
     """sacreBLEU of `network`'s translations of a held-out split against its references."""
     import sacrebleu
     tokenizer = _tokenizer(config)
-    examples = read_examples(split_path(config.data.dataset_dir, SPLIT_FILES, split))
-    with open(os.path.join(config.data.dataset_dir, f"{split}.de"), encoding="utf-8") as handle:
+    examples = read_examples(config.data.dataset_dir, split)
+    references_file = os.path.join(config.data.dataset_dir, f"{split}.{config.data.target_lang}")
+    with open(references_file, encoding="utf-8") as handle:
         references = handle.read().splitlines()
     beam = beam_size or config.model.beam_size
     hypotheses_ids = translate_ids(config, network.transformer, examples.source_ids, beam)
@@ -183,7 +186,7 @@ def evaluate(config: Config, network, split: str = "test", beam_size: int = None
 def sample_text(config: Config, network) -> str:
     """A few held-out translations, printed after training."""
     tokenizer = _tokenizer(config)
-    examples = read_examples(split_path(config.data.dataset_dir, SPLIT_FILES, "test"))
+    examples = read_examples(config.data.dataset_dir, "test")
     ids = translate_ids(config, network.transformer, examples.source_ids[:3], 1, batch_size=3)
     return " | ".join(f"{tokenizer.decode(s[:-1])} -> {tokenizer.decode(t)}"
                       for s, t in zip(examples.source_ids[:3], ids))

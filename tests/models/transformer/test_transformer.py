@@ -22,7 +22,7 @@ import mindspore as ms
 from mindspore import Tensor, nn
 from mindspore.nn.utils import no_init_parameters
 
-from conftest import run_cli
+from conftest import run_cli, write_pairs
 from model_zoo.nn.layers import kernels_for
 from model_zoo.config import TrainConfig, load_config
 from model_zoo.nn.attention import MultiHeadAttention, fuse_head_projections
@@ -34,6 +34,7 @@ from model_zoo.train.schedule import build_schedule
 from model_zoo.train.step import TrainStep, build_optimizer
 from model_zoo.models.transformer import data as tdata
 from model_zoo.models.transformer.decode import Translator
+from model_zoo.models.transformer.pairs import CATALOG_ROOT, message_catalog_pairs
 from model_zoo.models.transformer.model import (Transformer, TransformerConfig,
                                                 TransformerForTraining)
 
@@ -412,7 +413,7 @@ def test_training_loss_is_the_smoothed_loss_of_the_logits(pynative):
 
 # --- the command line on a tiny slice of the message-catalog pairs -----------------------------
 
-CATALOGS = os.path.join(tdata.CATALOG_ROOT, "de", "LC_MESSAGES")
+CATALOGS = os.path.join(CATALOG_ROOT, "de", "LC_MESSAGES")
 CLI_VOCAB, CLI_SEQ = 300, 16
 
 
@@ -424,11 +425,12 @@ def cli_run(tmp_path_factory):
     if not glob.glob(os.path.join(CATALOGS, "*.mo")):
         pytest.skip(f"no German message catalogs in {CATALOGS}")
     root = tmp_path_factory.mktemp("transformer_cli")
-    pairs = [pair for pair in tdata.message_catalog_pairs() if max(map(len, pair)) <= 24]
+    pairs = [pair for pair in message_catalog_pairs() if max(map(len, pair)) <= 24]
     dataset_dir = root / "data"
     manifest = tdata.build_translation_dataset(
-        dataset_dir, pairs[::8][:600], vocab_size=CLI_VOCAB, seq_length=CLI_SEQ, dev_size=16,
-        test_size=16, seed=1, buckets=[CLI_SEQ], source="catalog slice (test)")
+        dataset_dir, [write_pairs(root / "pairs.tsv", pairs[::8][:600])], vocab_size=CLI_VOCAB,
+        seq_length=CLI_SEQ, dev_size=16, test_size=16, seed=1, buckets=[CLI_SEQ],
+        source="catalog slice (test)", record_sources=False)
     config = {
         "model": {"name": "transformer", "num_layers": 1, "hidden_size": 32, "num_heads": 2,
                   "ffn_hidden_size": 64, "seq_length": CLI_SEQ, "vocab_size": CLI_VOCAB,

@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 
 from model_zoo.data import (Tokenizer, bucket_boundaries, bucket_counts, global_batches,
-                            read_manifest, split_path)
+                            read_manifest)
 from model_zoo.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from conftest import write_pairs
 from model_zoo.errors import DataError
+from model_zoo.data.streaming import BuildOptions
 from model_zoo.models.transformer import data as tdata
+from model_zoo.models.transformer import pairs as tpairs
 
-CATALOGS = Path(tdata.CATALOG_ROOT, "de", "LC_MESSAGES")
+CATALOGS = Path(tpairs.CATALOG_ROOT, "de", "LC_MESSAGES")
 needs_catalogs = pytest.mark.skipif(not any(CATALOGS.glob("*.mo")),
                                     reason=f"no German message catalogs in {CATALOGS}")
 # printf placeholders, {fields}, options, paths and URLs
@@ -29,7 +32,7 @@ DEV = TEST = 150
 @pytest.fixture(scope="module")
 def catalog():
     stats = {}
-    return tdata.message_catalog_pairs(stats=stats), stats
+    return tpairs.message_catalog_pairs(stats=stats), stats
 
 
 @pytest.fixture(scope="module")
@@ -38,18 +41,32 @@ def small_pairs(catalog):
     return catalog[0][::10]
 
 
+PIECES = 3
+
+
 @pytest.fixture(scope="module")
-def built(small_pairs, tmp_path_factory):
+def pairs_file(small_pairs, tmp_path_factory):
+    return write_pairs(tmp_path_factory.mktemp("transformer_pairs") / "pairs.tsv", small_pairs)
+
+
+def build(directory, pairs_file, workers=1):
+    """The test dataset: the catalog slice in PIECES pieces (each its own train file)."""
+    return tdata.build_translation_dataset(
+        directory, [str(pairs_file)], vocab_size=VOCAB, seq_length=SEQ, dev_size=DEV,
+        test_size=TEST, seed=3, source="catalog slice", batch_size=32,
+        options=BuildOptions(num_files=PIECES, workers=workers))
+
+
+@pytest.fixture(scope="module")
+def built(pairs_file, tmp_path_factory):
     directory = tmp_path_factory.mktemp("transformer_data") / "tiny"
-    manifest = tdata.build_translation_dataset(directory, small_pairs, vocab_size=VOCAB,
-                                               seq_length=SEQ, dev_size=DEV, test_size=TEST,
-                                               seed=3, source="catalog slice", batch_size=32)
-    return directory, manifest
+    return directory, build(directory, pairs_file)
 
 
-def batches(path, batch_size, count=None, **options):
+def batches(directory, split, batch_size, count=None, **options):
     """The batches of create_translation_dataset (with the index column) as numpy tuples."""
-    dataset = tdata.create_translation_dataset(path, batch_size, with_index=True, **options)
+    dataset = tdata.create_translation_dataset(directory, split, batch_size, with_index=True,
+                                               **options)
     found = []
     for batch in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1):
         found.append(batch)
@@ -74,8 +91,8 @@ def test_catalog_pairs_are_thousands_of_clean_phrases(catalog):
         assert not english.startswith(("Project-Id-Version", "Content-Type"))
         words = re.sub(NOT_PROSE, " ", english)
         assert len(re.findall(r"[^\W\d_]{2,}", words)) >= 2, english
-        assert len(english.split()) <= tdata.MAX_WORDS
-    assert tdata.message_catalog_pairs() == pairs  # deterministic
+        assert len(english.split()) <= tpairs.MAX_WORDS
+    assert tpairs.message_catalog_pairs() == pairs  # deterministic
 
 
 def write_mo(path, entries, charset="UTF-8", raw=()):
@@ -119,7 +136,7 @@ def test_catalog_filter_rules(tmp_path):
     write_mo(messages / "c.mo", {}, raw=[(b"Bad bytes here", b"ung\xfcltig")])  # not UTF-8
     (messages / "d.mo").write_bytes(b"not a catalog")
     stats = {}
-    pairs = tdata.message_catalog_pairs("xx", root=tmp_path, stats=stats)
+    pairs = tpairs.message_catalog_pairs("xx", root=tmp_path, stats=stats)
     assert pairs == [("Open the file", "Datei öffnen"), ("Save As", "Speichern unter"),
                      ("cannot read the file %s", "kann die Datei %s nicht lesen"),
                      ("max_connections is too large", "max_connections ist zu groß"),
@@ -129,7 +146,7 @@ def test_catalog_filter_rules(tmp_path):
     assert stats["plural"] == 2 and stats["untranslated"] == 2 and stats["too_long"] == 1
     assert stats["technical"] == 3 and stats["too_short"] == 1 and stats["kept"] == 5
     with pytest.raises(DataError, match="no message catalogs"):
-        tdata.message_catalog_pairs("zz", root=tmp_path)
+        tpairs.message_catalog_pairs("zz", root=tmp_path)
 
 
 # --- parallel files --------------------------------------------------------------------------
@@ -139,23 +156,23 @@ def test_read_parallel_files(tmp_path):
     source.write_bytes(b"\xef\xbb\xbfHello  world\r\n\nGood morning\n")
     target.write_bytes("Hallo Welt\r\nLeer\nGuten Morgen\n".encode())
     stats = {}
-    assert tdata.read_parallel_files(source, target, stats=stats) == [
+    assert tpairs.read_parallel_files(source, target, stats=stats) == [
         ("Hello world", "Hallo Welt"), ("Good morning", "Guten Morgen")]
     assert stats == {"lines": 3, "blank": 1, "kept": 2}
-    assert tdata.load_pairs([f"{source}:{target}"]) == tdata.read_parallel_files(source, target)
+    assert tpairs.load_pairs([f"{source}:{target}"]) == tpairs.read_parallel_files(source, target)
 
     target.write_text("Hallo Welt\nGuten Morgen\n", encoding="utf-8")
     with pytest.raises(DataError, match=rf"{source} has 3 lines but {target} has 2"):
-        tdata.read_parallel_files(source, target)
+        tpairs.read_parallel_files(source, target)
     target.write_bytes(b"Hallo\nGr\xfc\xdfe\nMorgen\n")
     with pytest.raises(DataError, match=rf"{target} line 2: not UTF-8"):
-        tdata.read_parallel_files(source, target)
+        tpairs.read_parallel_files(source, target)
     with pytest.raises(DataError, match="missing.de: file not found"):
-        tdata.read_parallel_files(source, tmp_path / "missing.de")
+        tpairs.read_parallel_files(source, tmp_path / "missing.de")
     with pytest.raises(DataError, match="SOURCE_FILE:TARGET_FILE"):
-        tdata.load_pairs([str(source)])
+        tpairs.load_pairs([str(source)])
     with pytest.raises(DataError, match="unknown built-in"):
-        tdata.load_pairs(["builtin:wmt14"])
+        tpairs.load_pairs(["builtin:wmt14"])
 
 
 def test_files_of_pairs_give_the_pairs_of_parallel_files(tmp_path):
@@ -164,7 +181,7 @@ def test_files_of_pairs_give_the_pairs_of_parallel_files(tmp_path):
     source, target = tmp_path / "a.en", tmp_path / "a.de"
     source.write_text("".join(f"{s}\n" for s, _ in pairs), encoding="utf-8")
     target.write_text("".join(f"{t}\n" for _, t in pairs), encoding="utf-8")
-    expected = tdata.read_parallel_files(source, target)
+    expected = tpairs.read_parallel_files(source, target)
     tsv = "".join(f"{s}\t{t}\r\n" for s, t in pairs)
     lines = "".join(json.dumps({"translation": {"en": s, "de": t}}) + "\n" for s, t in pairs)
     flat = "".join(json.dumps({"de": t, "en": s, "id": 1}) + "\n" for s, t in pairs)
@@ -174,17 +191,17 @@ def test_files_of_pairs_give_the_pairs_of_parallel_files(tmp_path):
     (tmp_path / "flat.jsonl.gz").write_bytes(gzip.compress(flat.encode()))
     for name in ("p.tsv", "p.tsv.gz", "p.jsonl", "flat.jsonl.gz"):
         stats = {}
-        assert tdata.load_pairs([str(tmp_path / name)], stats=stats) == expected
+        assert tpairs.load_pairs([str(tmp_path / name)], stats=stats) == expected
         assert stats[str(tmp_path / name)] == {"lines": 3, "blank": 1, "kept": 2}
-    assert tdata.load_pairs([str(tmp_path / "p.jsonl")], languages=("de", "en")) == \
+    assert tpairs.load_pairs([str(tmp_path / "p.jsonl")], languages=("de", "en")) == \
         [(t, " ".join(s.split())) for s, t in expected]
 
     (tmp_path / "bad.tsv").write_text("one\ttwo\nno tab here\n", encoding="utf-8")
     with pytest.raises(DataError, match="bad.tsv line 2: 1 tab-separated fields"):
-        tdata.load_pairs([str(tmp_path / "bad.tsv")])
+        tpairs.load_pairs([str(tmp_path / "bad.tsv")])
     (tmp_path / "bad.jsonl").write_text('{"en": "a", "fr": "b"}\n', encoding="utf-8")
     with pytest.raises(DataError, match="bad.jsonl line 1: no 'en' and 'de' fields"):
-        tdata.load_pairs([str(tmp_path / "bad.jsonl")])
+        tpairs.load_pairs([str(tmp_path / "bad.jsonl")])
 
 
 # --- split -----------------------------------------------------------------------------------
@@ -215,6 +232,31 @@ def test_split_keeps_near_identical_sources_together():
         tdata.split_pairs(pairs, dev=30, test=13)
 
 
+def test_held_out_groups_keep_few_candidates_and_choose_as_a_full_sort():
+    """The scan's bounded selection equals sorting every group by its draw."""
+    from collections import Counter
+    from model_zoo.data.streaming import heldout_draw
+    keys = [int(k) for k in np.random.default_rng(0).zipf(1.3, 20_000) % 5000]
+    groups = tdata.HeldOutGroups(50, 30, seed=4)
+    most = 0
+    for key in keys:
+        groups.add(key)
+        most = max(most, len(groups.groups))
+    chosen = groups.choose()
+    counts = Counter(keys)
+    reference, room = {"dev": [], "test": []}, {"dev": 50, "test": 30}
+    for key in sorted(counts, key=lambda k: heldout_draw(4, k)):
+        split = next((name for name in room if counts[key] <= room[name]), None)
+        if split:
+            reference[split].append(key)
+            room[split] -= counts[key]
+        if not any(room.values()):
+            break
+    assert chosen == {split: sorted(found) for split, found in reference.items()}
+    assert [sum(counts[k] for k in chosen[s]) for s in ("dev", "test")] == [50, 30]
+    assert most <= tdata.CANDIDATE_FACTOR * 80 and len(counts) > 5 * most
+
+
 # --- bucketing and the built dataset ---------------------------------------------------------
 
 def test_bucket_boundaries_are_capped_at_seq_length():
@@ -228,8 +270,10 @@ def test_build_writes_the_dataset_and_reports_padding(built):
     directory, manifest = built
     names = {path.name for path in directory.iterdir()}
     assert {"tokenizer.model", "dataset.json", "dev.en", "dev.de", "test.en", "test.de"} <= names
-    assert {f"{s}.mindrecord" for s in tdata.SPLITS} | {f"{s}.mindrecord.db" for s in
-                                                       tdata.SPLITS} <= names
+    data_files = {f"train-{i:05d}-of-{PIECES:05d}.mindrecord" for i in range(PIECES)} | {
+        "dev.mindrecord", "test.mindrecord"}
+    assert data_files | {f"{name}.db" for name in data_files} <= names
+    assert set(manifest["splits"]["train"]["files"]) < data_files
     assert json.loads((directory / "dataset.json").read_text()) == manifest
     assert manifest["buckets"] == [8, 16, 24, 32] and manifest["vocab_size"] == VOCAB
     assert Tokenizer(directory / "tokenizer.model").vocab_size == VOCAB
@@ -245,8 +289,13 @@ def test_build_writes_the_dataset_and_reports_padding(built):
     assert not tdata.translation_dataset_ready(directory.parent / "none", VOCAB, SEQ)
     with pytest.raises(DataError, match="built with vocab_size=500, seq_length=32"):
         tdata.translation_dataset_ready(directory, VOCAB, 64)
+    old = directory.parent / "old"   # a dataset.json of a build that did not count buckets
+    old.mkdir()
+    (old / "dataset.json").write_text(json.dumps(dict(manifest, splits={"train": {}})))
+    with pytest.raises(DataError, match="earlier version of model-zoo"):
+        tdata.translation_dataset_ready(old, VOCAB, SEQ)
     with pytest.raises(DataError, match="already holds a dataset"):
-        tdata.build_translation_dataset(directory, [("a b", "c d")] * 9, vocab_size=VOCAB,
+        tdata.build_translation_dataset(directory, ["builtin:locale-de"], vocab_size=VOCAB,
                                         seq_length=SEQ)
 
 
@@ -254,7 +303,7 @@ def test_build_writes_the_dataset_and_reports_padding(built):
 def test_every_pair_lands_in_the_smallest_bucket_that_fits(built):
     directory, manifest = built
     boundaries = np.array(manifest["buckets"])
-    examples = tdata.read_examples(split_path(directory, tdata.SPLIT_FILES, "train"))
+    examples = tdata.read_examples(directory, "train")
     real = padded = 0
     for source, target, bucket in zip(*examples[:3]):
         length = max(len(source), len(target) - 1)
@@ -277,7 +326,7 @@ def test_dev_split_round_trip(built):
     targets = (directory / "dev.de").read_text(encoding="utf-8").splitlines()
     assert len(sources) == len(targets) == manifest["splits"]["dev"]["kept"]
     found = {}
-    for batch in batches(split_path(directory, tdata.SPLIT_FILES, "dev"), 16, shuffle=False, repeat=False,
+    for batch in batches(directory, "dev", 16, shuffle=False, repeat=False,
                          drop_remainder=False):
         source_ids, source_mask, decoder_ids, decoder_mask, label_ids, index = batch
         assert source_ids.shape == decoder_ids.shape == label_ids.shape == source_mask.shape
@@ -298,16 +347,33 @@ def test_dev_split_round_trip(built):
             assert tokenizer.decode(found[i][1][:-1]) == target
 
 
+@needs_catalogs
+def test_two_workers_build_the_same_dataset_split_as_split_pairs(built, pairs_file,
+                                                                 small_pairs, tmp_path):
+    directory, manifest = built
+    again = build(tmp_path / "two", pairs_file, workers=2)
+    for found in (manifest, again):
+        found["build"].pop("seconds")
+    assert again == manifest   # the files' SHA-256 included
+    for name in ("dev.en", "dev.de", "test.en", "test.de"):
+        assert (tmp_path / "two" / name).read_bytes() == (directory / name).read_bytes()
+    splits = tdata.split_pairs(small_pairs, DEV, TEST, seed=3)
+    for split in ("dev", "test"):
+        lines = (directory / f"{split}.en").read_text(encoding="utf-8").splitlines()
+        in_order = [source for source, _ in splits[split]]
+        assert lines == [source for source in in_order if source in set(lines)]
+        assert manifest["splits"][split]["pairs"] == len(splits[split])
+
+
 # --- per-rank batches ------------------------------------------------------------------------
 
 @needs_catalogs
 def test_two_shards_read_disjoint_halves_of_each_global_batch(built):
     directory, _ = built
-    path = split_path(directory, tdata.SPLIT_FILES, "train")
-    examples = tdata.read_examples(path)
+    examples = tdata.read_examples(directory, "train")
     per_epoch = len(global_batches(examples.buckets, 32, seed=5))
-    whole = batches(path, 32, per_epoch, seed=5)
-    halves = [batches(path, 16, per_epoch, num_shards=2, shard_id=shard, seed=5)
+    whole = batches(directory, "train", 32, per_epoch, seed=5)
+    halves = [batches(directory, "train", 16, per_epoch, num_shards=2, shard_id=shard, seed=5)
               for shard in (0, 1)]
     seen = []
     for step, (one, first, second) in enumerate(zip(whole, *halves)):
@@ -326,25 +392,28 @@ def test_two_shards_read_disjoint_halves_of_each_global_batch(built):
 @needs_catalogs
 def test_shuffle_is_seeded_and_differs_per_epoch(built):
     directory, _ = built
-    path = split_path(directory, tdata.SPLIT_FILES, "train")
-    per_epoch = len(global_batches(tdata.read_examples(path).buckets, 64, seed=7))
-    stream = [batch[5].tolist() for batch in batches(path, 64, 2 * per_epoch, seed=7)]
-    assert stream == [batch[5].tolist() for batch in batches(path, 64, 2 * per_epoch, seed=7)]
+    per_epoch = len(global_batches(tdata.read_examples(directory, "train").buckets, 64, seed=7))
+    stream = [batch[5].tolist() for batch in batches(directory, "train", 64, 2 * per_epoch,
+                                                     seed=7)]
+    assert stream == [batch[5].tolist() for batch in batches(directory, "train", 64,
+                                                             2 * per_epoch, seed=7)]
     assert stream[:per_epoch] != stream[per_epoch:]
     assert sorted(sum(stream[:per_epoch], [])) != sum(stream[:per_epoch], [])
-    assert stream[:5] != [batch[5].tolist() for batch in batches(path, 64, 5, seed=8)]
+    assert stream[:5] != [batch[5].tolist() for batch in batches(directory, "train", 64, 5,
+                                                                 seed=8)]
 
 
 @needs_catalogs
 @pytest.mark.parametrize("num_shards,shard_id", [(1, 0), (2, 1)])
 def test_skip_batches_resumes_at_the_same_batch(built, num_shards, shard_id):
     directory, _ = built
-    path = split_path(directory, tdata.SPLIT_FILES, "train")
-    per_epoch = len(global_batches(tdata.read_examples(path).buckets, 32 * num_shards, seed=2))
+    per_epoch = len(global_batches(tdata.read_examples(directory, "train").buckets,
+                                   32 * num_shards, seed=2))
     skip = per_epoch + 3  # across an epoch boundary
-    full = batches(path, 32, skip + 4, num_shards=num_shards, shard_id=shard_id, seed=2)
-    resumed = batches(path, 32, 4, num_shards=num_shards, shard_id=shard_id, seed=2,
-                      skip_batches=skip)
+    full = batches(directory, "train", 32, skip + 4, num_shards=num_shards, shard_id=shard_id,
+                   seed=2)
+    resumed = batches(directory, "train", 32, 4, num_shards=num_shards, shard_id=shard_id,
+                      seed=2, skip_batches=skip)
     for expected, got in zip(full[skip:], resumed):
         for a, b in zip(expected, got):
             assert np.array_equal(a, b)
@@ -354,13 +423,14 @@ def test_skip_batches_resumes_at_the_same_batch(built, num_shards, shard_id):
 @needs_catalogs
 def test_reader_errors(built):
     directory, _ = built
-    path = split_path(directory, tdata.SPLIT_FILES, "dev")
     with pytest.raises(DataError, match="no bucket holds a global batch"):
-        tdata.create_translation_dataset(path, 10_000)
+        tdata.create_translation_dataset(directory, "dev", 10_000)
     with pytest.raises(DataError, match="shard_id=2 is not in"):
-        tdata.create_translation_dataset(path, 4, num_shards=2, shard_id=2)
-    with pytest.raises(DataError, match="MindRecord file not found"):
-        tdata.create_translation_dataset(directory / "missing.mindrecord", 4)
+        tdata.create_translation_dataset(directory, "dev", 4, num_shards=2, shard_id=2)
+    with pytest.raises(DataError, match="unknown split 'heldout'"):
+        tdata.create_translation_dataset(directory, "heldout", 4)
+    with pytest.raises(DataError, match="missing: no dataset.json"):
+        tdata.create_translation_dataset(directory.parent / "missing", "train", 4)
 
 
 # --- command line ----------------------------------------------------------------------------
