@@ -244,3 +244,48 @@ def test_gradient_accumulation_matches_one_big_batch(accumulation):
         np.testing.assert_allclose(after_n[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
         moved += not np.array_equal(value, start[name])
     assert moved > 0
+
+
+class TwoLayers(nn.Cell):
+    """mean((tanh(x W1 + b1) W2 + b2)^2): 2-D parameters (weight decay) and 1-D (none)."""
+
+    def __init__(self):
+        super().__init__()
+        rng = np.random.default_rng(3)
+        self.first = nn.Dense(6, 5, weight_init=Tensor(rng.normal(size=(5, 6)), ms.float32),
+                              bias_init="zeros")
+        self.second = nn.Dense(5, 2, weight_init=Tensor(rng.normal(size=(2, 5)), ms.float32),
+                               bias_init="zeros")
+
+    def construct(self, x):
+        return ops.reduce_mean(ops.square(self.second(ops.tanh(self.first(x)))))
+
+
+def test_fused_adamw_matches_mindspores_adam_weight_decay():
+    """The one-kernel AdamW of CPU runs, the step's unscaling and clipping folded in, gives
+    the parameters and moments of MindSpore's nn.AdamWeightDecay, under the same names."""
+    from model_zoo.nn import cpu_kernels
+    from model_zoo.nn.layers import kernels_for
+    from model_zoo.train.step import FusedAdamWeightDecay
+    if not cpu_kernels.available():
+        pytest.skip("no C++ compiler for the fused kernels")
+    config = TrainConfig(weight_decay=0.1)
+    batches = [Tensor(np.random.default_rng(seed).normal(size=(4, 6)), ms.float32)
+               for seed in range(4)]
+    results = []
+    for target in ("CPU", "Ascend"):   # "Ascend": MindSpore's operators, as a cluster runs
+        with kernels_for(target):
+            network = TwoLayers()
+            schedule = WarmupCosineSchedule(1e-2, 1e-3, 2, 10)
+            optimizer = build_optimizer(network, config, schedule)
+            assert isinstance(optimizer, FusedAdamWeightDecay) == (target == "CPU")
+            step = TrainStep(network, optimizer, schedule, grad_clip=0.05)
+            norms = [run_step(step, x)[3] for x in batches]
+        results.append((params_of(step), norms))
+    (fused, fused_norms), (reference, reference_norms) = results
+    assert fused_norms == pytest.approx(reference_norms, rel=1e-5)
+    assert min(fused_norms) > 0.05   # every step clipped: the factor matters
+    assert fused.keys() == reference.keys() and any("adam_m" in name for name in fused)
+    for name, value in reference.items():
+        np.testing.assert_allclose(fused[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    assert not np.allclose(fused["first.weight"], TwoLayers().first.weight.asnumpy())

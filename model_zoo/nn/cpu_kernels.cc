@@ -21,6 +21,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #define AOT_ARGS int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, \
                  void *stream, void *extra
@@ -585,5 +586,67 @@ extern "C" int KeyedDropout(AOT_ARGS) {
     const uint64_t draw = splitmix64(base + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i));
     y[i] = (draw >> 40) < threshold ? x[i] * scale : 0.0f;
   }
+  return 0;
+}
+
+// AdamW over all parameters in one call, in place (MindSpore's AdamWeightDecay, whose CPU
+// kernel makes one launch per parameter): for each element, with g = grad * factor (the
+// train step's unscaling and clipping, folded in here to save a pass over the gradients),
+//   m += (g - m) (1 - beta1);  v += (g^2 - v) (1 - beta2)
+//   p -= lr (m / (sqrt(v) + eps) + decay p)
+// inputs: lr (1), factor (1), constants (3: beta1, beta2, eps), decays (T: each parameter's
+// weight decay), then T parameters, their T first moments, T second moments and T gradients,
+// all float32; outputs: a (1) placeholder holding 0. The parameters and moments are written
+// in place (the operator is marked as writing memory). The elements are split over the
+// usable cores: the update is bound by memory bandwidth, which one core cannot fill.
+extern "C" int AdamWUpdate(AOT_ARGS) {
+  if (nparam < 9 || (nparam - 5) % 4 != 0 || !all_float32(nparam, dtypes)) return 1;
+  const int tensors = (nparam - 5) / 4;
+  if (elements(ndims[3], shapes[3]) != tensors) return 1;
+  for (int t = 0; t < tensors; ++t) {
+    const int64_t count = elements(ndims[4 + t], shapes[4 + t]);
+    for (int part = 1; part < 4; ++part) {
+      if (elements(ndims[4 + part * tensors + t], shapes[4 + part * tensors + t]) != count) {
+        return 1;
+      }
+    }
+  }
+  const float lr = *as_float(params[0]), factor = *as_float(params[1]);
+  const float *constants = as_float(params[2]), *decays = as_float(params[3]);
+  const float keep_m = 1.f - constants[0], keep_v = 1.f - constants[1], eps = constants[2];
+  std::vector<int64_t> starts(tensors + 1, 0);   // element offsets of the tensors, end to end
+  for (int t = 0; t < tensors; ++t) {
+    starts[t + 1] = starts[t] + elements(ndims[4 + t], shapes[4 + t]);
+  }
+  const int64_t total = starts[tensors];
+  const int shares = static_cast<int>(
+      std::min<int64_t>(helpers().count() + 1, std::max<int64_t>(1, total / (1 << 16))));
+  const std::function<void(int)> share = [&](int index) {
+    const int64_t begin = total * index / shares, end = total * (index + 1) / shares;
+    for (int t = 0; t < tensors; ++t) {
+      const int64_t from = std::max(begin, starts[t]) - starts[t];
+      const int64_t to = std::min(end, starts[t + 1]) - starts[t];
+      if (from >= to) continue;
+      float *p = as_float(params[4 + t]), *m = as_float(params[4 + tensors + t]);
+      float *v = as_float(params[4 + 2 * tensors + t]);
+      const float *g = as_float(params[4 + 3 * tensors + t]);
+      const float decay = decays[t];
+#pragma omp simd
+      for (int64_t i = from; i < to; ++i) {
+        const float grad = g[i] * factor;
+        const float m_i = m[i] + (grad - m[i]) * keep_m;
+        const float v_i = v[i] + (grad * grad - v[i]) * keep_v;
+        m[i] = m_i;
+        v[i] = v_i;
+        p[i] -= lr * (m_i / (std::sqrt(v_i) + eps) + decay * p[i]);
+      }
+    }
+  };
+  if (shares == 1) {
+    share(0);
+  } else {
+    helpers().run(share, shares);
+  }
+  *as_float(params[nparam - 1]) = 0.f;
   return 0;
 }

@@ -30,8 +30,10 @@ from mindspore import nn, ops
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cc")
 # -z nodelete: the few-rows matmul's helper threads live in the library, which must stay
-# loaded; 512-bit vectors for its 16-float tiles (an x86 option only)
-FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp-simd", "-shared", "-fPIC",
+# loaded; 512-bit vectors for its 16-float tiles (an x86 option only); -fno-math-errno lets
+# the optimizer's square roots vectorise
+FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fno-math-errno", "-fopenmp-simd",
+         "-shared", "-fPIC",
          "-std=c++17", "-pthread", "-Wl,-z,nodelete"] + \
     (["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else [])
 
@@ -218,6 +220,18 @@ def skinny_matmul(with_bias: bool):
 
     return _custom("SkinnyMatMul", lambda x, w, *bias: [x[0], w[0]], lambda x, w, *bias: x,
                    bprop_with_bias if with_bias else bprop)
+
+
+def adamw_update():
+    """Custom op (lr (1,), factor (1,), constants (3,) = beta1, beta2, eps, decays (T,),
+    *params, *first moments, *second moments, *grads) -> placeholder (1,), float32: one AdamW
+    step (`nn.AdamWeightDecay`'s, no bias correction) over all T parameters, the gradients
+    multiplied by `factor` first. It writes the parameters and moments in place, so it is
+    marked as writing memory (as MindSpore's own optimizer operators are): the graph keeps
+    it ordered with the reads and writes of those parameters."""
+    update = _custom("AdamWUpdate", lambda *shapes: [1], lambda *dtypes: dtypes[0])
+    update.add_prim_attr("side_effect_mem", True)
+    return update
 
 
 def squared_norm():

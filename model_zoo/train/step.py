@@ -189,6 +189,8 @@ class TrainStep(nn.Cell):
             self.accu_grads = self.weights.clone(prefix="accu_grads", init="zeros")
         self.step = Parameter(Tensor(0, ms.int32), name=STEP_COUNTER, requires_grad=False)
         self.keyed_dropout = use_cpu_kernels()   # the masks follow DROPOUT_STEP
+        # the fused optimizer unscales and clips the gradients as it reads them
+        self.optimizer_scales = isinstance(optimizer, FusedAdamWeightDecay)
         self.hyper_map = ops.HyperMap()
         self.gradient_norm = gradient_norm if gradient_norm is not None else GradientNorm()
         self.stop_vote = stop_vote if stop_vote is not None else StopVote()
@@ -249,11 +251,15 @@ class TrainStep(nn.Cell):
         factor = 1.0 / divisor
         if self.grad_clip > 0:
             factor = factor * self.grad_clip / ops.maximum(grad_norm, self.grad_clip)
-        grads = self.hyper_map(ops.partial(_multiply, factor), grads)
+        if not self.optimizer_scales:
+            grads = self.hyper_map(ops.partial(_multiply, factor), grads)
         if self.dynamic_loss_scale:
             self._adjust_loss_scale(finite)
         if finite:
-            loss = ops.depend(loss, self.optimizer(grads))
+            if self.optimizer_scales:
+                loss = ops.depend(loss, self.optimizer(grads, factor))
+            else:
+                loss = ops.depend(loss, self.optimizer(grads))
         if self.accumulated_by_compiler:
             loss = ops.depend(loss, self.hyper_map(_clear_accumulated, self.accu_grads, grads))
         loss = ops.depend(loss, ops.assign_add(self.step, Tensor(1, ms.int32)))
@@ -299,8 +305,40 @@ def uses_float_status(device_target: str) -> bool:
         is_ascend_910b() and saturation)
 
 
+class FusedAdamWeightDecay(nn.AdamWeightDecay):
+    """`nn.AdamWeightDecay` as one fused CPU kernel over all parameters
+    (`cpu_kernels.adamw_update`) instead of one kernel launch per parameter, with the
+    train step's gradient factor (unscaling and clipping) applied as the kernel reads the
+    gradients. The same parameters, moments and names: checkpoints are interchangeable.
+
+    Inputs:
+        gradients: tuple of float32 gradients, in the order of the parameters.
+        factor: float32 scalar the gradients are multiplied by.
+    Outputs:
+        a float32 (1,) placeholder, for ordering.
+    """
+
+    def __init__(self, params, learning_rate, beta1, beta2, eps):
+        super().__init__(params, learning_rate=learning_rate, beta1=beta1, beta2=beta2, eps=eps)
+        self.constants = Tensor(np.array([beta1, beta2, eps], np.float32))
+        decays = self.weight_decay if self.is_group else (self.weight_decay,) * len(
+            self._parameters)
+        self.decays = Tensor(np.array([float(decay) if flag else 0.0 for decay, flag
+                                       in zip(decays, self.decay_flags)], np.float32))
+        self.update = cpu_kernels.adamw_update()
+
+    def construct(self, gradients, factor):
+        lr = self.get_lr()
+        self.assignadd(self.global_step, self.global_step_increase_tensor)
+        return self.update(ops.reshape(lr, (1,)), ops.reshape(ops.cast(factor, ms.float32), (1,)),
+                           self.constants, self.decays, *self._parameters, *self.moments1,
+                           *self.moments2, *gradients)
+
+
 def build_optimizer(network, train_config, lr_schedule):
-    """AdamW; biases, layer-norm parameters and other 1-D parameters get no weight decay."""
+    """AdamW; biases, layer-norm parameters and other 1-D parameters get no weight decay.
+    On CPU with the fused kernels and float32 parameters, as one kernel
+    (`FusedAdamWeightDecay`)."""
     params = network.trainable_params()
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
@@ -308,5 +346,7 @@ def build_optimizer(network, train_config, lr_schedule):
               {"params": no_decay, "weight_decay": 0.0}]
     # MindSpore refuses an empty group (a model without any 1-D or any 2-D parameter)
     groups = [group for group in groups if group["params"]] + [{"order_params": params}]
-    return nn.AdamWeightDecay(groups, learning_rate=lr_schedule, beta1=train_config.adam_beta1,
-                              beta2=train_config.adam_beta2, eps=train_config.adam_eps)
+    fused = use_cpu_kernels() and all(p.dtype == ms.float32 for p in params)
+    optimizer = FusedAdamWeightDecay if fused else nn.AdamWeightDecay
+    return optimizer(groups, learning_rate=lr_schedule, beta1=train_config.adam_beta1,
+                     beta2=train_config.adam_beta2, eps=train_config.adam_eps)
