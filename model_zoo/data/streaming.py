@@ -22,6 +22,7 @@ same settings and inputs keeps the finished pieces and builds the others.
 """
 
 import concurrent.futures
+import json
 import multiprocessing
 import os
 import re
@@ -540,7 +541,8 @@ def load_plan(output_dir: Path, settings: dict) -> Optional[dict]:
     """The plan of an earlier, unfinished build in `output_dir` with these settings (inputs
     unchanged), or None."""
     plan = read_json_or_none(output_dir / PLAN_FILE)
-    if plan is None or plan.get("settings") != settings:
+    # compared as JSON gives them back (tuples become lists)
+    if plan is None or plan.get("settings") != json.loads(json.dumps(settings)):
         return None
     return plan
 

@@ -63,8 +63,8 @@ from model_zoo.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UN
 from model_zoo.errors import DataError
 from model_zoo.files import write_atomically
 
-from .pairs import (BUILTIN_LOCALE_DE, CATALOG, MAX_WORDS, MIN_WORDS, PairStart, iter_pairs,
-                    pair_entries)
+from .pairs import (BUILTIN_LOCALE_DE, CATALOG, CATALOG_ROOT, MAX_WORDS, MIN_WORDS, PairStart,
+                    iter_pairs, pair_entries)
 
 SPLITS = ("train", "dev", "test")
 SPLIT_FILES = {split: shard_name(split, 0, 1) for split in SPLITS}   # a one-piece build's
@@ -104,9 +104,11 @@ class HeldOutGroups:
 
     Each group draws a number from (seed, its key) alone; groups are taken by increasing
     draw and fill dev, then test, with whole groups up to `dev` and `test` pairs (exactly
-    those sizes unless large groups are in the way). Only the groups of lowest draw holding
-    CANDIDATE_FACTOR x (dev + test) pairs are kept while counting: a group whose draw lies
-    above them all can no longer be chosen.
+    those sizes unless large groups are in the way). While counting, only the groups of
+    lowest draw holding CANDIDATE_FACTOR x (dev + test) pairs are kept (a group whose draw
+    lies above them all can no longer be chosen), and a group grown larger than both dev and
+    test is dropped for good: the choice is that of sorting every group whenever the kept
+    groups fill both splits.
     """
 
     def __init__(self, dev: int, test: int, seed: int):
@@ -115,8 +117,9 @@ class HeldOutGroups:
                 raise DataError(f"{name} size must be a non-negative integer, got {size!r}")
         self.dev, self.test, self.seed = dev, test, seed
         self.limit = CANDIDATE_FACTOR * (dev + test)
-        self.groups = {}      # key -> [draw, pairs]
+        self.groups = {}      # key -> [draw, pairs], the groups that may still be chosen
         self.highest = []     # heap of (-draw, key): the kept group of highest draw first
+        self.too_large = set()  # groups of more pairs than dev and test can hold
         self.kept_pairs = 0
         self.pairs = 0
         self.threshold = 1.0  # draws at or above it are out
@@ -124,19 +127,30 @@ class HeldOutGroups:
     def add(self, key: int):
         """Count one pair of group `key`."""
         self.pairs += 1
+        if self.limit == 0 or key in self.too_large:
+            return
         group = self.groups.get(key)
         if group is None:
             draw = heldout_draw(self.seed, key)
-            if draw >= self.threshold or self.limit == 0:
+            if draw >= self.threshold:
                 return
             group = self.groups[key] = [draw, 0]
             heapq.heappush(self.highest, (-draw, key))
         group[1] += 1
         self.kept_pairs += 1
-        while self.kept_pairs - self.groups[self.highest[0][1]][1] >= self.limit:
-            draw, key = heapq.heappop(self.highest)
+        if group[1] > max(self.dev, self.test):
+            self.too_large.add(key)
             self.kept_pairs -= self.groups.pop(key)[1]
-            self.threshold = -draw
+        while self.highest:
+            draw, top = self.highest[0]
+            if top not in self.groups:   # dropped as too large
+                heapq.heappop(self.highest)
+            elif self.kept_pairs - self.groups[top][1] >= self.limit:
+                heapq.heappop(self.highest)
+                self.kept_pairs -= self.groups.pop(top)[1]
+                self.threshold = -draw
+            else:
+                break
 
     def choose(self) -> dict:
         """{"dev": keys, "test": keys} (sorted) once every pair was added."""
@@ -246,8 +260,14 @@ class PairCorpus:
         self.dev_size, self.test_size, self.seed = dev_size, test_size, seed
 
     def signature(self) -> list:
-        return [[entry.kind, *entry.languages, *(input_signature(entry.files()) or
-                                                entry.paths)] for entry in self.entries]
+        """The inputs' kinds, keys and files (a catalog's .mo files) with sizes and times."""
+        signature = []
+        for entry in self.entries:
+            files = entry.files() or sorted(
+                Path(CATALOG_ROOT, entry.paths[0], "LC_MESSAGES").glob("*.mo"))
+            signature.append([entry.kind, *entry.paths, *entry.languages,
+                              *input_signature(files)])
+        return signature
 
     def scan(self, options: BuildOptions) -> dict:
         return scan_pairs(self.entries, dev_size=self.dev_size, test_size=self.test_size,
@@ -265,11 +285,12 @@ def scan_pairs(entries, *, dev_size, test_size, seed, piece_bytes=None, num_file
     total = sum(_entry_bytes(entry) for entry in entries)
     cutter = PieceCutter(chosen_piece_bytes(total, piece_bytes, num_files))
     groups = HeldOutGroups(dev_size, test_size, seed)
-    stats = {}
+    stats, entry = {}, None
     for index, pair in enumerate(iter_pairs(entries, stats=stats)):
-        gzipped = any(path.suffix == ".gz" for path in entries[pair.start.entry].files())
-        cutter.add(index, pair.start, pair.size,
-                   cuttable=not gzipped or (pair.start.offset, pair.start.target_offset) == (0, 0))
+        # a gzipped input is cut only where it starts (see scan_corpus)
+        first_of_entry, entry = pair.start.entry != entry, pair.start.entry
+        gzipped = any(path.suffix == ".gz" for path in entries[entry].files())
+        cutter.add(index, pair.start, pair.size, cuttable=first_of_entry or not gzipped)
         groups.add(group_key(pair.source))
     return dict(cutter.plan(), held_out_groups=groups.choose(), source_stats=stats)
 
@@ -340,10 +361,10 @@ def build_translation_dataset(output_dir, sources, *, vocab_size, seq_length,
             train_tokenizer(train_lines(entries, PairSplit(chosen)), output_dir / TOKENIZER_FILE,
                             vocab_size, sentences=options.tokenizer_sentences, seed=seed)))
 
-    settings = {"vocab_size": vocab_size, "seq_length": seq_length, "buckets": boundaries,
+    settings = {"vocab_size": vocab_size, "seq_length": seq_length, "buckets": list(boundaries),
                 "dev_size": dev_size, "test_size": test_size, "split_seed": seed}
     plan, records, tokenizer = streaming_build(
-        output_dir, sources, options, settings=settings, splits=("train",),
+        output_dir, sources, options, settings=settings, splits=SPLITS,
         label="transformer data", tokenizer_for=tokenizer_for,
         build_piece=build_translation_piece, corpus=corpus,
         job={"seq_length": seq_length, "boundaries": list(boundaries)})
@@ -496,10 +517,10 @@ def _write_held_out(output_dir, split, found, tokenizer, seq_length, boundaries,
     return summary
 
 
-def translation_dataset_ready(output_dir, vocab_size, seq_length):
-    """True if `output_dir` holds a complete translation dataset for this vocab_size and
-    seq_length; False if it holds none. DataError if it was built with other sizes or if
-    files are missing."""
+def translation_dataset_ready(output_dir, vocab_size, seq_length, languages=("en", "de")):
+    """True if `output_dir` holds a complete translation dataset for this vocab_size,
+    seq_length and languages (source, target); False if it holds none. DataError if it was
+    built with others or if files are missing."""
     def files(manifest):
         if any("file_buckets" not in part for part in manifest.get("splits", {}).values()):
             raise DataError(f"{output_dir}: built by an earlier version of model-zoo (its "
@@ -510,7 +531,9 @@ def translation_dataset_ready(output_dir, vocab_size, seq_length):
             names.extend(part.get("files", [SPLIT_FILES.get(split)]))
             names.extend(part.get("text", {}).values())
         return names
-    return dataset_ready(output_dir, {"vocab_size": vocab_size, "seq_length": seq_length}, files)
+    asked = {"vocab_size": vocab_size, "seq_length": seq_length,
+             "languages": {"source": languages[0], "target": languages[1]}}
+    return dataset_ready(output_dir, asked, files)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,9 +552,24 @@ def split_rows(dataset_dir, split):
     for path in paths:
         if not Path(path).is_file():
             raise DataError(f"{path}: file not found (dataset.json lists it)")
-    buckets = [np.repeat(np.array([int(b) for b in counts], np.int32),
-                         [counts[b] for b in counts]) for counts in part["file_buckets"]]
+    buckets = []
+    for counts in part["file_buckets"]:   # a file's rows are sorted by bucket
+        ordered = sorted((int(bucket), count) for bucket, count in counts.items())
+        buckets.append(np.repeat(np.array([b for b, _ in ordered], np.int32),
+                                 [count for _, count in ordered]))
     return paths, np.concatenate(buckets) if buckets else np.zeros(0, np.int32)
+
+
+def reference_file(dataset_dir, split) -> str:
+    """The text file of a dev or test split's target sentences, line i the row of index i."""
+    manifest = read_manifest(dataset_dir)
+    if manifest is None:
+        raise DataError(f"{dataset_dir}: no dataset.json (build the dataset first)")
+    texts = manifest["splits"].get(split, {}).get("text")
+    if not texts:
+        raise DataError(f"{dataset_dir}: split {split!r} has no text files "
+                        f"(splits with text: {', '.join(TEXT_SPLITS)})")
+    return str(Path(dataset_dir) / texts[manifest["languages"]["target"]])
 
 
 def read_examples(dataset_dir, split) -> Examples:

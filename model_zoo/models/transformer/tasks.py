@@ -19,7 +19,8 @@ from model_zoo.errors import DataError, UserInputError
 from model_zoo.train.checkpoint import load_network
 
 from .data import (BUILTIN_LOCALE_DE, TOKENIZER_FILE, build_translation_dataset,
-                   create_translation_dataset, read_examples, translation_dataset_ready)
+                   create_translation_dataset, read_examples, reference_file,
+                   translation_dataset_ready)
 from .decode import Translator
 from .model import FlatDecoderStep, TransformerForTraining
 
@@ -47,7 +48,8 @@ class TransformerDataConfig(DataConfig):
 def dataset_ready(config: Config) -> bool:
     """Whether data.dataset_dir holds the dataset this config trains on."""
     return translation_dataset_ready(config.data.dataset_dir, config.model.vocab_size,
-                                     config.model.seq_length)
+                                     config.model.seq_length,
+                                     (config.data.source_lang, config.data.target_lang))
 
 
 def prepare_data(config: Config):
@@ -171,8 +173,7 @@ def evaluate(config: Config, network, split: str = "test", beam_size: int = None
     import sacrebleu
     tokenizer = _tokenizer(config)
     examples = read_examples(config.data.dataset_dir, split)
-    references_file = os.path.join(config.data.dataset_dir, f"{split}.{config.data.target_lang}")
-    with open(references_file, encoding="utf-8") as handle:
+    with open(reference_file(config.data.dataset_dir, split), encoding="utf-8") as handle:
         references = handle.read().splitlines()
     beam = beam_size or config.model.beam_size
     hypotheses_ids = translate_ids(config, network.transformer, examples.source_ids, beam)

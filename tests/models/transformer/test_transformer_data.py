@@ -232,29 +232,48 @@ def test_split_keeps_near_identical_sources_together():
         tdata.split_pairs(pairs, dev=30, test=13)
 
 
-def test_held_out_groups_keep_few_candidates_and_choose_as_a_full_sort():
-    """The scan's bounded selection equals sorting every group by its draw."""
+def full_sort_choice(keys, dev, test, seed):
+    """The dev and test groups of sorting every group of `keys` by its draw (the reference)."""
     from collections import Counter
     from model_zoo.data.streaming import heldout_draw
-    keys = [int(k) for k in np.random.default_rng(0).zipf(1.3, 20_000) % 5000]
-    groups = tdata.HeldOutGroups(50, 30, seed=4)
+    counts = Counter(keys)
+    chosen, room = {"dev": [], "test": []}, {"dev": dev, "test": test}
+    for key in sorted(counts, key=lambda k: heldout_draw(seed, k)):
+        split = next((name for name in room if counts[key] <= room[name]), None)
+        if split:
+            chosen[split].append(key)
+            room[split] -= counts[key]
+        if not any(room.values()):
+            break
+    return {split: sorted(found) for split, found in chosen.items()}, counts
+
+
+def held_out_choice(keys, dev, test, seed):
+    groups = tdata.HeldOutGroups(dev, test, seed)
     most = 0
     for key in keys:
         groups.add(key)
         most = max(most, len(groups.groups))
-    chosen = groups.choose()
-    counts = Counter(keys)
-    reference, room = {"dev": [], "test": []}, {"dev": 50, "test": 30}
-    for key in sorted(counts, key=lambda k: heldout_draw(4, k)):
-        split = next((name for name in room if counts[key] <= room[name]), None)
-        if split:
-            reference[split].append(key)
-            room[split] -= counts[key]
-        if not any(room.values()):
-            break
-    assert chosen == {split: sorted(found) for split, found in reference.items()}
+    return groups.choose(), most
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_held_out_groups_keep_few_candidates_and_choose_as_a_full_sort(seed):
+    """The scan's bounded selection equals sorting every group by its draw, with many
+    groups too large for dev or test among them (boilerplate lines repeated thousands of
+    times)."""
+    rng = np.random.default_rng(seed)
+    keys = [int(k) for k in rng.zipf(1.3, 20_000) % 5000]
+    keys += [int(k) for k in rng.integers(10**6, 10**6 + 40, 8000)]   # 40 groups of ~200
+    keys = [keys[i] for i in rng.permutation(len(keys))]
+    chosen, most = held_out_choice(keys, 50, 30, seed)
+    reference, counts = full_sort_choice(keys, 50, 30, seed)
+    assert chosen == reference
     assert [sum(counts[k] for k in chosen[s]) for s in ("dev", "test")] == [50, 30]
     assert most <= tdata.CANDIDATE_FACTOR * 80 and len(counts) > 5 * most
+    # a group larger than dev and test with the lowest draw does not crowd out the others
+    assert held_out_choice([7] * 5 + list(range(100, 120)), 1, 0, seed)[0] == \
+        full_sort_choice([7] * 5 + list(range(100, 120)), 1, 0, seed)[0]
 
 
 # --- bucketing and the built dataset ---------------------------------------------------------
@@ -363,6 +382,31 @@ def test_two_workers_build_the_same_dataset_split_as_split_pairs(built, pairs_fi
         in_order = [source for source, _ in splits[split]]
         assert lines == [source for source in in_order if source in set(lines)]
         assert manifest["splits"][split]["pairs"] == len(splits[split])
+
+
+@needs_catalogs
+def test_a_build_stopped_after_its_pieces_resumes_them(built, pairs_file, tmp_path,
+                                                       monkeypatch, capsys):
+    directory = tmp_path / "stopped"
+    written = tdata._write_held_out
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tdata, "_write_held_out", fail)
+    with pytest.raises(OSError, match="disk full"):
+        build(directory, pairs_file)
+    records = sorted(directory.glob(".piece-*.json"))
+    assert len(records) == PIECES
+    times = {path: path.stat().st_mtime_ns for path in directory.glob("train-*")}
+    monkeypatch.setattr(tdata, "_write_held_out", written)
+    capsys.readouterr()
+    manifest = build(directory, pairs_file)
+    assert "resuming the unfinished build" in capsys.readouterr().out
+    assert times == {path: path.stat().st_mtime_ns for path in directory.glob("train-*")}
+    expected = dict(built[1], build=dict(built[1]["build"], seconds=None))
+    assert dict(manifest, build=dict(manifest["build"], seconds=None)) == expected
+    assert not list(directory.glob(".piece-*.json"))
 
 
 # --- per-rank batches ------------------------------------------------------------------------
