@@ -409,15 +409,23 @@ def train_documents(entries, json_key, rule: SplitRule):
 def piece_documents(entries, json_key, rule: SplitRule, piece: Piece):
     """(document index, text, is held out, input bytes) of each document of `piece`."""
     documents = iter_documents(entries, json_key, piece.start)
-    for index in range(piece.first_document, piece.first_document + piece.documents):
-        document = next(documents, None)
-        if document is None or (index == piece.first_document and
-                                tuple(document.start) != tuple(piece.start)):
-            raise DataError(f"{entries[piece.start.entry]}: the input changed since the build "
-                            f"began (piece {piece.index} no longer starts where it did); "
-                            f"delete the unfinished build's folder and build again")
+    for index, document in piece_units(documents, piece, str(entries[piece.start.entry])):
         yield index, document.text, rule.heldout(index), document.size
-    documents.close()
+
+
+def piece_units(units, piece: Piece, input_name: str):
+    """(corpus index, unit) of each unit (document, sentence pair) of `piece`, taken from
+    `units`, an iterator of the inputs from where the piece starts; DataError naming
+    `input_name` if the inputs changed since the scan found the piece."""
+    for index in range(piece.first_document, piece.first_document + piece.documents):
+        unit = next(units, None)
+        if unit is None or (index == piece.first_document and
+                            tuple(unit.start) != tuple(piece.start)):
+            raise DataError(f"{input_name}: the input changed since the build began (piece "
+                            f"{piece.index} no longer starts where it did); delete the "
+                            f"unfinished build's folder and build again")
+        yield index, unit
+    units.close()
 
 
 def shard_name(split: str, piece: int, pieces: int) -> str:

@@ -55,7 +55,7 @@ from model_zoo.data.manifest import (check_no_dataset, check_positive, dataset_r
 from model_zoo.data.mindrecord import read_mindrecord, write_mindrecord_unless_empty
 from model_zoo.data.streaming import (BuildOptions, Piece, PieceCutter, add_piece_arguments,
                                       build_summary, chosen_piece_bytes, count_progress,
-                                      finish_build, heldout_draw, input_signature,
+                                      finish_build, heldout_draw, input_signature, piece_units,
                                       piece_tokenizer, planned_tokenizer, shard_name,
                                       streaming_build)
 from model_zoo.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, TOKENIZER_FILE, UNK_ID,
@@ -309,21 +309,6 @@ def train_lines(entries, split_of):
             yield pair.target
 
 
-def piece_pairs(entries, piece: Piece):
-    """(index, pair) of each pair of `piece`; DataError if the inputs changed since the scan."""
-    pairs = iter_pairs(entries, piece.start)
-    for index in range(piece.first_document, piece.first_document + piece.documents):
-        pair = next(pairs, None)
-        if pair is None or (index == piece.first_document and
-                            tuple(pair.start) != tuple(piece.start)):
-            raise DataError(f"{' and '.join(entries[piece.start.entry].paths)}: the input "
-                            f"changed since the build began (piece {piece.index} no longer "
-                            f"starts where it did); delete the unfinished build's folder and "
-                            f"build again")
-        yield index, pair
-    pairs.close()
-
-
 def build_translation_dataset(output_dir, sources, *, vocab_size, seq_length,
                               dev_size=DEFAULT_DEV_SIZE, test_size=DEFAULT_TEST_SIZE, seed=1,
                               buckets=DEFAULT_BUCKETS, languages=("en", "de"),
@@ -425,7 +410,9 @@ def build_translation_piece(job: dict, piece: Piece) -> dict:
                        sum(pair[2] for _, pair in batch))
         return examples, too_long
 
-    for index, pair in piece_pairs(job["entries"], piece):
+    entries = job["entries"]
+    stream = iter_pairs(entries, piece.start)
+    for index, pair in piece_units(stream, piece, " and ".join(entries[piece.start.entry].paths)):
         split = split_of(pair.source)
         if split != "train":
             held_out[split].append([index, pair.source, pair.target])
