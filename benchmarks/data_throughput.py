@@ -14,8 +14,15 @@ SentencePiece model's pieces and merges, on one thread) and packs the ids with n
 an .npy file; the share of documents it encodes exactly as SentencePiece does is printed
 beside it.
 
+With `--model transformer` it builds translation datasets instead (`model-zoo data
+transformer`, which trains its joint tokenizer, vocabulary 8,000, on a sample of the train
+pairs): the corpus is a `.tsv` of the system's message-catalog pairs, shuffled and repeated
+to each size, each copy numbered on both sides so that every pair is distinct. There is no
+reference encoder for it; the figures are MB/s, pairs/s and peak memory.
+
     python benchmarks/data_throughput.py
     python benchmarks/data_throughput.py --sizes 50 --workers 1 2
+    python benchmarks/data_throughput.py --model transformer --sizes 50 200 --workers 2
 """
 
 import argparse
@@ -34,6 +41,7 @@ import numpy as np
 VOCAB = 8000
 SEQ_LENGTH = 1024
 REFERENCE_MB = 50   # the reference encodes this much of the corpus (its rate does not depend on it)
+TRANSLATION_LENGTH = 128
 
 
 def make_corpus(path: Path, megabytes: int):
@@ -49,6 +57,25 @@ def make_corpus(path: Path, megabytes: int):
                 text = document.replace("\n\n", "\n") + "\n\n"
                 out.write(text)
                 written += len(text.encode("utf-8"))
+                if written >= target:
+                    break
+
+
+def make_pairs_corpus(path: Path, megabytes: int):
+    """The message catalogs' English-German pairs as a .tsv, shuffled and repeated to
+    `megabytes` MB, copy k of a pair numbered "(k)" on both sides."""
+    from model_zoo.models.transformer.pairs import message_catalog_pairs
+    pairs = message_catalog_pairs()
+    rng = random.Random(0)
+    target, written, copy = megabytes * 1_000_000, 0, 0
+    with open(path, "w", encoding="utf-8") as out:
+        while written < target:
+            rng.shuffle(pairs)
+            copy += 1
+            for source, translation in pairs:
+                line = f"{source} ({copy})\t{translation} ({copy})\n"
+                out.write(line)
+                written += len(line.encode("utf-8"))
                 if written >= target:
                     break
 
@@ -81,11 +108,14 @@ def tree_rss(pid: int) -> int:
     return total
 
 
-def build(corpus: Path, tokenizer: Path, workers: int, output_dir: Path) -> dict:
-    """One `model-zoo data gpt2` run: seconds, peak memory of its processes, manifest."""
-    command = [sys.executable, "-m", "model_zoo", "data", "gpt2", "--input", str(corpus),
-               "--output-dir", str(output_dir), "--tokenizer", str(tokenizer),
-               "--seq-length", str(SEQ_LENGTH), "--workers", str(workers)]
+def build(model: str, corpus: Path, tokenizer: Path, workers: int, output_dir: Path) -> dict:
+    """One `model-zoo data MODEL` run: seconds, peak memory of its processes, manifest."""
+    command = [sys.executable, "-m", "model_zoo", "data", model, "--input", str(corpus),
+               "--output-dir", str(output_dir), "--workers", str(workers)]
+    if model == "gpt2":
+        command += ["--tokenizer", str(tokenizer), "--seq-length", str(SEQ_LENGTH)]
+    else:
+        command += ["--vocab-size", str(VOCAB), "--seq-length", str(TRANSLATION_LENGTH)]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, env=dict(os.environ, GLOG_v="3"))
@@ -148,6 +178,7 @@ def reference(corpus: Path, tokenizer_model: Path, scratch: Path) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=["gpt2", "transformer"], default="gpt2")
     parser.add_argument("--sizes", type=int, nargs="+", default=[200, 1000], metavar="MB")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--scratch", help="folder for the corpora and builds (default: a "
@@ -155,37 +186,49 @@ def main():
     args = parser.parse_args()
     scratch = Path(args.scratch or tempfile.mkdtemp(prefix="data-throughput-"))
     scratch.mkdir(parents=True, exist_ok=True)
+    gpt2 = args.model == "gpt2"
     try:
-        tokenizer = train_shared_tokenizer(scratch / "tokenizer.model").model_path
-        rows = []
+        tokenizer = train_shared_tokenizer(scratch / "tokenizer.model").model_path if gpt2 \
+            else None
+        rows, ref = [], None
         for megabytes in args.sizes:
-            corpus = scratch / f"corpus-{megabytes}mb.txt"
+            corpus = scratch / (f"corpus-{megabytes}mb.txt" if gpt2 else
+                                f"pairs-{megabytes}mb.tsv")
             if not corpus.exists():
-                make_corpus(corpus, megabytes)
-            if megabytes == min(args.sizes):
+                (make_corpus if gpt2 else make_pairs_corpus)(corpus, megabytes)
+            if gpt2 and megabytes == min(args.sizes):
                 ref = reference(corpus, tokenizer, scratch)
             for workers in args.workers:
-                result = build(corpus, tokenizer, workers, scratch / "built")
+                result = build(args.model, corpus, tokenizer, workers, scratch / "built")
                 splits = result["manifest"]["splits"].values()
+                units = result["manifest"]["build"]["documents" if gpt2 else "pairs"]
                 tokens = sum(split["tokens"] for split in splits)
-                rows.append((megabytes, workers, result, tokens))
+                rows.append((megabytes, workers, result, tokens, units))
                 print(f"  built {megabytes} MB with {workers} worker(s) in "
                       f"{result['seconds']:.0f} s", flush=True)
-        print(f"\nGPT-2 dataset builds (vocabulary {VOCAB}, samples of {SEQ_LENGTH + 1} "
-              f"tokens, given tokenizer), {os.cpu_count()} cores")
-        print(f"{'corpus':>8} {'workers':>7} {'MB/s':>7} {'tokens/s':>10} {'MB/s/core':>9} "
-              f"{'peak RSS':>9} {'seconds':>8}")
-        for megabytes, workers, result, tokens in rows:
+        if gpt2:
+            print(f"\nGPT-2 dataset builds (vocabulary {VOCAB}, samples of {SEQ_LENGTH + 1} "
+                  f"tokens, given tokenizer), {os.cpu_count()} cores")
+        else:
+            print(f"\nTransformer dataset builds (joint vocabulary {VOCAB} trained in the "
+                  f"build, pairs of at most {TRANSLATION_LENGTH} tokens), {os.cpu_count()} "
+                  f"cores")
+        unit = "docs/s" if gpt2 else "pairs/s"
+        print(f"{'corpus':>8} {'workers':>7} {'MB/s':>7} {'tokens/s':>10} {unit:>9} "
+              f"{'MB/s/core':>9} {'peak RSS':>9} {'seconds':>8}")
+        for megabytes, workers, result, tokens, units in rows:
             rate = megabytes / result["seconds"]
             print(f"{megabytes:>6}MB {workers:>7} {rate:>7.2f} "
-                  f"{tokens / result['seconds']:>10,.0f} {rate / workers:>9.2f} "
-                  f"{result['peak_rss'] / 2 ** 20:>7,.0f}MB {result['seconds']:>8.1f}")
-        print(f"{'reference':>8} {1:>7} {ref['mb_per_s']:>7.2f} {ref['tokens_per_s']:>10,.0f} "
-              f"{ref['mb_per_s']:>9.2f} {'':>9} {'':>8}  (tokenizers + numpy on "
-              f"{REFERENCE_MB} MB; {ref['agreement']:.1%} of documents encoded as "
-              f"SentencePiece does)")
+                  f"{tokens / result['seconds']:>10,.0f} {units / result['seconds']:>9,.0f} "
+                  f"{rate / workers:>9.2f} {result['peak_rss'] / 2 ** 20:>7,.0f}MB "
+                  f"{result['seconds']:>8.1f}")
+        if ref is not None:
+            print(f"{'reference':>8} {1:>7} {ref['mb_per_s']:>7.2f} "
+                  f"{ref['tokens_per_s']:>10,.0f} {'':>9} {ref['mb_per_s']:>9.2f} {'':>9} "
+                  f"{'':>8}  (tokenizers + numpy on {REFERENCE_MB} MB; "
+                  f"{ref['agreement']:.1%} of documents encoded as SentencePiece does)")
         for workers in args.workers:
-            peaks = {mb: result["peak_rss"] for mb, w, result, _ in rows if w == workers}
+            peaks = {mb: result["peak_rss"] for mb, w, result, _, _ in rows if w == workers}
             if len(peaks) > 1:
                 low, high = min(peaks), max(peaks)
                 print(f"peak RSS, {workers} worker(s): {high} MB corpus / {low} MB corpus = "
