@@ -285,12 +285,12 @@ def scan_pairs(entries, *, dev_size, test_size, seed, piece_bytes=None, num_file
     total = sum(_entry_bytes(entry) for entry in entries)
     cutter = PieceCutter(chosen_piece_bytes(total, piece_bytes, num_files))
     groups = HeldOutGroups(dev_size, test_size, seed)
+    gzipped = [any(path.suffix == ".gz" for path in entry.files()) for entry in entries]
     stats, entry = {}, None
     for index, pair in enumerate(iter_pairs(entries, stats=stats)):
         # a gzipped input is cut only where it starts (see scan_corpus)
         first_of_entry, entry = pair.start.entry != entry, pair.start.entry
-        gzipped = any(path.suffix == ".gz" for path in entries[entry].files())
-        cutter.add(index, pair.start, pair.size, cuttable=first_of_entry or not gzipped)
+        cutter.add(index, pair.start, pair.size, cuttable=first_of_entry or not gzipped[entry])
         groups.add(group_key(pair.source))
     return dict(cutter.plan(), held_out_groups=groups.choose(), source_stats=stats)
 
