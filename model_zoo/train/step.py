@@ -313,7 +313,7 @@ class FusedAdamWeightDecay(nn.AdamWeightDecay):
 
     Inputs:
         gradients: tuple of float32 gradients, in the order of the parameters.
-        factor: float32 scalar the gradients are multiplied by.
+        factor: float32 scalar the gradients are multiplied by (default 1).
     Outputs:
         a float32 (1,) placeholder, for ordering.
     """
@@ -326,10 +326,13 @@ class FusedAdamWeightDecay(nn.AdamWeightDecay):
         self.decays = Tensor(np.array([float(decay) if flag else 0.0 for decay, flag
                                        in zip(decays, self.decay_flags)], np.float32))
         self.update = cpu_kernels.adamw_update()
+        self.one = Tensor(1.0, ms.float32)
 
-    def construct(self, gradients, factor):
+    def construct(self, gradients, factor=None):
         lr = self.get_lr()
         self.assignadd(self.global_step, self.global_step_increase_tensor)
+        if factor is None:   # called as any optimizer is, with the gradients alone
+            factor = self.one
         return self.update(ops.reshape(lr, (1,)), ops.reshape(ops.cast(factor, ms.float32), (1,)),
                            self.constants, self.decays, *self._parameters, *self.moments1,
                            *self.moments2, *gradients)
