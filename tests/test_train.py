@@ -289,3 +289,44 @@ def test_fused_adamw_matches_mindspores_adam_weight_decay():
     for name, value in reference.items():
         np.testing.assert_allclose(fused[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
     assert not np.allclose(fused["first.weight"], TwoLayers().first.weight.asnumpy())
+
+
+class Update(nn.Cell):
+    """One optimizer update of fixed gradients (the fused one with a factor of 0.5)."""
+
+    def __init__(self, optimizer, fused):
+        super().__init__()
+        self.optimizer, self.fused = optimizer, fused
+        self.half = Tensor(0.5, ms.float32)
+
+    def construct(self, grads):
+        if self.fused:
+            return self.optimizer(grads, self.half)
+        return self.optimizer(tuple(grad * self.half for grad in grads))
+
+
+def test_fused_adamw_split_over_threads_matches_across_tensor_boundaries():
+    """Enough elements (3 x 200,001) for the kernel to split them over the cores, the
+    split points inside tensors."""
+    from model_zoo.nn import cpu_kernels
+    from model_zoo.train.step import FusedAdamWeightDecay
+    if not cpu_kernels.available():
+        pytest.skip("no C++ compiler for the fused kernels")
+    rng = np.random.default_rng(5)
+    values = [rng.normal(size=size).astype(np.float32) for size in ((401, 499), (200_001,),
+                                                                  (999, 201))]
+    grads = tuple(Tensor(rng.normal(size=v.shape).astype(np.float32)) for v in values)
+    found = []
+    for fused in (True, False):
+        params = [Parameter(Tensor(v), name=f"p{i}") for i, v in enumerate(values)]
+        groups = [{"params": [params[0], params[2]], "weight_decay": 0.1},
+                  {"params": [params[1]], "weight_decay": 0.0}, {"order_params": params}]
+        kind = FusedAdamWeightDecay if fused else nn.AdamWeightDecay
+        update = Update(kind(groups, learning_rate=1e-2, beta1=0.9, beta2=0.95, eps=1e-8),
+                        fused)
+        for _ in range(3):
+            update(grads)
+        found.append([p.asnumpy() for p in params])
+    for fused, reference, before in zip(*found, values):
+        np.testing.assert_allclose(fused, reference, rtol=1e-5, atol=1e-6)
+        assert not np.allclose(fused, before)

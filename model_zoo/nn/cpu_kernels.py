@@ -4,8 +4,8 @@ the few-rows matmul of decoding, as MindSpore AOT custom operators.
 On CPU, MindSpore's LayerNormGrad, GeLU and SoftmaxCrossEntropyWithLogits kernels take 5-20x
 longer than one pass over memory would (a layer norm's forward and backward on 1024 x 256
 floats: 4.3 ms against 0.7 ms here; see benchmarks/README.md). `cpu_kernels.cc` does each in
-one vectorised pass per direction on the calling thread (the few-rows matmul of decoding,
-bound by memory bandwidth, splits over the cores). It is compiled with the machine's C++
+one vectorised pass per direction on the calling thread (the few-rows matmul of decoding
+and the AdamW update, bound by memory bandwidth, split over the cores). It is compiled with the machine's C++
 compiler on first use into a cache folder (`$MODEL_ZOO_KERNEL_CACHE`, default
 `~/.cache/model_zoo/kernels`), keyed by the source, the flags and the CPU, so each machine
 builds it once.
@@ -226,9 +226,11 @@ def adamw_update():
     """Custom op (lr (1,), factor (1,), constants (3,) = beta1, beta2, eps, decays (T,),
     *params, *first moments, *second moments, *grads) -> placeholder (1,), float32: one AdamW
     step (`nn.AdamWeightDecay`'s, no bias correction) over all T parameters, the gradients
-    multiplied by `factor` first. It writes the parameters and moments in place, so it is
-    marked as writing memory (as MindSpore's own optimizer operators are): the graph keeps
-    it ordered with the reads and writes of those parameters."""
+    multiplied by `factor` first. It writes the parameters and moments in place. It is
+    marked as writing memory (`side_effect_mem`), which keeps it in the graph's chain of
+    side effects; its order after the backward pass comes from the gradients it takes.
+    Unlike MindSpore's own optimizer operators it cannot declare which inputs it writes:
+    `tests/test_train.py` checks that the writes land."""
     update = _custom("AdamWUpdate", lambda *shapes: [1], lambda *dtypes: dtypes[0])
     update.add_prim_attr("side_effect_mem", True)
     return update

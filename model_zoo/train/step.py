@@ -323,7 +323,8 @@ class FusedAdamWeightDecay(nn.AdamWeightDecay):
         self.constants = Tensor(np.array([beta1, beta2, eps], np.float32))
         decays = self.weight_decay if self.is_group else (self.weight_decay,) * len(
             self._parameters)
-        self.decays = Tensor(np.array([float(decay) if flag else 0.0 for decay, flag
+        fixed = not self.dynamic_weight_decay   # a schedule of decays is not supported
+        self.decays = Tensor(np.array([float(decay) if flag and fixed else 0.0 for decay, flag
                                        in zip(decays, self.decay_flags)], np.float32))
         self.update = cpu_kernels.adamw_update()
         self.one = Tensor(1.0, ms.float32)
@@ -349,7 +350,11 @@ def build_optimizer(network, train_config, lr_schedule):
               {"params": no_decay, "weight_decay": 0.0}]
     # MindSpore refuses an empty group (a model without any 1-D or any 2-D parameter)
     groups = [group for group in groups if group["params"]] + [{"order_params": params}]
-    fused = use_cpu_kernels() and all(p.dtype == ms.float32 for p in params)
-    optimizer = FusedAdamWeightDecay if fused else nn.AdamWeightDecay
-    return optimizer(groups, learning_rate=lr_schedule, beta1=train_config.adam_beta1,
+    arguments = dict(learning_rate=lr_schedule, beta1=train_config.adam_beta1,
                      beta2=train_config.adam_beta2, eps=train_config.adam_eps)
+    if use_cpu_kernels() and all(p.dtype == ms.float32 for p in params):
+        fused = FusedAdamWeightDecay(groups, **arguments)
+        # the kernel takes one lr and fixed decays, and updates every parameter here
+        if not (fused.is_group_lr or fused.dynamic_weight_decay or fused.use_parallel):
+            return fused
+    return nn.AdamWeightDecay(groups, **arguments)
