@@ -5,8 +5,8 @@ On CPU, MindSpore's LayerNormGrad, GeLU and SoftmaxCrossEntropyWithLogits kernel
 longer than one pass over memory would (a layer norm's forward and backward on 1024 x 256
 floats: 4.3 ms against 0.7 ms here; see benchmarks/README.md). `cpu_kernels.cc` does each in
 one vectorised pass per direction on the calling thread (the few-rows matmul of decoding
-and the AdamW update, bound by memory bandwidth, split over the cores). It is compiled with the machine's C++
-compiler on first use into a cache folder (`$MODEL_ZOO_KERNEL_CACHE`, default
+and the AdamW update, bound by memory bandwidth, split over the cores). It is compiled
+with the machine's C++ compiler on first use into a cache folder (`$MODEL_ZOO_KERNEL_CACHE`, default
 `~/.cache/model_zoo/kernels`), keyed by the source, the flags and the CPU, so each machine
 builds it once.
 
