@@ -48,7 +48,8 @@ import numpy as np
 import mindspore.dataset as ms_dataset
 
 from model_zoo.data.buckets import (DEFAULT_BUCKETS, BucketedBatches, assign_buckets,
-                                    bucket_boundaries, bucketed_dataset, padding_ratio)
+                                    bucket_boundaries, bucket_counts, bucketed_dataset,
+                                    padding_ratio)
 from model_zoo.data.corpus import input_bytes
 from model_zoo.data.manifest import (check_no_dataset, check_positive, dataset_ready,
                                      read_manifest)
@@ -442,8 +443,14 @@ def build_translation_piece(job: dict, piece: Piece) -> dict:
 
 
 def _bucket_counts(buckets) -> dict:
-    values, counts = np.unique(np.asarray(buckets), return_counts=True)
-    return {str(int(v)): int(c) for v, c in zip(values, counts)}
+    """`bucket_counts` with the bucket lengths as JSON keys."""
+    return {str(length): count for length, count in bucket_counts(buckets).items()}
+
+
+def _padding(real: int, bucketed: int, full: int) -> dict:
+    """dataset.json's padding_ratio: padded to buckets and to seq_length."""
+    return {"bucketed": round(padding_ratio(real, bucketed), 4),
+            "full_length": round(padding_ratio(real, full), 4)}
 
 
 def _write_examples(path, examples, description) -> int:
@@ -461,8 +468,7 @@ def _summary(examples, seq_length, pairs, dropped, files, file_buckets) -> dict:
     return {"files": files, "file_buckets": file_buckets, "pairs": pairs,
             "kept": len(examples.source_ids), "dropped_too_long": dropped, "tokens": real,
             "examples_per_bucket": _bucket_counts(examples.buckets),
-            "padding_ratio": {"bucketed": round(padding_ratio(real, bucketed), 4),
-                              "full_length": round(padding_ratio(real, full), 4)}}
+            "padding_ratio": _padding(real, bucketed, full)}
 
 
 def _train_summary(records, boundaries, seq_length) -> dict:
@@ -479,9 +485,7 @@ def _train_summary(records, boundaries, seq_length) -> dict:
             "pairs": sum(part["pairs"] for part in parts), "kept": kept,
             "dropped_too_long": sum(part["dropped_too_long"] for part in parts),
             "tokens": real, "examples_per_bucket": per_bucket,
-            "padding_ratio": {"bucketed": round(padding_ratio(real, bucketed), 4),
-                              "full_length": round(padding_ratio(real, 2 * seq_length * kept),
-                                                   4)}}
+            "padding_ratio": _padding(real, bucketed, 2 * seq_length * kept)}
 
 
 def _write_held_out(output_dir, split, found, tokenizer, seq_length, boundaries,
@@ -526,14 +530,19 @@ def translation_dataset_ready(output_dir, vocab_size, seq_length, languages=("en
 # ---------------------------------------------------------------------------------------------
 # Reading
 
+def _built_manifest(dataset_dir) -> dict:
+    manifest = read_manifest(dataset_dir)
+    if manifest is None:
+        raise DataError(f"{dataset_dir}: no dataset.json (build the dataset first)")
+    return manifest
+
+
 def split_rows(dataset_dir, split):
     """(the split's MindRecord files, the bucket of every row of them in order), from
     dataset.json's per-file bucket counts (each file's rows are sorted by bucket)."""
     if split not in SPLIT_FILES:
         raise DataError(f"unknown split {split!r} (splits: {', '.join(SPLITS)})")
-    manifest = read_manifest(dataset_dir)
-    if manifest is None:
-        raise DataError(f"{dataset_dir}: no dataset.json (build the dataset first)")
+    manifest = _built_manifest(dataset_dir)
     part = manifest["splits"][split]
     paths = [str(Path(dataset_dir) / name) for name in part["files"]]
     for path in paths:
@@ -549,9 +558,7 @@ def split_rows(dataset_dir, split):
 
 def reference_file(dataset_dir, split) -> str:
     """The text file of a dev or test split's target sentences, line i the row of index i."""
-    manifest = read_manifest(dataset_dir)
-    if manifest is None:
-        raise DataError(f"{dataset_dir}: no dataset.json (build the dataset first)")
+    manifest = _built_manifest(dataset_dir)
     texts = manifest["splits"].get(split, {}).get("text")
     if not texts:
         raise DataError(f"{dataset_dir}: split {split!r} has no text files "
