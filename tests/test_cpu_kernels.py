@@ -77,7 +77,7 @@ def test_gelu_matches_torch(activation, approximate):
 def test_linear_bias_matches_torch():
     layer = Linear(24, 40, parallel_config=ParallelConfig())
     layer.set_train()   # in eval mode these 14 rows would take the few-rows kernel
-    assert not isinstance(layer.bias_add, ms.ops.Add)  # the fused CPU bias kernel
+    assert layer.dense is not None or not isinstance(layer.bias_add, ms.ops.Add)
     weight = RNG.normal(size=(40, 24)).astype(np.float32)
     bias = RNG.normal(size=40).astype(np.float32)
     layer.weight.set_data(Tensor(weight))
@@ -93,6 +93,45 @@ def test_linear_bias_matches_torch():
     np.testing.assert_allclose(dx, tx.grad.numpy(), atol=1e-5)
     np.testing.assert_allclose(dweight, tweight.grad.numpy(), atol=1e-4)
     np.testing.assert_allclose(dbias, tbias.grad.numpy(), atol=1e-5)
+
+
+class TwoLinears(nn.Cell):
+    """A layer with a bias feeding one without: both dense kernels in one graph."""
+
+    def __init__(self, sizes):
+        super().__init__()
+        self.first = Linear(sizes[0], sizes[1], parallel_config=ParallelConfig())
+        self.second = Linear(sizes[1], sizes[2], has_bias=False, parallel_config=ParallelConfig())
+
+    def construct(self, x):
+        return self.second(self.first(x))
+
+
+@pytest.mark.skipif(not cpu_kernels.has_dense(), reason="this MindSpore ships no oneDNN")
+def test_dense_kernels_match_torch():
+    # 300 x 200 rows: oneDNN splits the work over the cores; 37 and 70: odd sizes
+    sizes = (37, 70, 45)
+    net = TwoLinears(sizes)
+    net.set_train()
+    assert net.first.dense is not None and net.second.dense is not None
+    params = [RNG.normal(size=shape).astype(np.float32) for shape in
+              ((sizes[1], sizes[0]), (sizes[1],), (sizes[2], sizes[1]))]
+    for parameter, value in zip(net.trainable_params(), params):
+        parameter.set_data(Tensor(value))
+    x = RNG.normal(size=(300, 200, sizes[0])).astype(np.float32)
+    weights = RNG.normal(size=(300, 200, sizes[2])).astype(np.float32)
+    y, dx, dparams = value_and_grads(net, weights, Tensor(x))
+
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    tparams = [torch.tensor(value, dtype=torch.float64, requires_grad=True) for value in params]
+    ty = torch.nn.functional.linear(torch.nn.functional.linear(tx, tparams[0], tparams[1]),
+                                    tparams[2])
+    (ty * torch.tensor(weights, dtype=torch.float64)).sum().backward()
+    np.testing.assert_allclose(y, ty.detach().numpy(), atol=1e-3, rtol=1e-4)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), atol=1e-3, rtol=1e-4)
+    for got, expected in zip(dparams, tparams):
+        # sums over 60,000 rows: float32's error grows with the root of their count
+        np.testing.assert_allclose(got, expected.grad.numpy(), atol=0.05, rtol=1e-4)
 
 
 class Product(nn.Cell):

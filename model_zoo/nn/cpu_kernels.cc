@@ -14,6 +14,8 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -26,6 +28,7 @@
 #define AOT_ARGS int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, \
                  void *stream, void *extra
 #define AOT_PASS nparam, params, ndims, shapes, dtypes
+#define AOT_PASS_ALL AOT_PASS, stream, extra
 
 namespace {
 
@@ -398,43 +401,182 @@ class Helpers {
       std::lock_guard<std::mutex> lock(mutex_);
       job_ = &job;
       shares_ = shares;
-      pending_ = shares - 1;
-      ++generation_;
+      pending_.store(shares - 1);
+      generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
     job(0);
-    std::unique_lock<std::mutex> lock(mutex_);
-    finished_.wait(lock, [this] { return pending_ == 0; });
+    // the helpers' shares are as long as this one: wait for them awake, yielding the core
+    // if one of them has to be scheduled on it
+    for (int64_t round = 0; pending_.load(std::memory_order_acquire) != 0; ++round) {
+      if (round % 64 == 63) std::this_thread::yield();
+      pause();
+    }
   }
 
  private:
+  static void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+
   void serve(int share) {
     int64_t seen = 0;
     for (;;) {
+      // Spin for a while before sleeping: the kernels of a training step come back to back,
+      // and waking a sleeping thread costs tens of microseconds
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinUs);
+      for (int spin = 0; generation_.load(std::memory_order_acquire) == seen; ++spin) {
+        pause();
+        if (spin % 256 == 255 && std::chrono::steady_clock::now() > until) break;
+      }
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return generation_ != seen; });
-      seen = generation_;
+      wake_.wait(lock, [&] { return generation_.load() != seen; });
+      seen = generation_.load();
       if (share >= shares_) continue;
       const std::function<void(int)> *job = job_;
       lock.unlock();
       (*job)(share);
-      lock.lock();
-      if (--pending_ == 0) finished_.notify_one();
+      pending_.fetch_sub(1, std::memory_order_release);
     }
   }
 
+  static constexpr int kSpinUs = 200;
   const int count_;
   std::mutex run_mutex_, mutex_;
-  std::condition_variable wake_, finished_;
+  std::condition_variable wake_;
   const std::function<void(int)> *job_ = nullptr;
-  int shares_ = 0, pending_ = 0;
-  int64_t generation_ = 0;
+  int shares_ = 0;
+  std::atomic<int> pending_{0};
+  std::atomic<int64_t> generation_{0};
 };
 
 Helpers &helpers() {
   static Helpers *pool = new Helpers(usable_cores() - 1);   // never destroyed: detached
   return *pool;
 }
+
+// The bias gradient: sums (N) of the columns of dy (M, N), the columns split over the cores
+void column_sums(const float *dy, int64_t rows, int64_t columns, float *sums) {
+  const int64_t blocks = (columns + 15) / 16;
+  const int shares = static_cast<int>(
+      std::min<int64_t>(helpers().count() + 1, std::max<int64_t>(1, rows * columns >> 16)));
+  const std::function<void(int)> share = [&](int index) {
+    const int64_t begin = std::min(columns, 16 * (blocks * index / shares));
+    const int64_t end = std::min(columns, 16 * (blocks * (index + 1) / shares));
+    std::fill(sums + begin, sums + end, 0.f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float *row = dy + r * columns;
+#pragma omp simd
+      for (int64_t c = begin; c < end; ++c) sums[c] += row[c];
+    }
+  };
+  if (shares == 1) {
+    share(0);
+  } else {
+    helpers().run(share, shares);
+  }
+}
+
+// ---- Dense layers on oneDNN's sgemm ----
+// MindSpore ships oneDNN (lib/libdnnl.so.3), built for a caller-supplied thread pool;
+// cpu_kernels.py links it when it is there and defines MODEL_ZOO_DNNL. Its sgemm on the
+// helpers reaches this machine's GEMM peak at a transformer's shapes, where MindSpore's
+// MatMul kernel stays at 40-60% of it (benchmarks/README.md). The pool interface follows
+// oneDNN's include/oneapi/dnnl/dnnl_threadpool_iface.hpp.
+#ifdef MODEL_ZOO_DNNL
+extern "C" int dnnl_threadpool_interop_sgemm(char transa, char transb, int64_t m, int64_t n,
+                                             int64_t k, float alpha, const float *a, int64_t lda,
+                                             const float *b, int64_t ldb, float beta, float *c,
+                                             int64_t ldc, void *threadpool);
+
+namespace dnnl {
+namespace threadpool_interop {
+struct threadpool_iface {
+  virtual int get_num_threads() const = 0;
+  virtual bool get_in_parallel() const = 0;
+  virtual void parallel_for(int n, const std::function<void(int, int)> &fn) = 0;
+  virtual uint64_t get_flags() const = 0;   // 0: parallel_for returns when all work is done
+  virtual ~threadpool_iface() {}
+};
+}  // namespace threadpool_interop
+}  // namespace dnnl
+
+thread_local bool in_parallel_for = false;
+
+// oneDNN's work items 0..n-1 dealt round-robin to the calling thread and the helpers
+class HelperThreadpool final : public dnnl::threadpool_interop::threadpool_iface {
+ public:
+  int get_num_threads() const override { return helpers().count() + 1; }
+  bool get_in_parallel() const override { return in_parallel_for; }
+  uint64_t get_flags() const override { return 0; }
+  void parallel_for(int n, const std::function<void(int, int)> &fn) override {
+    const int shares = std::min(n, get_num_threads());
+    const std::function<void(int)> share = [&](int index) {
+      in_parallel_for = true;
+      for (int i = index; i < n; i += shares) fn(i, n);
+      in_parallel_for = false;
+    };
+    if (shares <= 1) {
+      share(0);
+    } else {
+      helpers().run(share, shares);
+    }
+  }
+};
+
+// C (m, n) = alpha op(A) op(B) + beta C, row-major; op transposes when trans is 'T'
+bool sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, const float *a,
+           const float *b, float beta, float *c) {
+  static HelperThreadpool pool;
+  const int64_t lda = trans_a == 'T' ? m : k, ldb = trans_b == 'T' ? k : n;
+  return dnnl_threadpool_interop_sgemm(trans_a, trans_b, m, n, k, 1.f, a, lda, b, ldb, beta, c,
+                                       n, &pool) == 0;
+}
+
+// y = x w^T (+ bias). inputs: x (M, K), w (N, K), optionally bias (N); outputs: y (M, N)
+extern "C" int DenseForward(AOT_ARGS) {
+  if ((nparam != 3 && nparam != 4) || !all_float32(nparam, dtypes) || ndims[0] != 2 ||
+      ndims[1] != 2 || shapes[0][1] != shapes[1][1]) {
+    return 1;
+  }
+  const int64_t m = shapes[0][0], k = shapes[0][1], n = shapes[1][0];
+  const float *x = as_float(params[0]), *w = as_float(params[1]);
+  float *y = as_float(params[nparam - 1]);
+  if (nparam == 4) {   // start from the bias in every row, then accumulate onto it
+    if (ndims[2] != 1 || shapes[2][0] != n) return 1;
+    const float *bias = as_float(params[2]);
+    for (int64_t r = 0; r < m; ++r) std::memcpy(y + r * n, bias, n * sizeof(float));
+  }
+  return sgemm('N', 'T', m, n, k, x, w, nparam == 4 ? 1.f : 0.f, y) ? 0 : 1;
+}
+
+// The gradients of DenseForward: dx = dy w, dw = dy^T x (and dbias = column sums of dy).
+// inputs: dy (M, N), x (M, K), w (N, K); outputs: dx (M, K), dw (N, K), optionally db (N)
+extern "C" int DenseBackward(AOT_ARGS) {
+  if ((nparam != 5 && nparam != 6) || !all_float32(nparam, dtypes) || ndims[0] != 2 ||
+      ndims[1] != 2 || ndims[2] != 2) {
+    return 1;
+  }
+  const int64_t m = shapes[0][0], n = shapes[0][1], k = shapes[1][1];
+  if (shapes[1][0] != m || shapes[2][0] != n || shapes[2][1] != k) return 1;
+  const float *dy = as_float(params[0]), *x = as_float(params[1]), *w = as_float(params[2]);
+  float *dx = as_float(params[3]), *dw = as_float(params[4]);
+  if (!sgemm('N', 'N', m, k, n, dy, w, 0.f, dx) || !sgemm('T', 'N', n, k, m, dy, x, 0.f, dw)) {
+    return 1;
+  }
+  if (nparam == 6) column_sums(dy, m, n, as_float(params[5]));
+  return 0;
+}
+
+// The same with a bias, under names of their own: MindSpore keeps one backward graph per
+// custom operator's function, so the two arities need two
+extern "C" int DenseBiasForward(AOT_ARGS) { return nparam == 4 ? DenseForward(AOT_PASS_ALL) : 1; }
+extern "C" int DenseBiasBackward(AOT_ARGS) {
+  return nparam == 6 ? DenseBackward(AOT_PASS_ALL) : 1;
+}
+#endif  // MODEL_ZOO_DNNL
 
 // inputs: x (M, K), w (N, K), optionally bias (N); outputs: y (M, N). Columns are split over
 // the usable cores in blocks of 4 (MindSpore's own threads are idle while a kernel runs).
@@ -541,14 +683,8 @@ extern "C" int BiasAddForward(AOT_ARGS) {
 // The bias gradient: dy summed over every axis but the last. inputs: dy (..., C); outputs: (C)
 extern "C" int ColumnSum(AOT_ARGS) {
   if (nparam != 2 || !all_float32(nparam, dtypes)) return 1;
-  const float *dy = as_float(params[0]);
-  float *sums = as_float(params[1]);
-  const int64_t columns = shapes[0][ndims[0] - 1], rows = rows_of(ndims[0], shapes[0]);
-  std::fill(sums, sums + columns, 0.f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *row = dy + r * columns;
-    for (int64_t c = 0; c < columns; ++c) sums[c] += row[c];
-  }
+  column_sums(as_float(params[0]), rows_of(ndims[0], shapes[0]), shapes[0][ndims[0] - 1],
+              as_float(params[1]));
   return 0;
 }
 

@@ -38,6 +38,18 @@ FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fno-math-errno", "-fope
     (["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else [])
 
 
+def _onednn_link_flags() -> list:
+    """Flags that link the oneDNN MindSpore ships (`mindspore/lib/libdnnl.so.3`, built for a
+    caller's thread pool) for the dense kernels; none when this MindSpore has no such file."""
+    folder = Path(ms.__file__).parent / "lib"
+    if not (folder / "libdnnl.so.3").is_file():
+        return []
+    return ["-DMODEL_ZOO_DNNL", f"-L{folder}", "-l:libdnnl.so.3", f"-Wl,-rpath,{folder}"]
+
+
+LINK_FLAGS = _onednn_link_flags()
+
+
 def cache_dir() -> Path:
     default = Path.home() / ".cache" / "model_zoo" / "kernels"
     return Path(os.environ.get("MODEL_ZOO_KERNEL_CACHE", default))
@@ -51,7 +63,8 @@ def library() -> str:
         return _unavailable("no C++ compiler (g++) found")
     # -march=native: the key includes this CPU's features, so a cache folder shared by
     # machines of different kinds never hands one of them code it cannot run
-    key = SOURCE.read_bytes() + " ".join([compiler] + FLAGS).encode() + _cpu_features()
+    key = SOURCE.read_bytes() + " ".join([compiler] + FLAGS + LINK_FLAGS).encode() + \
+        _cpu_features()
     target = cache_dir() / hashlib.sha1(key).hexdigest()[:16] / "cpu_kernels.so"
     whitelist = os.environ.get("MS_CUSTOM_AOT_WHITE_LIST")
     if whitelist and not str(target.resolve()).startswith(os.path.realpath(whitelist)):
@@ -64,7 +77,8 @@ def library() -> str:
         # build beside the target and rename: ranks starting together never load half a file
         with tempfile.TemporaryDirectory(dir=target.parent) as staging:
             staged = Path(staging, target.name)
-            result = subprocess.run([compiler, *FLAGS, "-o", str(staged), str(SOURCE)],
+            result = subprocess.run([compiler, *FLAGS, "-o", str(staged), str(SOURCE),
+                                     *LINK_FLAGS],
                                     capture_output=True, text=True)
             if result.returncode != 0:
                 return _unavailable(f"{compiler} failed: {result.stderr.strip()[-500:]}")
@@ -90,6 +104,11 @@ def _unavailable(reason: str) -> str:
 
 def available() -> bool:
     return bool(library())
+
+
+def has_dense() -> bool:
+    """Whether the dense kernels (`dense`) are built: the kernels are, with oneDNN linked."""
+    return available() and bool(LINK_FLAGS)
 
 
 def _custom(name: str, out_shape, out_dtype, bprop=None):
@@ -220,6 +239,28 @@ def skinny_matmul(with_bias: bool):
 
     return _custom("SkinnyMatMul", lambda x, w, *bias: [x[0], w[0]], lambda x, w, *bias: x,
                    bprop_with_bias if with_bias else bprop)
+
+
+def dense(with_bias: bool):
+    """Custom op (x (M, K), w (N, K)[, bias (N,)]) -> x w^T (+ bias) (M, N), float32, on
+    oneDNN's sgemm with the work split over the cores; its backward pass computes dx, dw
+    (and the bias's gradient) in one launch. Needs `has_dense()`."""
+    if with_bias:
+        backward = _custom("DenseBiasBackward", lambda dy, x, w: (x, w, dy[-1:]),
+                           lambda dy, x, w: (x, w, x))
+
+        def bprop_with_bias(x, w, bias, out, dout):
+            return backward(dout, x, w)
+
+        return _custom("DenseBiasForward", lambda x, w, bias: [x[0], w[0]],
+                       lambda x, w, bias: x, bprop_with_bias)
+
+    backward = _custom("DenseBackward", lambda dy, x, w: (x, w), lambda dy, x, w: (x, w))
+
+    def bprop(x, w, out, dout):
+        return backward(dout, x, w)
+
+    return _custom("DenseForward", lambda x, w: [x[0], w[0]], lambda x, w: x, bprop)
 
 
 def adamw_update():

@@ -84,6 +84,15 @@ def few_rows_kernel(compute_dtype, with_bias: bool = False):
     return None
 
 
+def dense_kernel(compute_dtype, with_bias: bool = False):
+    """`cpu_kernels.dense` for a float32 layer on CPU (with oneDNN there), else None: the
+    layers' matmuls in training and evaluation, at the machine's GEMM peak, which
+    MindSpore's CPU MatMul does not reach at these shapes."""
+    if use_cpu_kernels() and compute_dtype == ms.float32 and cpu_kernels.has_dense():
+        return cpu_kernels.dense(with_bias)
+    return None
+
+
 def uses_few_rows(layer, x) -> bool:
     """Whether `layer` takes x (rows, in) through its `few_rows` kernel: it has one, it is in
     eval mode and the rows are few (all known when the graph compiles)."""
@@ -264,6 +273,7 @@ class Linear(nn.Cell):
         else:
             self.matmul = ops.MatMul(transpose_b=True).shard(matmul_strategy)
         self.few_rows = few_rows_kernel(compute_dtype, with_bias=has_bias)
+        self.dense = dense_kernel(compute_dtype, with_bias=has_bias)
         self.has_bias = has_bias
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (out_features,), ms.float32), name="bias")
@@ -291,6 +301,8 @@ class Linear(nn.Cell):
         weight = ops.cast(self.weight, self.compute_dtype)
         if uses_few_rows(self, x):
             y = self.few_rows(x, weight, self.bias) if self.has_bias else self.few_rows(x, weight)
+        elif self.dense is not None:
+            y = self.dense(x, weight, self.bias) if self.has_bias else self.dense(x, weight)
         else:
             y = self.matmul(x, weight)
             if self.has_bias:
@@ -510,11 +522,17 @@ class VocabProjection(nn.Cell):
         self.compute_dtype = compute_dtype
         self.matmul = ops.MatMul(transpose_b=True).shard(((dp, 1), (vocab_split, 1)))
         self.few_rows = few_rows_kernel(compute_dtype)
+        self.dense = dense_kernel(compute_dtype)
 
     def construct(self, x, embedding_table):
         x = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.hidden_size))
         table = ops.cast(embedding_table, self.compute_dtype)
-        logits = self.few_rows(x, table) if uses_few_rows(self, x) else self.matmul(x, table)
+        if uses_few_rows(self, x):
+            logits = self.few_rows(x, table)
+        elif self.dense is not None:
+            logits = self.dense(x, table)
+        else:
+            logits = self.matmul(x, table)
         return ops.cast(logits, ms.float32)
 
 

@@ -126,6 +126,25 @@ class GradientNorm(nn.Cell):
         return total
 
 
+class ScaledLoss(nn.Cell):
+    """`network`'s loss on a batch, times the backward pass's sensitivity, and the loss:
+    the function whose value and gradients the CPU train step takes in one pass.
+
+    Inputs:
+        *batch, sens: the batch's columns, then a float32 scalar.
+    Outputs:
+        (loss * sens, loss).
+    """
+
+    def __init__(self, network):
+        super().__init__(auto_prefix=False)
+        self.network = network
+
+    def construct(self, *batch_and_sens):
+        loss = self.network(*batch_and_sens[:-1])
+        return loss * ops.cast(batch_and_sens[-1], loss.dtype), loss
+
+
 class TrainStep(nn.Cell):
     """One optimizer step over a batch, with optional gradient accumulation.
 
@@ -173,6 +192,13 @@ class TrainStep(nn.Cell):
         self.lr_schedule = lr_schedule
         self.weights = optimizer.parameters
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        # On CPU MindSpore keeps the forward pass of `network(*batch)` apart from the one the
+        # gradient runs (profiled: the vocabulary projection and the cross-entropy ran twice
+        # a step), so there the loss and its gradients come from one pass (value_and_grad)
+        self.single_pass = use_cpu_kernels()
+        if self.single_pass:
+            self.loss_and_grads = ops.value_and_grad(ScaledLoss(network), None, self.weights,
+                                                     has_aux=True)
         self.grad_reducer = grad_reducer
         self.dynamic_loss_scale = dynamic_loss_scale
         self.loss_scale = Parameter(Tensor(loss_scale if dynamic_loss_scale else 1.0,
@@ -206,14 +232,14 @@ class TrainStep(nn.Cell):
     def _gradients(self, batch, scale):
         """Loss and summed (still scaled) gradients over the accumulation micro batches."""
         if self.accumulation == 1:
-            loss = self.network(*self._keyed(batch, 0))
-            return loss / self.micro_batches, self._backward(batch, loss, scale)
+            loss, grads = self._loss_and_gradients(self._keyed(batch, 0), scale)
+            return loss / self.micro_batches, grads
         size = batch[0].shape[0] // self.accumulation
         loss_sum, grads = None, None
         for index in range(self.accumulation):
-            micro = tuple(column[index * size:(index + 1) * size] for column in batch)
-            loss = self.network(*self._keyed(micro, index))
-            micro_grads = self._backward(micro, loss, scale, first=index == 0)
+            micro = self._keyed(tuple(column[index * size:(index + 1) * size]
+                                      for column in batch), index)
+            loss, micro_grads = self._loss_and_gradients(micro, scale, first=index == 0)
             if grads is None:
                 loss_sum, grads = loss, micro_grads
             else:
@@ -221,10 +247,19 @@ class TrainStep(nn.Cell):
                 grads = self.hyper_map(ops.add, grads, micro_grads)
         return loss_sum / (self.accumulation * self.micro_batches), grads
 
+    def _loss_and_gradients(self, micro, scale, first=True):
+        """Loss and (still scaled) gradients of one (micro) batch."""
+        if self.single_pass:
+            sens = ops.cast(scale / self.micro_batches, ms.float32)
+            (_, loss), grads = self.loss_and_grads(*micro, sens)
+            return loss, grads
+        loss = self.network(*micro)
+        return loss, self._backward(micro, loss, scale, first)
+
     def _keyed(self, batch, micro: int):
         """The batch, once DROPOUT_STEP holds (this step, micro batch `micro`): the dropout
-        masks of its forward pass (and of the gradient's, which runs it again) follow the
-        step, which checkpoints keep, so a resumed run draws the masks it would have."""
+        masks of its forward and backward passes follow the step, which checkpoints keep,
+        so a resumed run draws the masks it would have."""
         if not self.keyed_dropout:
             return batch
         # * 1: the step's value (PyNative refuses to stack a Parameter with a tensor)
