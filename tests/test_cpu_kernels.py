@@ -38,7 +38,8 @@ def value_and_grads(layer, weights, *inputs):
 
 
 def test_layer_norm_matches_torch():
-    x = RNG.normal(size=(3, 5, 48)).astype(np.float32) * 3 + 1
+    # 2,000 rows: split over the cores, each part summing its own dgamma and dbeta
+    x = RNG.normal(size=(40, 50, 48)).astype(np.float32) * 3 + 1
     weights = RNG.normal(size=x.shape).astype(np.float32)
     layer = LayerNorm(48, parallel_config=ParallelConfig(), eps=1e-5)
     assert layer.kernel is not None
@@ -62,8 +63,9 @@ def test_gelu_matches_torch(activation, approximate):
     layer = Linear(64, 64, activation=activation, has_bias=False, parallel_config=ParallelConfig())
     assert isinstance(layer.activation, cpu_kernels.GELU)
     layer.weight.set_data(Tensor(np.eye(64, dtype=np.float32)))
-    x = np.concatenate([np.linspace(-12, 12, 64 * 6), RNG.normal(size=64 * 10)]).astype(np.float32)
-    x = x.reshape(16, 64)
+    # 77k elements: split over the cores
+    x = np.concatenate([np.linspace(-12, 12, 64 * 6), RNG.normal(size=64 * 1200)])
+    x = x.astype(np.float32).reshape(-1, 64)
     weights = RNG.normal(size=x.shape).astype(np.float32)
     y, dx, _ = value_and_grads(layer, weights, Tensor(x))
 
@@ -205,7 +207,7 @@ def test_log_softmax_top_k_matches_torch():
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_cross_entropy_matches_torch(smoothing):
-    tokens, classes = 12, 37
+    tokens, classes = 2000, 37   # split over the cores
     logits = (RNG.normal(size=(tokens, classes)) * 4).astype(np.float32)
     logits[0, 3] = 80.0  # a confident row: the log-sum-exp must not overflow
     labels = RNG.integers(0, classes, tokens).astype(np.int32)
@@ -226,11 +228,14 @@ def test_cross_entropy_matches_torch(smoothing):
     np.testing.assert_allclose(dlogits.asnumpy(), tlogits.grad.numpy(), atol=1e-6)
 
 
-def test_cross_entropy_refuses_a_label_outside_the_vocabulary():
+@pytest.mark.parametrize("tokens", [2, 20000])   # the bad label on a helper's rows too
+def test_cross_entropy_refuses_a_label_outside_the_vocabulary(tokens):
     layer = CrossEntropy(parallel_config=ParallelConfig())
+    labels = np.ones(tokens, np.int32)
+    labels[-1] = 5
     with pytest.raises(RuntimeError):
-        ms.jit(layer)(Tensor(np.zeros((2, 5), np.float32)), Tensor(np.array([1, 5], np.int32)),
-                      Tensor(np.ones(2, np.float32))).asnumpy()
+        ms.jit(layer)(Tensor(np.zeros((tokens, 5), np.float32)), Tensor(labels),
+                      Tensor(np.ones(tokens, np.float32))).asnumpy()
 
 
 def test_layers_use_mindspore_operators_without_a_compiler(monkeypatch, tmp_path, capsys):

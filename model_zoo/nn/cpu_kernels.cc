@@ -4,12 +4,12 @@
 // passes over memory; these make one per direction, in loops the compiler vectorizes (exp,
 // tanh and erf are written out below because the C library's versions are scalar calls).
 // `omp simd` marks the reductions that may be vectorized (compiled with -fopenmp-simd,
-// which starts no threads). They run on the calling thread: a thread pool of their own
-// would compete for the cores with MindSpore's. The one exception, the few-rows matmul of
-// decoding, is bound by memory bandwidth, which one core cannot fill: it splits its
-// columns over helper threads of its own (idle unless it runs). Every function has MindSpore's AOT
-// signature (AOT_ARGS): params holds the inputs, then the outputs; a non-zero return value
-// makes MindSpore raise.
+// which starts no threads). Each kernel splits its rows or elements over the calling
+// thread and helper threads of its own (`parallel_for`), which spin briefly between kernels
+// and then sleep; MindSpore's own threads are idle while a custom kernel runs. The dense
+// layers call the oneDNN that MindSpore ships, on the same helpers. Every function has
+// MindSpore's AOT signature (AOT_ARGS): params holds the inputs, then the outputs; a
+// non-zero return value makes MindSpore raise.
 
 #include <sched.h>
 
@@ -90,291 +90,6 @@ inline float erf_approx(float x) {
 }
 
 }  // namespace
-
-// LayerNorm over the last axis.
-// inputs: x (..., H), gamma (H), beta (H), eps (scalar)
-// outputs: y (..., H), mean (rows), rstd (rows)
-extern "C" int LayerNormForward(AOT_ARGS) {
-  if (nparam != 7 || !all_float32(nparam, dtypes)) return 1;
-  const float *x = as_float(params[0]), *gamma = as_float(params[1]);
-  const float *beta = as_float(params[2]);
-  const float eps = *as_float(params[3]);
-  float *y = as_float(params[4]), *mean = as_float(params[5]), *rstd = as_float(params[6]);
-  const int64_t hidden = shapes[0][ndims[0] - 1], rows = rows_of(ndims[0], shapes[0]);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = x + r * hidden;
-    float *yr = y + r * hidden;
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t i = 0; i < hidden; ++i) sum += xr[i];
-    const float m = sum / hidden;
-    float squares = 0.f;
-#pragma omp simd reduction(+ : squares)
-    for (int64_t i = 0; i < hidden; ++i) squares += (xr[i] - m) * (xr[i] - m);
-    const float s = 1.f / std::sqrt(squares / hidden + eps);
-    for (int64_t i = 0; i < hidden; ++i) yr[i] = (xr[i] - m) * s * gamma[i] + beta[i];
-    mean[r] = m;
-    rstd[r] = s;
-  }
-  return 0;
-}
-
-// inputs: dy, x, gamma, mean, rstd; outputs: dx, dgamma, dbeta
-extern "C" int LayerNormBackward(AOT_ARGS) {
-  if (nparam != 8 || !all_float32(nparam, dtypes)) return 1;
-  const float *dy = as_float(params[0]), *x = as_float(params[1]);
-  const float *gamma = as_float(params[2]), *mean = as_float(params[3]);
-  const float *rstd = as_float(params[4]);
-  float *dx = as_float(params[5]), *dgamma = as_float(params[6]), *dbeta = as_float(params[7]);
-  const int64_t hidden = shapes[0][ndims[0] - 1], rows = rows_of(ndims[0], shapes[0]);
-  std::fill(dgamma, dgamma + hidden, 0.f);
-  std::fill(dbeta, dbeta + hidden, 0.f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = x + r * hidden, *dyr = dy + r * hidden;
-    float *dxr = dx + r * hidden;
-    const float m = mean[r], s = rstd[r];
-    float sum_g = 0.f, sum_g_xhat = 0.f;
-#pragma omp simd reduction(+ : sum_g, sum_g_xhat)
-    for (int64_t i = 0; i < hidden; ++i) {
-      const float xhat = (xr[i] - m) * s, g = dyr[i] * gamma[i];
-      sum_g += g;
-      sum_g_xhat += g * xhat;
-      dgamma[i] += dyr[i] * xhat;
-      dbeta[i] += dyr[i];
-    }
-    const float mean_g = sum_g / hidden, mean_g_xhat = sum_g_xhat / hidden;
-    for (int64_t i = 0; i < hidden; ++i) {
-      const float xhat = (xr[i] - m) * s;
-      dxr[i] = s * (dyr[i] * gamma[i] - mean_g - xhat * mean_g_xhat);
-    }
-  }
-  return 0;
-}
-
-// An element-wise function f: y = f(x). inputs: x; outputs: y
-template <typename Function>
-int elementwise(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                Function f) {
-  if (nparam != 2 || !all_float32(nparam, dtypes)) return 1;
-  const float *x = as_float(params[0]);
-  float *y = as_float(params[1]);
-  const int64_t count = elements(ndims[0], shapes[0]);
-  for (int64_t i = 0; i < count; ++i) y[i] = f(x[i]);
-  return 0;
-}
-
-// Its gradient given the derivative f': dx = dy f'(x). inputs: dy, x; outputs: dx
-template <typename Derivative>
-int elementwise_backward(int nparam, void **params, int *ndims, int64_t **shapes,
-                         const char **dtypes, Derivative derivative) {
-  if (nparam != 3 || !all_float32(nparam, dtypes)) return 1;
-  const float *dy = as_float(params[0]), *x = as_float(params[1]);
-  float *dx = as_float(params[2]);
-  const int64_t count = elements(ndims[1], shapes[1]);
-  for (int64_t i = 0; i < count; ++i) dx[i] = dy[i] * derivative(x[i]);
-  return 0;
-}
-
-// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
-inline float gelu_tanh(float v) {
-  return 0.5f * v * (1.f + tanh_approx(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
-}
-
-inline float gelu_tanh_derivative(float v) {
-  const float t = tanh_approx(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
-  const float du_dx = kSqrt2OverPi * (1.f + 3.f * kGeluCubic * v * v);
-  return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du_dx;
-}
-
-// GELU with the error function: x Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))
-inline float gelu_erf(float v) { return 0.5f * v * (1.f + erf_approx(v * kInvSqrt2)); }
-
-// d/dx x Phi(x) = Phi(x) + x phi(x)
-inline float gelu_erf_derivative(float v) {
-  return 0.5f * (1.f + erf_approx(v * kInvSqrt2)) + v * kInvSqrt2Pi * exp_approx(-0.5f * v * v);
-}
-
-extern "C" int GeluTanhForward(AOT_ARGS) { return elementwise(AOT_PASS, gelu_tanh); }
-extern "C" int GeluTanhBackward(AOT_ARGS) {
-  return elementwise_backward(AOT_PASS, gelu_tanh_derivative);
-}
-extern "C" int GeluErfForward(AOT_ARGS) { return elementwise(AOT_PASS, gelu_erf); }
-extern "C" int GeluErfBackward(AOT_ARGS) {
-  return elementwise_backward(AOT_PASS, gelu_erf_derivative);
-}
-
-// Softmax cross-entropy against a smoothed one-hot target: `on` at the label, `off`
-// elsewhere (on = 1, off = 0 without smoothing). loss = -sum_c t_c log softmax(z)_c.
-// inputs: logits (N, V), labels int32 (N), on, off (scalars); outputs: loss (N), lse (N)
-extern "C" int CrossEntropyForward(AOT_ARGS) {
-  if (nparam != 6 || std::strcmp(dtypes[1], "int32") != 0) return 1;
-  const float *logits = as_float(params[0]);
-  const int32_t *labels = static_cast<const int32_t *>(params[1]);
-  const float on = *as_float(params[2]), off = *as_float(params[3]);
-  float *loss = as_float(params[4]), *lse = as_float(params[5]);
-  const int64_t rows = shapes[0][0], classes = shapes[0][1];
-  int failed = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *z = logits + r * classes;
-    const int32_t label = labels[r];
-    if (label < 0 || label >= classes) { failed = 1; continue; }
-    float peak = z[0], total = 0.f;
-#pragma omp simd reduction(max : peak)
-    for (int64_t c = 1; c < classes; ++c) peak = z[c] > peak ? z[c] : peak;
-    float exp_sum = 0.f;
-#pragma omp simd reduction(+ : exp_sum, total)
-    for (int64_t c = 0; c < classes; ++c) {
-      exp_sum += exp_approx(z[c] - peak);
-      total += z[c];
-    }
-    const float log_sum_exp = peak + std::log(exp_sum);
-    const float target_mass = off * classes + (on - off);
-    loss[r] = log_sum_exp * target_mass - off * total - (on - off) * z[label];
-    lse[r] = log_sum_exp;
-  }
-  return failed;
-}
-
-// The k most likely tokens of every row and their log-probabilities (a search step), in one
-// pass for the log-sum-exp and one for the k best (kept sorted by insertion; an equal
-// logit keeps the lower id first). inputs: logits (N, V); outputs: values (N, k), ids (N, k)
-extern "C" int LogSoftmaxTopK(AOT_ARGS) {
-  if (nparam != 3 || std::strcmp(dtypes[2], "int32") != 0) return 1;
-  const float *logits = as_float(params[0]);
-  float *values = as_float(params[1]);
-  int32_t *ids = static_cast<int32_t *>(params[2]);
-  const int64_t rows = shapes[0][0], classes = shapes[0][1], k = shapes[1][1];
-  if (k < 1 || k > classes) return 1;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *z = logits + r * classes;
-    float *best = values + r * k;
-    int32_t *best_ids = ids + r * k;
-    float peak = z[0];
-#pragma omp simd reduction(max : peak)
-    for (int64_t c = 1; c < classes; ++c) peak = z[c] > peak ? z[c] : peak;
-    float exp_sum = 0.f;
-#pragma omp simd reduction(+ : exp_sum)
-    for (int64_t c = 0; c < classes; ++c) exp_sum += exp_approx(z[c] - peak);
-    const float log_sum_exp = peak + std::log(exp_sum);
-    int64_t kept = 0;
-    for (int64_t c = 0; c < classes; ++c) {
-      if (kept == k && !(z[c] > best[k - 1])) continue;
-      int64_t at = kept < k ? kept++ : k - 1;
-      while (at > 0 && z[c] > best[at - 1]) {
-        best[at] = best[at - 1];
-        best_ids[at] = best_ids[at - 1];
-        --at;
-      }
-      best[at] = z[c];
-      best_ids[at] = static_cast<int32_t>(c);
-    }
-    for (int64_t i = 0; i < k; ++i) best[i] -= log_sum_exp;
-  }
-  return 0;
-}
-
-// d loss / d z_c = dloss * (softmax_c * sum_c t_c - t_c)
-// inputs: dloss (N), logits (N, V), labels (N), lse (N), on, off (scalars); outputs: dlogits
-extern "C" int CrossEntropyBackward(AOT_ARGS) {
-  if (nparam != 7 || std::strcmp(dtypes[2], "int32") != 0) return 1;
-  const float *dloss = as_float(params[0]), *logits = as_float(params[1]);
-  const int32_t *labels = static_cast<const int32_t *>(params[2]);
-  const float *lse = as_float(params[3]);
-  const float on = *as_float(params[4]), off = *as_float(params[5]);
-  float *dlogits = as_float(params[6]);
-  const int64_t rows = shapes[1][0], classes = shapes[1][1];
-  const float target_mass = off * classes + (on - off);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *z = logits + r * classes;
-    float *dz = dlogits + r * classes;
-    const float scale = dloss[r], log_sum_exp = lse[r];
-    for (int64_t c = 0; c < classes; ++c) {
-      dz[c] = scale * (exp_approx(z[c] - log_sum_exp) * target_mass - off);
-    }
-    const int32_t label = labels[r];
-    if (label >= 0 && label < classes) dz[label] -= scale * (on - off);
-  }
-  return 0;
-}
-
-// Few-rows matmul (decoding): y = x w^T for x (M, K) with M small and w (N, K). Each group
-// of 4 rows of w is read from memory once and dotted with every row of x (which stays in
-// L1), so the time is one pass over w at the memory bandwidth, split over the cores;
-// MindSpore's MatMul takes 2-3 times longer at these shapes (benchmarks/README.md).
-typedef float float16x __attribute__((vector_size(64)));   // 16 floats (AVX-512 or 2 x AVX)
-typedef int32_t int16x __attribute__((vector_size(64)));
-
-inline float16x load16(const float *p) {
-  float16x v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-// The sums of the lanes of a0, a1, a2 and a3, in lanes 0, 4, 8 and 12 (halving twice, then
-// adding neighbours: 8 shuffles for 4 sums instead of 60 scalar additions)
-inline float16x sums_of_4(float16x a0, float16x a1, float16x a2, float16x a3) {
-  const int16x low = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-  const int16x high = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-  const int16x low4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-  const int16x high4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-  const int16x swap2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
-  const int16x swap1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-  const float16x u = __builtin_shuffle(a0, a1, low) + __builtin_shuffle(a0, a1, high);
-  const float16x v = __builtin_shuffle(a2, a3, low) + __builtin_shuffle(a2, a3, high);
-  float16x w = __builtin_shuffle(u, v, low4) + __builtin_shuffle(u, v, high4);
-  w += __builtin_shuffle(w, swap2);
-  return w + __builtin_shuffle(w, swap1);
-}
-
-// y[q, r] = x[q] . w[r] (+ bias[r]) for Q rows of x and 4 rows of w (row strides K; y's
-// stride N; bias may be null)
-template <int Q>
-void dot_tile(const float *x, const float *w, const float *bias, float *y, int64_t n_stride,
-              int64_t k_size) {
-  float16x acc[Q][4] = {};
-  int64_t k = 0;
-  for (; k + 16 <= k_size; k += 16) {
-    float16x wk[4];
-    for (int r = 0; r < 4; ++r) wk[r] = load16(w + r * k_size + k);
-    for (int q = 0; q < Q; ++q) {
-      const float16x xk = load16(x + q * k_size + k);
-      for (int r = 0; r < 4; ++r) acc[q][r] += xk * wk[r];
-    }
-  }
-  for (int q = 0; q < Q; ++q) {
-    const float16x sums = sums_of_4(acc[q][0], acc[q][1], acc[q][2], acc[q][3]);
-    for (int r = 0; r < 4; ++r) {
-      float total = bias ? bias[r] + sums[4 * r] : sums[4 * r];
-      for (int64_t j = k; j < k_size; ++j) total += x[q * k_size + j] * w[r * k_size + j];
-      y[q * n_stride + r] = total;
-    }
-  }
-}
-
-// Columns [n_begin, n_end) of y = x w^T (+ bias)
-void skinny_columns(const float *x, const float *w, const float *bias, float *y, int64_t m_size,
-                    int64_t n_size, int64_t k_size, int64_t n_begin, int64_t n_end) {
-  int64_t n = n_begin;
-  for (; n + 4 <= n_end; n += 4) {
-    for (int64_t m = 0; m < m_size; m += 4) {
-      const float *xs = x + m * k_size, *ws = w + n * k_size, *bs = bias ? bias + n : nullptr;
-      float *ys = y + m * n_size + n;
-      switch (std::min<int64_t>(m_size - m, 4)) {
-        case 1: dot_tile<1>(xs, ws, bs, ys, n_size, k_size); break;
-        case 2: dot_tile<2>(xs, ws, bs, ys, n_size, k_size); break;
-        case 3: dot_tile<3>(xs, ws, bs, ys, n_size, k_size); break;
-        default: dot_tile<4>(xs, ws, bs, ys, n_size, k_size); break;
-      }
-    }
-  }
-  for (; n < n_end; ++n) {
-    for (int64_t m = 0; m < m_size; ++m) {
-      float total = bias ? bias[n] : 0.f;
-      for (int64_t k = 0; k < k_size; ++k) total += x[m * k_size + k] * w[n * k_size + k];
-      y[m * n_size + n] = total;
-    }
-  }
-}
 
 // The cores this process may run on (its affinity mask), at most 8
 int usable_cores() {
@@ -457,26 +172,365 @@ Helpers &helpers() {
   return *pool;
 }
 
+// How many parts parallel_for cuts `count` items into: one per core, each of at least
+// `grain` items (below that, handing a part out costs more than it saves)
+int parts_for(int64_t count, int64_t grain) {
+  return static_cast<int>(std::min<int64_t>(
+      helpers().count() + 1, std::max<int64_t>(1, count / std::max<int64_t>(1, grain))));
+}
+
+// body(begin, end, part) over [0, count) in parts_for(count, grain) equal parts, on the
+// calling thread and the helpers. The kernels' bodies capture by value: pointers captured
+// by reference would be reloaded after every store, and their loops would not vectorize.
+void parallel_for(int64_t count, int64_t grain,
+                  const std::function<void(int64_t, int64_t, int)> &body) {
+  const int parts = parts_for(count, grain);
+  if (parts == 1) {
+    body(0, count, 0);
+    return;
+  }
+  helpers().run(
+      [&](int part) { body(count * part / parts, count * (part + 1) / parts, part); }, parts);
+}
+
+// Rows per part of a row-wise kernel: about 32k floats, or one row
+int64_t row_grain(int64_t width) {
+  return std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, width));
+}
+
+// LayerNorm over the last axis.
+// inputs: x (..., H), gamma (H), beta (H), eps (scalar)
+// outputs: y (..., H), mean (rows), rstd (rows)
+extern "C" int LayerNormForward(AOT_ARGS) {
+  if (nparam != 7 || !all_float32(nparam, dtypes)) return 1;
+  const float *x = as_float(params[0]), *gamma = as_float(params[1]);
+  const float *beta = as_float(params[2]);
+  const float eps = *as_float(params[3]);
+  float *y = as_float(params[4]), *mean = as_float(params[5]), *rstd = as_float(params[6]);
+  const int64_t hidden = shapes[0][ndims[0] - 1], rows = rows_of(ndims[0], shapes[0]);
+  parallel_for(rows, row_grain(hidden), [=](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float *xr = x + r * hidden;
+      float *yr = y + r * hidden;
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t i = 0; i < hidden; ++i) sum += xr[i];
+      const float m = sum / hidden;
+      float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+      for (int64_t i = 0; i < hidden; ++i) squares += (xr[i] - m) * (xr[i] - m);
+      const float s = 1.f / std::sqrt(squares / hidden + eps);
+      for (int64_t i = 0; i < hidden; ++i) yr[i] = (xr[i] - m) * s * gamma[i] + beta[i];
+      mean[r] = m;
+      rstd[r] = s;
+    }
+  });
+  return 0;
+}
+
+// inputs: dy, x, gamma, mean, rstd; outputs: dx, dgamma, dbeta
+extern "C" int LayerNormBackward(AOT_ARGS) {
+  if (nparam != 8 || !all_float32(nparam, dtypes)) return 1;
+  const float *dy = as_float(params[0]), *x = as_float(params[1]);
+  const float *gamma = as_float(params[2]), *mean = as_float(params[3]);
+  const float *rstd = as_float(params[4]);
+  float *dx = as_float(params[5]), *dgamma = as_float(params[6]), *dbeta = as_float(params[7]);
+  const int64_t hidden = shapes[0][ndims[0] - 1], rows = rows_of(ndims[0], shapes[0]);
+  // each part sums the parameter gradients of its rows apart; the parts are added in order
+  const int64_t grain = row_grain(hidden);
+  std::vector<float> sums(2 * hidden * parts_for(rows, grain), 0.f);
+  float *partials = sums.data();
+  parallel_for(rows, grain, [=](int64_t begin, int64_t end, int part) {
+    float *part_dgamma = partials + 2 * hidden * part, *part_dbeta = part_dgamma + hidden;
+    for (int64_t r = begin; r < end; ++r) {
+      const float *xr = x + r * hidden, *dyr = dy + r * hidden;
+      float *dxr = dx + r * hidden;
+      const float m = mean[r], s = rstd[r];
+      float sum_g = 0.f, sum_g_xhat = 0.f;
+#pragma omp simd reduction(+ : sum_g, sum_g_xhat)
+      for (int64_t i = 0; i < hidden; ++i) {
+        const float xhat = (xr[i] - m) * s, g = dyr[i] * gamma[i];
+        sum_g += g;
+        sum_g_xhat += g * xhat;
+        part_dgamma[i] += dyr[i] * xhat;
+        part_dbeta[i] += dyr[i];
+      }
+      const float mean_g = sum_g / hidden, mean_g_xhat = sum_g_xhat / hidden;
+      for (int64_t i = 0; i < hidden; ++i) {
+        const float xhat = (xr[i] - m) * s;
+        dxr[i] = s * (dyr[i] * gamma[i] - mean_g - xhat * mean_g_xhat);
+      }
+    }
+  });
+  std::fill(dgamma, dgamma + hidden, 0.f);
+  std::fill(dbeta, dbeta + hidden, 0.f);
+  for (size_t offset = 0; offset < sums.size(); offset += 2 * hidden) {
+    for (int64_t i = 0; i < hidden; ++i) {
+      dgamma[i] += sums[offset + i];
+      dbeta[i] += sums[offset + hidden + i];
+    }
+  }
+  return 0;
+}
+
+// An element-wise function f: y = f(x). inputs: x; outputs: y
+template <typename Function>
+int elementwise(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                Function f) {
+  if (nparam != 2 || !all_float32(nparam, dtypes)) return 1;
+  const float *x = as_float(params[0]);
+  float *y = as_float(params[1]);
+  const int64_t count = elements(ndims[0], shapes[0]);
+  parallel_for(count, 1 << 15, [=](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) y[i] = f(x[i]);
+  });
+  return 0;
+}
+
+// Its gradient given the derivative f': dx = dy f'(x). inputs: dy, x; outputs: dx
+template <typename Derivative>
+int elementwise_backward(int nparam, void **params, int *ndims, int64_t **shapes,
+                         const char **dtypes, Derivative derivative) {
+  if (nparam != 3 || !all_float32(nparam, dtypes)) return 1;
+  const float *dy = as_float(params[0]), *x = as_float(params[1]);
+  float *dx = as_float(params[2]);
+  const int64_t count = elements(ndims[1], shapes[1]);
+  parallel_for(count, 1 << 15, [=](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) dx[i] = dy[i] * derivative(x[i]);
+  });
+  return 0;
+}
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
+inline float gelu_tanh(float v) {
+  return 0.5f * v * (1.f + tanh_approx(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
+}
+
+inline float gelu_tanh_derivative(float v) {
+  const float t = tanh_approx(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
+  const float du_dx = kSqrt2OverPi * (1.f + 3.f * kGeluCubic * v * v);
+  return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du_dx;
+}
+
+// GELU with the error function: x Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))
+inline float gelu_erf(float v) { return 0.5f * v * (1.f + erf_approx(v * kInvSqrt2)); }
+
+// d/dx x Phi(x) = Phi(x) + x phi(x)
+inline float gelu_erf_derivative(float v) {
+  return 0.5f * (1.f + erf_approx(v * kInvSqrt2)) + v * kInvSqrt2Pi * exp_approx(-0.5f * v * v);
+}
+
+// (functions passed as lambdas, whose type names them, so that they are inlined into the
+// loops; a function pointer captured by the loop's closure would be called per element)
+extern "C" int GeluTanhForward(AOT_ARGS) {
+  return elementwise(AOT_PASS, [](float v) { return gelu_tanh(v); });
+}
+extern "C" int GeluTanhBackward(AOT_ARGS) {
+  return elementwise_backward(AOT_PASS, [](float v) { return gelu_tanh_derivative(v); });
+}
+extern "C" int GeluErfForward(AOT_ARGS) {
+  return elementwise(AOT_PASS, [](float v) { return gelu_erf(v); });
+}
+extern "C" int GeluErfBackward(AOT_ARGS) {
+  return elementwise_backward(AOT_PASS, [](float v) { return gelu_erf_derivative(v); });
+}
+
+// Softmax cross-entropy against a smoothed one-hot target: `on` at the label, `off`
+// elsewhere (on = 1, off = 0 without smoothing). loss = -sum_c t_c log softmax(z)_c.
+// inputs: logits (N, V), labels int32 (N), on, off (scalars); outputs: loss (N), lse (N)
+extern "C" int CrossEntropyForward(AOT_ARGS) {
+  if (nparam != 6 || std::strcmp(dtypes[1], "int32") != 0) return 1;
+  const float *logits = as_float(params[0]);
+  const int32_t *labels = static_cast<const int32_t *>(params[1]);
+  const float on = *as_float(params[2]), off = *as_float(params[3]);
+  float *loss = as_float(params[4]), *lse = as_float(params[5]);
+  const int64_t rows = shapes[0][0], classes = shapes[0][1];
+  std::atomic<int> failed{0};
+  std::atomic<int> *any_failed = &failed;
+  parallel_for(rows, row_grain(classes), [=](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float *z = logits + r * classes;
+      const int32_t label = labels[r];
+      if (label < 0 || label >= classes) {
+        any_failed->store(1);
+        continue;
+      }
+      float peak = z[0], total = 0.f;
+#pragma omp simd reduction(max : peak)
+      for (int64_t c = 1; c < classes; ++c) peak = z[c] > peak ? z[c] : peak;
+      float exp_sum = 0.f;
+#pragma omp simd reduction(+ : exp_sum, total)
+      for (int64_t c = 0; c < classes; ++c) {
+        exp_sum += exp_approx(z[c] - peak);
+        total += z[c];
+      }
+      const float log_sum_exp = peak + std::log(exp_sum);
+      const float target_mass = off * classes + (on - off);
+      loss[r] = log_sum_exp * target_mass - off * total - (on - off) * z[label];
+      lse[r] = log_sum_exp;
+    }
+  });
+  return failed.load();
+}
+
+// The k most likely tokens of every row and their log-probabilities (a search step), in one
+// pass for the log-sum-exp and one for the k best (kept sorted by insertion; an equal
+// logit keeps the lower id first). inputs: logits (N, V); outputs: values (N, k), ids (N, k)
+extern "C" int LogSoftmaxTopK(AOT_ARGS) {
+  if (nparam != 3 || std::strcmp(dtypes[2], "int32") != 0) return 1;
+  const float *logits = as_float(params[0]);
+  float *values = as_float(params[1]);
+  int32_t *ids = static_cast<int32_t *>(params[2]);
+  const int64_t rows = shapes[0][0], classes = shapes[0][1], k = shapes[1][1];
+  if (k < 1 || k > classes) return 1;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *z = logits + r * classes;
+    float *best = values + r * k;
+    int32_t *best_ids = ids + r * k;
+    float peak = z[0];
+#pragma omp simd reduction(max : peak)
+    for (int64_t c = 1; c < classes; ++c) peak = z[c] > peak ? z[c] : peak;
+    float exp_sum = 0.f;
+#pragma omp simd reduction(+ : exp_sum)
+    for (int64_t c = 0; c < classes; ++c) exp_sum += exp_approx(z[c] - peak);
+    const float log_sum_exp = peak + std::log(exp_sum);
+    int64_t kept = 0;
+    for (int64_t c = 0; c < classes; ++c) {
+      if (kept == k && !(z[c] > best[k - 1])) continue;
+      int64_t at = kept < k ? kept++ : k - 1;
+      while (at > 0 && z[c] > best[at - 1]) {
+        best[at] = best[at - 1];
+        best_ids[at] = best_ids[at - 1];
+        --at;
+      }
+      best[at] = z[c];
+      best_ids[at] = static_cast<int32_t>(c);
+    }
+    for (int64_t i = 0; i < k; ++i) best[i] -= log_sum_exp;
+  }
+  return 0;
+}
+
+// d loss / d z_c = dloss * (softmax_c * sum_c t_c - t_c)
+// inputs: dloss (N), logits (N, V), labels (N), lse (N), on, off (scalars); outputs: dlogits
+extern "C" int CrossEntropyBackward(AOT_ARGS) {
+  if (nparam != 7 || std::strcmp(dtypes[2], "int32") != 0) return 1;
+  const float *dloss = as_float(params[0]), *logits = as_float(params[1]);
+  const int32_t *labels = static_cast<const int32_t *>(params[2]);
+  const float *lse = as_float(params[3]);
+  const float on = *as_float(params[4]), off = *as_float(params[5]);
+  float *dlogits = as_float(params[6]);
+  const int64_t rows = shapes[1][0], classes = shapes[1][1];
+  const float target_mass = off * classes + (on - off);
+  parallel_for(rows, row_grain(classes), [=](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float *z = logits + r * classes;
+      float *dz = dlogits + r * classes;
+      const float scale = dloss[r], log_sum_exp = lse[r];
+      for (int64_t c = 0; c < classes; ++c) {
+        dz[c] = scale * (exp_approx(z[c] - log_sum_exp) * target_mass - off);
+      }
+      const int32_t label = labels[r];
+      if (label >= 0 && label < classes) dz[label] -= scale * (on - off);
+    }
+  });
+  return 0;
+}
+
+// Few-rows matmul (decoding): y = x w^T for x (M, K) with M small and w (N, K). Each group
+// of 4 rows of w is read from memory once and dotted with every row of x (which stays in
+// L1), so the time is one pass over w at the memory bandwidth, split over the cores;
+// MindSpore's MatMul takes 2-3 times longer at these shapes (benchmarks/README.md).
+typedef float float16x __attribute__((vector_size(64)));   // 16 floats (AVX-512 or 2 x AVX)
+typedef int32_t int16x __attribute__((vector_size(64)));
+
+inline float16x load16(const float *p) {
+  float16x v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// The sums of the lanes of a0, a1, a2 and a3, in lanes 0, 4, 8 and 12 (halving twice, then
+// adding neighbours: 8 shuffles for 4 sums instead of 60 scalar additions)
+inline float16x sums_of_4(float16x a0, float16x a1, float16x a2, float16x a3) {
+  const int16x low = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const int16x high = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const int16x low4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const int16x high4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  const int16x swap2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
+  const int16x swap1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+  const float16x u = __builtin_shuffle(a0, a1, low) + __builtin_shuffle(a0, a1, high);
+  const float16x v = __builtin_shuffle(a2, a3, low) + __builtin_shuffle(a2, a3, high);
+  float16x w = __builtin_shuffle(u, v, low4) + __builtin_shuffle(u, v, high4);
+  w += __builtin_shuffle(w, swap2);
+  return w + __builtin_shuffle(w, swap1);
+}
+
+// y[q, r] = x[q] . w[r] (+ bias[r]) for Q rows of x and 4 rows of w (row strides K; y's
+// stride N; bias may be null)
+template <int Q>
+void dot_tile(const float *x, const float *w, const float *bias, float *y, int64_t n_stride,
+              int64_t k_size) {
+  float16x acc[Q][4] = {};
+  int64_t k = 0;
+  for (; k + 16 <= k_size; k += 16) {
+    float16x wk[4];
+    for (int r = 0; r < 4; ++r) wk[r] = load16(w + r * k_size + k);
+    for (int q = 0; q < Q; ++q) {
+      const float16x xk = load16(x + q * k_size + k);
+      for (int r = 0; r < 4; ++r) acc[q][r] += xk * wk[r];
+    }
+  }
+  for (int q = 0; q < Q; ++q) {
+    const float16x sums = sums_of_4(acc[q][0], acc[q][1], acc[q][2], acc[q][3]);
+    for (int r = 0; r < 4; ++r) {
+      float total = bias ? bias[r] + sums[4 * r] : sums[4 * r];
+      for (int64_t j = k; j < k_size; ++j) total += x[q * k_size + j] * w[r * k_size + j];
+      y[q * n_stride + r] = total;
+    }
+  }
+}
+
+// Columns [n_begin, n_end) of y = x w^T (+ bias)
+void skinny_columns(const float *x, const float *w, const float *bias, float *y, int64_t m_size,
+                    int64_t n_size, int64_t k_size, int64_t n_begin, int64_t n_end) {
+  int64_t n = n_begin;
+  for (; n + 4 <= n_end; n += 4) {
+    for (int64_t m = 0; m < m_size; m += 4) {
+      const float *xs = x + m * k_size, *ws = w + n * k_size, *bs = bias ? bias + n : nullptr;
+      float *ys = y + m * n_size + n;
+      switch (std::min<int64_t>(m_size - m, 4)) {
+        case 1: dot_tile<1>(xs, ws, bs, ys, n_size, k_size); break;
+        case 2: dot_tile<2>(xs, ws, bs, ys, n_size, k_size); break;
+        case 3: dot_tile<3>(xs, ws, bs, ys, n_size, k_size); break;
+        default: dot_tile<4>(xs, ws, bs, ys, n_size, k_size); break;
+      }
+    }
+  }
+  for (; n < n_end; ++n) {
+    for (int64_t m = 0; m < m_size; ++m) {
+      float total = bias ? bias[n] : 0.f;
+      for (int64_t k = 0; k < k_size; ++k) total += x[m * k_size + k] * w[n * k_size + k];
+      y[m * n_size + n] = total;
+    }
+  }
+}
+
+
 // The bias gradient: sums (N) of the columns of dy (M, N), the columns split over the cores
 void column_sums(const float *dy, int64_t rows, int64_t columns, float *sums) {
+  // parts of whole blocks of 16 columns, each part at least 64k elements
   const int64_t blocks = (columns + 15) / 16;
-  const int shares = static_cast<int>(
-      std::min<int64_t>(helpers().count() + 1, std::max<int64_t>(1, rows * columns >> 16)));
-  const std::function<void(int)> share = [&](int index) {
-    const int64_t begin = std::min(columns, 16 * (blocks * index / shares));
-    const int64_t end = std::min(columns, 16 * (blocks * (index + 1) / shares));
+  parallel_for(blocks, std::max<int64_t>(1, (1 << 16) / (16 * rows)),
+               [&](int64_t first, int64_t last, int) {
+    const int64_t begin = 16 * first, end = std::min(columns, 16 * last);
     std::fill(sums + begin, sums + end, 0.f);
     for (int64_t r = 0; r < rows; ++r) {
       const float *row = dy + r * columns;
 #pragma omp simd
       for (int64_t c = begin; c < end; ++c) sums[c] += row[c];
     }
-  };
-  if (shares == 1) {
-    share(0);
-  } else {
-    helpers().run(share, shares);
-  }
+  });
 }
 
 // ---- Dense layers on oneDNN's sgemm ----
@@ -590,20 +644,12 @@ extern "C" int SkinnyMatMul(AOT_ARGS) {
   const float *x = as_float(params[0]), *w = as_float(params[1]);
   const float *bias = nparam == 4 ? as_float(params[2]) : nullptr;
   float *y = as_float(params[nparam - 1]);
+  // parts of at least 64 blocks of 4 rows of w; the last part takes the leftover rows
   const int64_t blocks = n_size / 4;
-  // a share of at least 64 blocks of 4 rows: smaller ones cost more to hand out than to do
-  const int shares = static_cast<int>(
-      std::min<int64_t>(helpers().count() + 1, std::max<int64_t>(1, blocks / 64)));
-  const std::function<void(int)> share = [&](int index) {
-    const int64_t begin = 4 * (blocks * index / shares);
-    const int64_t end = index + 1 == shares ? n_size : 4 * (blocks * (index + 1) / shares);
-    skinny_columns(x, w, bias, y, m_size, n_size, k_size, begin, end);
-  };
-  if (shares == 1) {
-    share(0);
-  } else {
-    helpers().run(share, shares);
-  }
+  parallel_for(blocks, 64, [=](int64_t first, int64_t last, int) {
+    const int64_t end = last == blocks ? n_size : 4 * last;
+    skinny_columns(x, w, bias, y, m_size, n_size, k_size, 4 * first, end);
+  });
   return 0;
 }
 
@@ -629,10 +675,8 @@ extern "C" int ReorderCache(AOT_ARGS) {
     if (parents[r] < 0 || parents[r] >= rows) return 1;
   }
   const int64_t kept = position * depth, plane = length * depth;
-  const std::function<void(int)> share = [&](int index) {
-    const int shares = helpers().count() + 1;
-    for (int64_t plane_index = rows * heads * index / shares;
-         plane_index < rows * heads * (index + 1) / shares; ++plane_index) {
+  parallel_for(rows * heads, 1, [=](int64_t begin, int64_t end, int) {
+    for (int64_t plane_index = begin; plane_index < end; ++plane_index) {
       const int64_t r = plane_index / heads, h = plane_index % heads;
       const float *source = cache + (parents[r] * heads + h) * plane;
       float *target = out + plane_index * plane;
@@ -640,8 +684,7 @@ extern "C" int ReorderCache(AOT_ARGS) {
       std::memcpy(target + kept, fresh + plane_index * depth, depth * sizeof(float));
       std::fill(target + kept + depth, target + plane, 0.f);
     }
-  };
-  helpers().run(share, helpers().count() + 1);
+  });
   return 0;
 }
 
@@ -672,11 +715,13 @@ extern "C" int BiasAddForward(AOT_ARGS) {
   const float *x = as_float(params[0]), *bias = as_float(params[1]);
   float *y = as_float(params[2]);
   const int64_t columns = shapes[0][ndims[0] - 1], rows = rows_of(ndims[0], shapes[0]);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = x + r * columns;
-    float *yr = y + r * columns;
-    for (int64_t c = 0; c < columns; ++c) yr[c] = xr[c] + bias[c];
-  }
+  parallel_for(rows, row_grain(columns), [=](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float *xr = x + r * columns;
+      float *yr = y + r * columns;
+      for (int64_t c = 0; c < columns; ++c) yr[c] = xr[c] + bias[c];
+    }
+  });
   return 0;
 }
 
@@ -717,11 +762,13 @@ extern "C" int KeyedDropout(AOT_ARGS) {
   // an element is kept when the top 24 bits of its draw, as a fraction, are below `keep`
   const uint64_t threshold = static_cast<uint64_t>(static_cast<double>(keep) * (1 << 24));
   const float scale = 1.0f / keep;
+  parallel_for(count, 1 << 15, [=](int64_t begin, int64_t end, int) {
 #pragma omp simd
-  for (int64_t i = 0; i < count; ++i) {
-    const uint64_t draw = splitmix64(base + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i));
-    y[i] = (draw >> 40) < threshold ? x[i] * scale : 0.0f;
-  }
+    for (int64_t i = begin; i < end; ++i) {
+      const uint64_t draw = splitmix64(base + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i));
+      y[i] = (draw >> 40) < threshold ? x[i] * scale : 0.0f;
+    }
+  });
   return 0;
 }
 
@@ -755,13 +802,11 @@ extern "C" int AdamWUpdate(AOT_ARGS) {
     starts[t + 1] = starts[t] + elements(ndims[4 + t], shapes[4 + t]);
   }
   const int64_t total = starts[tensors];
-  const int shares = static_cast<int>(
-      std::min<int64_t>(helpers().count() + 1, std::max<int64_t>(1, total / (1 << 16))));
-  const std::function<void(int)> share = [&](int index) {
-    const int64_t begin = total * index / shares, end = total * (index + 1) / shares;
+  const int64_t *offsets = starts.data();
+  parallel_for(total, 1 << 16, [=](int64_t begin, int64_t end, int) {
     for (int t = 0; t < tensors; ++t) {
-      const int64_t from = std::max(begin, starts[t]) - starts[t];
-      const int64_t to = std::min(end, starts[t + 1]) - starts[t];
+      const int64_t from = std::max(begin, offsets[t]) - offsets[t];
+      const int64_t to = std::min(end, offsets[t + 1]) - offsets[t];
       if (from >= to) continue;
       float *p = as_float(params[4 + t]), *m = as_float(params[4 + tensors + t]);
       float *v = as_float(params[4 + 2 * tensors + t]);
@@ -777,12 +822,7 @@ extern "C" int AdamWUpdate(AOT_ARGS) {
         p[i] -= lr * (m_i / (std::sqrt(v_i) + eps) + decay * p[i]);
       }
     }
-  };
-  if (shares == 1) {
-    share(0);
-  } else {
-    helpers().run(share, shares);
-  }
+  });
   *as_float(params[nparam - 1]) = 0.f;
   return 0;
 }
