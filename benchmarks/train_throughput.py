@@ -319,28 +319,58 @@ def ReferenceTranslationModel(model_config):
     return Translation(model_config)
 
 
-def run_gemm(size=2048, repeats=10):
-    """Best GFLOP/s of a size x size float32 matmul, in torch and in MindSpore (graph mode)."""
+def model_gemm_shapes(config):
+    """(name, m, k, n) of the model's forward products, m the tokens of a batch."""
+    model = config.model
+    d, f, vocab = model.hidden_size, model.ffn_size, model.vocab_size
+    tokens = config.train.global_batch_size * model.seq_length
+    return [("QKV", tokens, d, 3 * d), ("feed-forward in", tokens, d, f),
+            ("feed-forward out", tokens, f, d), ("vocabulary", tokens, d, vocab)]
+
+
+def run_gemm(config, size=2048, repeats=10):
+    """Best GFLOP/s of float32 products y = x w^T: size x size in torch, in MindSpore's
+    MatMul and in our dense kernel (graph mode; the peak is the best of the three), and
+    the same at the model's shapes (each MindSpore figure includes one graph call)."""
     import torch
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch_best = best_rate(lambda: torch.mm(a, b), size, repeats)
     import mindspore as ms
-    from mindspore import ops
+    from mindspore import nn, ops
+    from model_zoo.nn import cpu_kernels
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    x, y = ms.Tensor(a.numpy()), ms.Tensor(b.numpy())
-    @ms.jit
-    def matmul(p, q):
-        return ops.matmul(p, q)
 
-    ms_best = best_rate(lambda: matmul(x, y).asnumpy(), size, repeats)
-    return {"torch_gflops": torch_best, "mindspore_gflops": ms_best,
-            "peak_gflops": max(torch_best, ms_best), "size": size}
+    class Product(nn.Cell):
+        def __init__(self, kernel):
+            super().__init__()
+            self.kernel = kernel
+
+        def construct(self, x, w):
+            return self.kernel(x, w)
+
+    kernels = {"mindspore": Product(ops.MatMul(transpose_b=True))}
+    if cpu_kernels.has_dense():
+        kernels["ours"] = Product(cpu_kernels.dense(False))
+
+    def rates(m, k, n):
+        x, w = torch.randn(m, k), torch.randn(n, k)
+        found = {"torch": best_rate(lambda: torch.nn.functional.linear(x, w), m * k * n,
+                                    repeats)}
+        tensors = ms.Tensor(x.numpy()), ms.Tensor(w.numpy())
+        for name, kernel in kernels.items():
+            found[name] = best_rate(lambda: kernel(*tensors).asnumpy(), m * k * n, repeats)
+        return found
+
+    square = rates(size, size, size)
+    shapes = [dict(name=name, m=m, k=k, n=n, **rates(m, k, n))
+              for name, m, k, n in model_gemm_shapes(config)]
+    return {"torch_gflops": square["torch"], "mindspore_gflops": square["mindspore"],
+            "ours_gflops": square.get("ours"), "peak_gflops": max(square.values()),
+            "size": size, "model_shapes": shapes}
 
 
-def best_rate(run, size, repeats):
+def best_rate(run, multiply_adds, repeats):
     run()
     best = min(timed(run) for _ in range(repeats))
-    return 2 * size ** 3 / best / 1e9
+    return 2 * multiply_adds / best / 1e9
 
 
 def timed(run):
@@ -372,7 +402,7 @@ def run_data(config, steps):
 def worker(args):
     config = load_benchmark_config(args)
     if args.worker == "gemm":
-        result = run_gemm()
+        result = run_gemm(config)
     elif args.worker == "data":
         result = run_data(config, args.data_batches)
     else:
@@ -440,8 +470,16 @@ def print_report(report):
           f"{shape['hidden']}, {shape['heads']} heads, seq {shape['seq_length']}, vocab "
           f"{shape['vocab']}, batch {shape['batch']}, {shape['precision']}")
     gemm = report["gemm"]
+    ours = f", ours {gemm['ours_gflops']:.1f}" if gemm.get("ours_gflops") else ""
     print(f"GEMM peak {gemm['peak_gflops']:.1f} GFLOP/s (torch {gemm['torch_gflops']:.1f}, "
-          f"MindSpore {gemm['mindspore_gflops']:.1f})")
+          f"MindSpore {gemm['mindspore_gflops']:.1f}{ours}; {gemm['size']}^3)")
+    print(f"  at the model's shapes, GFLOP/s: {'m x k x n':>18}{'torch':>8}{'MindSpore':>11}"
+          f"{'ours':>8}")
+    for shape in gemm["model_shapes"]:
+        size = f"{shape['m']} x {shape['k']} x {shape['n']}"
+        ours = f"{shape['ours']:8.1f}" if "ours" in shape else f"{'-':>8}"
+        print(f"  {shape['name']:<30}{size:>20}{shape['torch']:8.1f}{shape['mindspore']:11.1f}"
+              f"{ours}")
     print(f"{'side':<10}{'tokens/s':>10}{'step ms':>9}{'MFU':>7}{'first step s':>14}"
           f"{'peak MB':>9}{'loss first->last':>20}")
     for side in ("ours", "reference"):

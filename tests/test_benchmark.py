@@ -74,6 +74,13 @@ def test_both_sides_train_and_report(tmp_path):
         report["ours"]["tokens_per_s"] / report["reference"]["tokens_per_s"])
     assert report["gemm"]["peak_gflops"] >= max(report["gemm"]["torch_gflops"],
                                                  report["gemm"]["mindspore_gflops"]) > 0
+    # the model's own products: tokens of a batch (4 x seq) by hidden, ..., by vocabulary
+    shapes = report["gemm"]["model_shapes"]
+    assert [shape["name"] for shape in shapes][-1] == "vocabulary"
+    assert shapes[-1]["m"] == 4 * report["shape"]["seq_length"]
+    assert shapes[-1]["n"] == report["shape"]["vocab"]
+    assert all(shape["torch"] > 0 and shape["mindspore"] > 0 for shape in shapes)
+    assert "at the model's shapes" in result.stdout
     assert np.isfinite(report["ours"]["peak_rss_mb"])
 
 

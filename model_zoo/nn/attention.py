@@ -170,6 +170,13 @@ class MultiHeadAttention(nn.Cell):
             self.causal_bias = causal_bias(max_seq_length)
             self.slice_causal = ops.StridedSlice().shard(((1, 1, 1, 1),))
         self.inv_sqrt_head_dim = 1.0 / math.sqrt(self.head_dim)
+        # on CPU, attention in one kernel per direction (`cpu_kernels.self_attention`)
+        self.fused = None
+        if not flash and use_cpu_kernels() and compute_dtype == ms.float32 \
+                and cpu_kernels.has_dense():
+            self.fused = cpu_kernels.cross_attention(num_heads) if cross else \
+                cpu_kernels.self_attention(num_heads)
+            self.causal_flag = Tensor([int(causal)], ms.int32)
         self.use_flash = flash
         if flash:
             self._check_flash(attention_dropout, compute_dtype)
@@ -218,6 +225,8 @@ class MultiHeadAttention(nn.Cell):
         return found
 
     def construct(self, query, memory=None, attention_bias=None):
+        if self.fused is not None:
+            return self._fused_attend(query, memory, attention_bias)
         if self.cross:
             (q,) = self._heads(self.query(query), 1)
             k, v = self.project_key_value(memory)
@@ -304,6 +313,21 @@ class MultiHeadAttention(nn.Cell):
             context = self.merge_heads(context, (0, 2, 1, 3))
         context = ops.reshape(context, (batch, seq_q, self.hidden_size))
         return self.hidden_dropout(ops.cast(self.output(context), ms.float32))
+
+    def _fused_attend(self, query, memory, attention_bias):
+        """Attention of query (batch, seq_q, hidden) over itself or over memory (batch,
+        seq_k, hidden) through the fused CPU kernel."""
+        batch, seq_k = query.shape[0], (memory if self.cross else query).shape[1]
+        if attention_bias is None:
+            bias = ops.zeros((batch, seq_k), ms.float32)
+        else:   # (batch, 1, 1, seq_k) -> (batch, seq_k)
+            bias = ops.reshape(attention_bias, (batch, seq_k))
+        key, keep = self.attention_dropout.mask_key()
+        if self.cross:
+            context, _ = self.fused(self.query(query), self.key_value(memory), bias, key, keep)
+        else:
+            context, _ = self.fused(self.qkv(query), bias, self.causal_flag, key, keep)
+        return self.hidden_dropout(self.output(context))
 
     def _flash_attend(self, batch, q, k, v, attention_bias):
         seq_q, seq_k = q.shape[2], k.shape[2]

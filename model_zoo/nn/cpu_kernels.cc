@@ -36,6 +36,7 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
 constexpr float kInvSqrt2 = 0.7071067811865476f;
 constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+constexpr float kMaskValue = -1e9f;   // the score of a masked position (layers.MASK_VALUE)
 
 bool all_float32(int count, const char **dtypes) {
   for (int i = 0; i < count; ++i) {
@@ -197,6 +198,31 @@ void parallel_for(int64_t count, int64_t grain,
 int64_t row_grain(int64_t width) {
   return std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, width));
 }
+
+// Dropout whose mask is a function of a key and the element's index alone (SplitMix64 of
+// both): the same key gives the same mask on any machine, in any run, and the backward pass
+// regenerates it instead of storing it.
+inline uint64_t splitmix64(uint64_t value) {
+  value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9ull;
+  value = (value ^ (value >> 27)) * 0x94D049BB133111EBull;
+  return value ^ (value >> 31);
+}
+
+struct KeyedMask {
+  KeyedMask(const int32_t *key, float keep)
+      : threshold(static_cast<uint64_t>(static_cast<double>(keep) * (1 << 24))),
+        scale(1.0f / keep) {
+    for (int i = 0; i < 4; ++i) base = splitmix64(base + static_cast<uint32_t>(key[i]));
+  }
+  // an element is kept when the top 24 bits of its draw, as a fraction, are below `keep`
+  bool keeps(int64_t index) const {
+    return (splitmix64(base + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(index)) >> 40) <
+           threshold;
+  }
+  uint64_t base = 0;
+  const uint64_t threshold;
+  const float scale;   // 1 / keep, for the elements kept
+};
 
 // LayerNorm over the last axis.
 // inputs: x (..., H), gamma (H), beta (H), eps (scalar)
@@ -580,13 +606,26 @@ class HelperThreadpool final : public dnnl::threadpool_interop::threadpool_iface
   }
 };
 
-// C (m, n) = alpha op(A) op(B) + beta C, row-major; op transposes when trans is 'T'
+extern "C" int dnnl_sgemm(char transa, char transb, int64_t m, int64_t n, int64_t k,
+                          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                          float beta, float *c, int64_t ldc);
+
+// C (m, n) = op(A) op(B) + beta C, row-major and contiguous, on all the cores; op transposes
+// when trans is 'T'
 bool sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, const float *a,
            const float *b, float beta, float *c) {
   static HelperThreadpool pool;
   const int64_t lda = trans_a == 'T' ? m : k, ldb = trans_b == 'T' ? k : n;
   return dnnl_threadpool_interop_sgemm(trans_a, trans_b, m, n, k, 1.f, a, lda, b, ldb, beta, c,
                                        n, &pool) == 0;
+}
+
+// The same with a factor and leading dimensions (row strides) of its own, on this thread
+// only: for the many small products of attention, which are split over the cores by head
+bool small_sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                 const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
+                 int64_t ldc) {
+  return dnnl_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, 0.f, c, ldc) == 0;
 }
 
 // y = x w^T (+ bias). inputs: x (M, K), w (N, K), optionally bias (N); outputs: y (M, N)
@@ -629,6 +668,234 @@ extern "C" int DenseBackward(AOT_ARGS) {
 extern "C" int DenseBiasForward(AOT_ARGS) { return nparam == 4 ? DenseForward(AOT_PASS_ALL) : 1; }
 extern "C" int DenseBiasBackward(AOT_ARGS) {
   return nparam == 6 ? DenseBackward(AOT_PASS_ALL) : 1;
+}
+
+// ---- Attention in one kernel per direction ----
+// Scores, masks, softmax, dropout and context for every (batch, head) pair, the pairs
+// split over the cores. Queries, keys and values are read where the projections left them:
+// self attention's fused projection (batch, seq, heads, 3, head_dim), cross attention's
+// query (batch, seq_q, heads, head_dim) and fused key-value projection (batch, seq_k,
+// heads, 2, head_dim) (`fuse_head_projections`); the context is written as (batch, seq_q,
+// heads x head_dim), and the gradients land in the projections' layouts: no slices and no
+// transposes, forward or backward. The probabilities (batch, heads, seq_q, seq_k) are kept
+// for the backward pass; the dropout mask is regenerated from its key, element for element
+// the mask KeyedDropout draws on the probabilities tensor, so the results equal the
+// unfused layers'.
+struct AttentionLayout {
+  int64_t batch, heads, head_dim, seq_q, seq_k;
+  int64_t q_row, kv_row;     // row strides of the query and key-value sources
+  int64_t q_head, kv_head;   // offsets from one head to the next in them
+  int64_t k_part;            // offset of a head's key from its first column (v follows)
+
+  static AttentionLayout self(const int64_t *qkv_shape, int64_t heads) {
+    const int64_t d = qkv_shape[2] / (3 * heads);
+    return {qkv_shape[0], heads, d, qkv_shape[1], qkv_shape[1], qkv_shape[2], qkv_shape[2],
+            3 * d, 3 * d, d};
+  }
+  static AttentionLayout cross(const int64_t *q_shape, const int64_t *kv_shape,
+                               int64_t heads) {
+    const int64_t d = q_shape[2] / heads;
+    return {q_shape[0], heads, d, q_shape[1], kv_shape[1], q_shape[2], kv_shape[2], d, 2 * d,
+            0};
+  }
+  bool valid(int64_t width_q, int64_t width_kv, int64_t parts_q) const {
+    return batch > 0 && head_dim > 0 && width_q == parts_q * heads * head_dim &&
+           width_kv == (parts_q == 3 ? 3 : 2) * heads * head_dim;
+  }
+  int64_t q_at(int64_t b, int64_t h) const { return b * seq_q * q_row + h * q_head; }
+  int64_t k_at(int64_t b, int64_t h) const { return b * seq_k * kv_row + h * kv_head + k_part; }
+  int64_t v_offset() const { return head_dim; }   // a head's value follows its key
+  int64_t probs_at(int64_t b, int64_t h) const { return (b * heads + h) * seq_q * seq_k; }
+};
+
+// probs (B, H, Lq, Lk) before dropout and context (B, Lq, H D) of q over k, v; bias (B, Lk)
+// is added to each key's scores, and with `causal` the later keys are masked
+int attention_forward(const AttentionLayout &at, const float *q_source,
+                      const float *kv_source, const float *bias, bool causal,
+                      const KeyedMask &mask, float keep, float *context, float *probs) {
+  const int64_t lq = at.seq_q, lk = at.seq_k, d = at.head_dim, hidden = at.heads * d;
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  std::atomic<int> failed{0};
+  std::atomic<int> *any_failed = &failed;
+  parallel_for(at.batch * at.heads, 1, [=](int64_t begin, int64_t end, int) {
+    std::vector<float> dropped(keep < 1.f ? lq * lk : 0);
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t b = pair / at.heads, h = pair % at.heads;
+      const float *q = q_source + at.q_at(b, h), *k = kv_source + at.k_at(b, h);
+      const float *v = k + at.v_offset();
+      float *p = probs + at.probs_at(b, h);
+      // scores (Lq, Lk) = scale q k^T, then + masks, then softmax along each row
+      if (!small_sgemm('N', 'T', lq, lk, d, scale, q, at.q_row, k, at.kv_row, p, lk)) {
+        any_failed->store(1);
+        return;
+      }
+      const float *row_bias = bias + b * lk;
+      for (int64_t i = 0; i < lq; ++i) {
+        float *row = p + i * lk;
+        float peak = -INFINITY;
+        for (int64_t j = 0; j < lk; ++j) {
+          row[j] += row_bias[j] + (causal && j > i ? kMaskValue : 0.f);
+          peak = std::max(peak, row[j]);
+        }
+        float total = 0.f;
+#pragma omp simd reduction(+ : total)
+        for (int64_t j = 0; j < lk; ++j) {
+          row[j] = exp_approx(row[j] - peak);
+          total += row[j];
+        }
+        const float inverse = 1.f / total;
+#pragma omp simd
+        for (int64_t j = 0; j < lk; ++j) row[j] *= inverse;
+      }
+      const float *used = p;   // the probabilities after dropout
+      if (keep < 1.f) {
+        const int64_t offset = at.probs_at(b, h);
+        for (int64_t e = 0; e < lq * lk; ++e) {
+          dropped[e] = mask.keeps(offset + e) ? p[e] * mask.scale : 0.f;
+        }
+        used = dropped.data();
+      }
+      // context (Lq, D) = probs v, into its place in (B, Lq, H D)
+      if (!small_sgemm('N', 'N', lq, d, lk, 1.f, used, lk, v, at.kv_row,
+                       context + b * lq * hidden + h * d, hidden)) {
+        any_failed->store(1);
+        return;
+      }
+    }
+  });
+  return failed.load();
+}
+
+// The gradients of attention_forward: dq into dq_source, dk and dv into dkv_source (the
+// same tensor as dq_source for self attention), each in its projection's layout
+int attention_backward(const AttentionLayout &at, const float *q_source,
+                       const float *kv_source, const float *dcontext, const float *probs,
+                       const KeyedMask &mask, float keep, float *dq_source,
+                       float *dkv_source) {
+  const int64_t lq = at.seq_q, lk = at.seq_k, d = at.head_dim, hidden = at.heads * d;
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  std::atomic<int> failed{0};
+  std::atomic<int> *any_failed = &failed;
+  parallel_for(at.batch * at.heads, 1, [=](int64_t begin, int64_t end, int) {
+    std::vector<float> grad(lq * lk), dropped(keep < 1.f ? lq * lk : 0);
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t b = pair / at.heads, h = pair % at.heads, offset = at.probs_at(b, h);
+      const float *q = q_source + at.q_at(b, h), *k = kv_source + at.k_at(b, h);
+      const float *v = k + at.v_offset(), *p = probs + offset;
+      const float *dout = dcontext + b * lq * hidden + h * d;
+      float *dq = dq_source + at.q_at(b, h), *dk = dkv_source + at.k_at(b, h);
+      float *dv = dk + at.v_offset();
+      const float *used = p;
+      if (keep < 1.f) {
+        for (int64_t e = 0; e < lq * lk; ++e) {
+          dropped[e] = mask.keeps(offset + e) ? p[e] * mask.scale : 0.f;
+        }
+        used = dropped.data();
+      }
+      // dv = used^T dout; d(used) = dout v^T
+      bool done =
+          small_sgemm('T', 'N', lk, d, lq, 1.f, used, lk, dout, hidden, dv, at.kv_row) &&
+          small_sgemm('N', 'T', lq, lk, d, 1.f, dout, hidden, v, at.kv_row, grad.data(), lk);
+      // back through dropout, then softmax: dscores = p (dp - sum_j dp p)
+      for (int64_t i = 0; i < lq; ++i) {
+        float *g = grad.data() + i * lk;
+        const float *row = p + i * lk;
+        if (keep < 1.f) {
+          for (int64_t j = 0; j < lk; ++j) {
+            g[j] = mask.keeps(offset + i * lk + j) ? g[j] * mask.scale : 0.f;
+          }
+        }
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t j = 0; j < lk; ++j) dot += g[j] * row[j];
+#pragma omp simd
+        for (int64_t j = 0; j < lk; ++j) g[j] = row[j] * (g[j] - dot);
+      }
+      // dq = scale dscores k; dk = scale dscores^T q
+      done = done &&
+             small_sgemm('N', 'N', lq, d, lk, scale, grad.data(), lk, k, at.kv_row, dq,
+                         at.q_row) &&
+             small_sgemm('T', 'N', lk, d, lq, scale, grad.data(), lk, q, at.q_row, dk,
+                         at.kv_row);
+      if (!done) {
+        any_failed->store(1);
+        return;
+      }
+    }
+  });
+  return failed.load();
+}
+
+bool attention_inputs(const char **dtypes, int floats, int int32_at) {
+  return all_float32(floats, dtypes) && std::strcmp(dtypes[int32_at], "int32") == 0;
+}
+
+// inputs: qkv (B, L, 3 H D), bias (B, L), causal int32 (1), key int32 (4), keep (1);
+// outputs: context (B, L, H D), probs (B, H, L, L)
+extern "C" int SelfAttentionForward(AOT_ARGS) {
+  if (nparam != 7 || !attention_inputs(dtypes, 2, 2) || ndims[0] != 3 || ndims[6] != 4) {
+    return 1;
+  }
+  const AttentionLayout at = AttentionLayout::self(shapes[0], shapes[6][1]);
+  if (!at.valid(shapes[0][2], shapes[0][2], 3) || shapes[1][1] != at.seq_k) return 1;
+  const float *qkv = as_float(params[0]);
+  const float keep = *as_float(params[4]);
+  return attention_forward(at, qkv, qkv, as_float(params[1]),
+                           *static_cast<const int32_t *>(params[2]) != 0,
+                           KeyedMask(static_cast<const int32_t *>(params[3]), keep), keep,
+                           as_float(params[5]), as_float(params[6]));
+}
+
+// inputs: dcontext (B, L, H D), qkv, probs (B, H, L, L), key int32 (4), keep (1);
+// outputs: dqkv (B, L, 3 H D)
+extern "C" int SelfAttentionBackward(AOT_ARGS) {
+  if (nparam != 6 || !attention_inputs(dtypes, 3, 3) || ndims[1] != 3 || ndims[2] != 4) {
+    return 1;
+  }
+  const AttentionLayout at = AttentionLayout::self(shapes[1], shapes[2][1]);
+  if (!at.valid(shapes[1][2], shapes[1][2], 3) || shapes[0][2] != at.heads * at.head_dim) {
+    return 1;
+  }
+  const float *qkv = as_float(params[1]);
+  const float keep = *as_float(params[4]);
+  float *dqkv = as_float(params[5]);
+  return attention_backward(at, qkv, qkv, as_float(params[0]), as_float(params[2]),
+                            KeyedMask(static_cast<const int32_t *>(params[3]), keep), keep,
+                            dqkv, dqkv);
+}
+
+// inputs: q (B, Lq, H D), kv (B, Lk, 2 H D), bias (B, Lk), key int32 (4), keep (1);
+// outputs: context (B, Lq, H D), probs (B, H, Lq, Lk)
+extern "C" int CrossAttentionForward(AOT_ARGS) {
+  if (nparam != 7 || !attention_inputs(dtypes, 3, 3) || ndims[0] != 3 || ndims[1] != 3 ||
+      ndims[6] != 4) {
+    return 1;
+  }
+  const AttentionLayout at = AttentionLayout::cross(shapes[0], shapes[1], shapes[6][1]);
+  if (!at.valid(shapes[0][2], shapes[1][2], 1) || shapes[1][0] != at.batch ||
+      shapes[2][1] != at.seq_k) {
+    return 1;
+  }
+  const float keep = *as_float(params[4]);
+  return attention_forward(at, as_float(params[0]), as_float(params[1]), as_float(params[2]),
+                           false, KeyedMask(static_cast<const int32_t *>(params[3]), keep),
+                           keep, as_float(params[5]), as_float(params[6]));
+}
+
+// inputs: dcontext (B, Lq, H D), q, kv, probs (B, H, Lq, Lk), key int32 (4), keep (1);
+// outputs: dq (B, Lq, H D), dkv (B, Lk, 2 H D)
+extern "C" int CrossAttentionBackward(AOT_ARGS) {
+  if (nparam != 8 || !attention_inputs(dtypes, 4, 4) || ndims[1] != 3 || ndims[2] != 3 ||
+      ndims[3] != 4) {
+    return 1;
+  }
+  const AttentionLayout at = AttentionLayout::cross(shapes[1], shapes[2], shapes[3][1]);
+  if (!at.valid(shapes[1][2], shapes[2][2], 1)) return 1;
+  const float keep = *as_float(params[5]);
+  return attention_backward(at, as_float(params[1]), as_float(params[2]), as_float(params[0]),
+                            as_float(params[3]),
+                            KeyedMask(static_cast<const int32_t *>(params[4]), keep), keep,
+                            as_float(params[6]), as_float(params[7]));
 }
 #endif  // MODEL_ZOO_DNNL
 
@@ -733,41 +1000,19 @@ extern "C" int ColumnSum(AOT_ARGS) {
   return 0;
 }
 
-// Dropout whose mask is a function of a key and the element's index alone (SplitMix64 of
-// both): the same key gives the same mask on any machine, in any run, and the backward pass
-// regenerates it instead of storing it. inputs: x, key int32 (4), keep float32 (1); outputs:
-// y = x * mask / keep. The backward takes dy in place of x and gives dx the same way.
-namespace {
-
-inline uint64_t splitmix64(uint64_t value) {
-  value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9ull;
-  value = (value ^ (value >> 27)) * 0x94D049BB133111EBull;
-  return value ^ (value >> 31);
-}
-
-}  // namespace
-
+// inputs: x, key int32 (4), keep float32 (1); outputs: y = x * mask / keep. The backward
+// takes dy in place of x and gives dx the same way.
 extern "C" int KeyedDropout(AOT_ARGS) {
   if (nparam != 4 || !all_float32(1, dtypes) || std::strcmp(dtypes[1], "int32") != 0 ||
       shapes[1][0] != 4) {
     return 1;
   }
   const float *x = as_float(params[0]);
-  const int32_t *key = static_cast<const int32_t *>(params[1]);
-  const float keep = *as_float(params[2]);
+  const KeyedMask mask(static_cast<const int32_t *>(params[1]), *as_float(params[2]));
   float *y = as_float(params[3]);
-  const int64_t count = elements(ndims[0], shapes[0]);
-  uint64_t base = 0;
-  for (int i = 0; i < 4; ++i) base = splitmix64(base + static_cast<uint32_t>(key[i]));
-  // an element is kept when the top 24 bits of its draw, as a fraction, are below `keep`
-  const uint64_t threshold = static_cast<uint64_t>(static_cast<double>(keep) * (1 << 24));
-  const float scale = 1.0f / keep;
-  parallel_for(count, 1 << 15, [=](int64_t begin, int64_t end, int) {
+  parallel_for(elements(ndims[0], shapes[0]), 1 << 15, [=](int64_t begin, int64_t end, int) {
 #pragma omp simd
-    for (int64_t i = begin; i < end; ++i) {
-      const uint64_t draw = splitmix64(base + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i));
-      y[i] = (draw >> 40) < threshold ? x[i] * scale : 0.0f;
-    }
+    for (int64_t i = begin; i < end; ++i) y[i] = mask.keeps(i) ? x[i] * mask.scale : 0.0f;
   });
   return 0;
 }

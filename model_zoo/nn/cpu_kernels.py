@@ -263,6 +263,52 @@ def dense(with_bias: bool):
     return _custom("DenseForward", lambda x, w: [x[0], w[0]], lambda x, w: x, bprop)
 
 
+def self_attention(num_heads: int):
+    """Custom op (qkv, bias, causal, key, keep) -> (context, probs), float32: self attention
+    in one kernel per direction (`cpu_kernels.cc`), which reads q, k and v where the fused
+    projection left them and writes the context with the heads merged.
+
+    Inputs: qkv (B, L, 3 H D) laid out head by head (`attention.fuse_head_projections`);
+    bias (B, L) added to each key's scores (padding); causal int32 (1,), non-zero to mask
+    later keys; key int32 (4,) and keep float32 (1,): the keyed dropout of the
+    probabilities (`keyed_dropout`'s masks on the (B, H, L, L) tensor; keep 1 for none).
+    Outputs: context (B, L, H D); probs (B, H, L, L), before dropout, for the backward pass.
+    Needs `has_dense()`."""
+    backward = _custom("SelfAttentionBackward", lambda dcontext, qkv, probs, key, keep: qkv,
+                       lambda dcontext, qkv, probs, key, keep: qkv)
+
+    def bprop(qkv, bias, causal, key, keep, out, dout):
+        return (backward(dout[0], qkv, out[1], key, keep), ops.zeros_like(bias),
+                ops.zeros_like(causal), ops.zeros_like(key), ops.zeros_like(keep))
+
+    def shapes(qkv, bias, causal, key, keep):
+        batch, seq, width = qkv
+        return [batch, seq, width // 3], [batch, num_heads, seq, seq]
+
+    return _custom("SelfAttentionForward", shapes,
+                   lambda qkv, bias, causal, key, keep: (qkv, qkv), bprop)
+
+
+def cross_attention(num_heads: int):
+    """Custom op (q, kv, bias, key, keep) -> (context, probs), float32: `self_attention`'s
+    kernel for attention over another sequence: q (B, Lq, H D) from the query projection,
+    kv (B, Lk, 2 H D) from the fused key-value projection laid out head by head, bias
+    (B, Lk); outputs context (B, Lq, H D) and probs (B, H, Lq, Lk)."""
+    backward = _custom("CrossAttentionBackward",
+                       lambda dcontext, q, kv, probs, key, keep: (q, kv),
+                       lambda dcontext, q, kv, probs, key, keep: (q, kv))
+
+    def bprop(q, kv, bias, key, keep, out, dout):
+        dq, dkv = backward(dout[0], q, kv, out[1], key, keep)
+        return (dq, dkv, ops.zeros_like(bias), ops.zeros_like(key), ops.zeros_like(keep))
+
+    def shapes(q, kv, bias, key, keep):
+        return list(q), [q[0], num_heads, q[1], kv[1]]
+
+    return _custom("CrossAttentionForward", shapes, lambda q, kv, bias, key, keep: (q, q),
+                   bprop)
+
+
 def adamw_update():
     """Custom op (lr (1,), factor (1,), constants (3,) = beta1, beta2, eps, decays (T,),
     *params, *first moments, *second moments, *grads) -> placeholder (1,), float32: one AdamW

@@ -170,12 +170,22 @@ class Dropout(nn.Cell):
         self.seeds = Tensor([(seed * 1_000_003 + _rank()) % 2 ** 31, op_seed % 2 ** 31],
                             ms.int32)
         self.keep = Tensor([1.0 - rate], ms.float32)
+        self.keep_all = Tensor([1.0], ms.float32)
+
+    def mask_key(self):
+        """(key int32 (4,), keep float32 (1,)): what the keyed kernel would draw this cell's
+        mask from now, for a kernel that applies this dropout inside (the CPU attention);
+        keep is 1 when the cell is off (rate 0, or not training)."""
+        key = ops.concat((self.seeds, DROPOUT_STEP))
+        if self.rate == 0.0 or not self.training:
+            return key, self.keep_all
+        return key, self.keep
 
     def construct(self, x):
         if self.rate == 0.0 or not self.training:
             return x
         if self.keyed is not None and x.dtype == ms.float32:
-            return self.keyed(x, ops.concat((self.seeds, DROPOUT_STEP)), self.keep)
+            return self.keyed(x, *self.mask_key())
         if len(x.shape) == self.rank:
             return self.dropout(x)[0]
         return ops.reshape(self.dropout(as_tokens(x))[0], x.shape)
