@@ -98,6 +98,20 @@ def test_linear_bias_matches_torch():
     np.testing.assert_allclose(dbias, tbias.grad.numpy(), atol=1e-5)
 
 
+def test_bias_addition_matches_numpy():
+    # the layers' bias kernel where the dense kernels are not built; 3,000 rows: split over
+    # the cores in both directions
+    x = RNG.normal(size=(3000, 40)).astype(np.float32)
+    bias = RNG.normal(size=40).astype(np.float32)
+    weights = RNG.normal(size=x.shape).astype(np.float32)
+    y, dx, _ = value_and_grads(Product(cpu_kernels.bias_add()), weights, Tensor(x), Tensor(bias))
+    np.testing.assert_allclose(y, x + bias, atol=1e-6)
+    np.testing.assert_allclose(dx, weights, atol=1e-6)
+    loss = Weighted(Product(cpu_kernels.bias_add()), weights)
+    dbias = ms.jit(ms.grad(loss, grad_position=1))(Tensor(x), Tensor(bias)).asnumpy()
+    np.testing.assert_allclose(dbias, weights.sum(axis=0), rtol=1e-4, atol=1e-3)
+
+
 class TwoLinears(nn.Cell):
     """A layer with a bias feeding one without: both dense kernels in one graph."""
 

@@ -6,8 +6,9 @@
 // `omp simd` marks the reductions that may be vectorized (compiled with -fopenmp-simd,
 // which starts no threads). Each kernel splits its rows or elements over the calling
 // thread and helper threads of its own (`parallel_for`), which spin briefly between kernels
-// and then sleep; MindSpore's own threads are idle while a custom kernel runs. The dense
-// layers call the oneDNN that MindSpore ships, on the same helpers. Every function has
+// and then sleep (MindSpore runs most kernels one after another, so its threads are mostly
+// waiting while these run). The dense layers and attention call the oneDNN that MindSpore
+// ships, on the same helpers. Every function has
 // MindSpore's AOT signature (AOT_ARGS): params holds the inputs, then the outputs; a
 // non-zero return value makes MindSpore raise.
 
@@ -547,8 +548,8 @@ void skinny_columns(const float *x, const float *w, const float *bias, float *y,
 void column_sums(const float *dy, int64_t rows, int64_t columns, float *sums) {
   // parts of whole blocks of 16 columns, each part at least 64k elements
   const int64_t blocks = (columns + 15) / 16;
-  parallel_for(blocks, std::max<int64_t>(1, (1 << 16) / (16 * rows)),
-               [&](int64_t first, int64_t last, int) {
+  parallel_for(blocks, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, 16 * rows)),
+               [=](int64_t first, int64_t last, int) {
     const int64_t begin = 16 * first, end = std::min(columns, 16 * last);
     std::fill(sums + begin, sums + end, 0.f);
     for (int64_t r = 0; r < rows; ++r) {
@@ -562,8 +563,9 @@ void column_sums(const float *dy, int64_t rows, int64_t columns, float *sums) {
 // ---- Dense layers on oneDNN's sgemm ----
 // MindSpore ships oneDNN (lib/libdnnl.so.3), built for a caller-supplied thread pool;
 // cpu_kernels.py links it when it is there and defines MODEL_ZOO_DNNL. Its sgemm on the
-// helpers reaches this machine's GEMM peak at a transformer's shapes, where MindSpore's
-// MatMul kernel stays at 40-60% of it (benchmarks/README.md). The pool interface follows
+// helpers runs a transformer's products faster than MindSpore's MatMul kernel on this
+// project's machine (the benchmark prints both at the model's shapes: benchmarks/README.md),
+// and one call takes the bias and, backward, both products. The pool interface follows
 // oneDNN's include/oneapi/dnnl/dnnl_threadpool_iface.hpp.
 #ifdef MODEL_ZOO_DNNL
 extern "C" int dnnl_threadpool_interop_sgemm(char transa, char transb, int64_t m, int64_t n,
@@ -594,9 +596,10 @@ class HelperThreadpool final : public dnnl::threadpool_interop::threadpool_iface
   void parallel_for(int n, const std::function<void(int, int)> &fn) override {
     const int shares = std::min(n, get_num_threads());
     const std::function<void(int)> share = [&](int index) {
+      const bool outer = in_parallel_for;
       in_parallel_for = true;
       for (int i = index; i < n; i += shares) fn(i, n);
-      in_parallel_for = false;
+      in_parallel_for = outer;
     };
     if (shares <= 1) {
       share(0);
@@ -640,7 +643,9 @@ extern "C" int DenseForward(AOT_ARGS) {
   if (nparam == 4) {   // start from the bias in every row, then accumulate onto it
     if (ndims[2] != 1 || shapes[2][0] != n) return 1;
     const float *bias = as_float(params[2]);
-    for (int64_t r = 0; r < m; ++r) std::memcpy(y + r * n, bias, n * sizeof(float));
+    parallel_for(m, row_grain(n), [=](int64_t begin, int64_t end, int) {
+      for (int64_t r = begin; r < end; ++r) std::memcpy(y + r * n, bias, n * sizeof(float));
+    });
   }
   return sgemm('N', 'T', m, n, k, x, w, nparam == 4 ? 1.f : 0.f, y) ? 0 : 1;
 }
@@ -679,8 +684,8 @@ extern "C" int DenseBiasBackward(AOT_ARGS) {
 // heads x head_dim), and the gradients land in the projections' layouts: no slices and no
 // transposes, forward or backward. The probabilities (batch, heads, seq_q, seq_k) are kept
 // for the backward pass; the dropout mask is regenerated from its key, element for element
-// the mask KeyedDropout draws on the probabilities tensor, so the results equal the
-// unfused layers'.
+// the mask KeyedDropout draws on the probabilities tensor, so the results are the unfused
+// layers' up to float rounding.
 struct AttentionLayout {
   int64_t batch, heads, head_dim, seq_q, seq_k;
   int64_t q_row, kv_row;     // row strides of the query and key-value sources
@@ -688,19 +693,29 @@ struct AttentionLayout {
   int64_t k_part;            // offset of a head's key from its first column (v follows)
 
   static AttentionLayout self(const int64_t *qkv_shape, int64_t heads) {
-    const int64_t d = qkv_shape[2] / (3 * heads);
+    const int64_t d = heads > 0 ? qkv_shape[2] / (3 * heads) : 0;
     return {qkv_shape[0], heads, d, qkv_shape[1], qkv_shape[1], qkv_shape[2], qkv_shape[2],
             3 * d, 3 * d, d};
   }
   static AttentionLayout cross(const int64_t *q_shape, const int64_t *kv_shape,
                                int64_t heads) {
-    const int64_t d = q_shape[2] / heads;
+    const int64_t d = heads > 0 ? q_shape[2] / heads : 0;
     return {q_shape[0], heads, d, q_shape[1], kv_shape[1], q_shape[2], kv_shape[2], d, 2 * d,
             0};
   }
-  bool valid(int64_t width_q, int64_t width_kv, int64_t parts_q) const {
-    return batch > 0 && head_dim > 0 && width_q == parts_q * heads * head_dim &&
-           width_kv == (parts_q == 3 ? 3 : 2) * heads * head_dim;
+  // Whether the projections' widths hold whole heads (parts_q: 3 for self attention's
+  // qkv, 1 for a query) and the other tensors have the shapes this layout needs:
+  // probs (B, H, Lq, Lk), bias (B, Lk), context (B, Lq, H D)
+  bool fits(int64_t width_q, int64_t width_kv, int64_t parts_q, int probs_ndim,
+            const int64_t *probs, int bias_ndim, const int64_t *bias, int context_ndim,
+            const int64_t *context) const {
+    const int64_t hidden = heads * head_dim;
+    return batch > 0 && head_dim > 0 && width_q == parts_q * hidden &&
+           width_kv == (parts_q == 3 ? 3 : 2) * hidden && probs_ndim == 4 &&
+           probs[0] == batch && probs[1] == heads && probs[2] == seq_q && probs[3] == seq_k &&
+           (bias == nullptr || (bias_ndim == 2 && bias[0] == batch && bias[1] == seq_k)) &&
+           context_ndim == 3 && context[0] == batch && context[1] == seq_q &&
+           context[2] == hidden;
   }
   int64_t q_at(int64_t b, int64_t h) const { return b * seq_q * q_row + h * q_head; }
   int64_t k_at(int64_t b, int64_t h) const { return b * seq_k * kv_row + h * kv_head + k_part; }
@@ -717,8 +732,12 @@ int attention_forward(const AttentionLayout &at, const float *q_source,
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   std::atomic<int> failed{0};
   std::atomic<int> *any_failed = &failed;
-  parallel_for(at.batch * at.heads, 1, [=](int64_t begin, int64_t end, int) {
-    std::vector<float> dropped(keep < 1.f ? lq * lk : 0);
+  // each part's scratch, allocated here: an allocation failing on a helper would end the
+  // process
+  std::vector<float> scratch(keep < 1.f ? parts_for(at.batch * at.heads, 1) * lq * lk : 0);
+  float *const scratch_base = scratch.data();
+  parallel_for(at.batch * at.heads, 1, [=](int64_t begin, int64_t end, int part) {
+    float *const dropped = scratch_base + part * lq * lk;
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t b = pair / at.heads, h = pair % at.heads;
       const float *q = q_source + at.q_at(b, h), *k = kv_source + at.k_at(b, h);
@@ -753,7 +772,7 @@ int attention_forward(const AttentionLayout &at, const float *q_source,
         for (int64_t e = 0; e < lq * lk; ++e) {
           dropped[e] = mask.keeps(offset + e) ? p[e] * mask.scale : 0.f;
         }
-        used = dropped.data();
+        used = dropped;
       }
       // context (Lq, D) = probs v, into its place in (B, Lq, H D)
       if (!small_sgemm('N', 'N', lq, d, lk, 1.f, used, lk, v, at.kv_row,
@@ -776,8 +795,12 @@ int attention_backward(const AttentionLayout &at, const float *q_source,
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   std::atomic<int> failed{0};
   std::atomic<int> *any_failed = &failed;
-  parallel_for(at.batch * at.heads, 1, [=](int64_t begin, int64_t end, int) {
-    std::vector<float> grad(lq * lk), dropped(keep < 1.f ? lq * lk : 0);
+  // each part's scratch (the scores' gradient, the dropped probabilities), allocated here
+  const int64_t block = (keep < 1.f ? 2 : 1) * lq * lk;
+  std::vector<float> scratch(parts_for(at.batch * at.heads, 1) * block);
+  float *const scratch_base = scratch.data();
+  parallel_for(at.batch * at.heads, 1, [=](int64_t begin, int64_t end, int part) {
+    float *const grad = scratch_base + part * block, *const dropped = grad + lq * lk;
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t b = pair / at.heads, h = pair % at.heads, offset = at.probs_at(b, h);
       const float *q = q_source + at.q_at(b, h), *k = kv_source + at.k_at(b, h);
@@ -790,15 +813,15 @@ int attention_backward(const AttentionLayout &at, const float *q_source,
         for (int64_t e = 0; e < lq * lk; ++e) {
           dropped[e] = mask.keeps(offset + e) ? p[e] * mask.scale : 0.f;
         }
-        used = dropped.data();
+        used = dropped;
       }
       // dv = used^T dout; d(used) = dout v^T
       bool done =
           small_sgemm('T', 'N', lk, d, lq, 1.f, used, lk, dout, hidden, dv, at.kv_row) &&
-          small_sgemm('N', 'T', lq, lk, d, 1.f, dout, hidden, v, at.kv_row, grad.data(), lk);
+          small_sgemm('N', 'T', lq, lk, d, 1.f, dout, hidden, v, at.kv_row, grad, lk);
       // back through dropout, then softmax: dscores = p (dp - sum_j dp p)
       for (int64_t i = 0; i < lq; ++i) {
-        float *g = grad.data() + i * lk;
+        float *g = grad + i * lk;
         const float *row = p + i * lk;
         if (keep < 1.f) {
           for (int64_t j = 0; j < lk; ++j) {
@@ -813,9 +836,9 @@ int attention_backward(const AttentionLayout &at, const float *q_source,
       }
       // dq = scale dscores k; dk = scale dscores^T q
       done = done &&
-             small_sgemm('N', 'N', lq, d, lk, scale, grad.data(), lk, k, at.kv_row, dq,
+             small_sgemm('N', 'N', lq, d, lk, scale, grad, lk, k, at.kv_row, dq,
                          at.q_row) &&
-             small_sgemm('T', 'N', lk, d, lq, scale, grad.data(), lk, q, at.q_row, dk,
+             small_sgemm('T', 'N', lk, d, lq, scale, grad, lk, q, at.q_row, dk,
                          at.kv_row);
       if (!done) {
         any_failed->store(1);
@@ -826,18 +849,31 @@ int attention_backward(const AttentionLayout &at, const float *q_source,
   return failed.load();
 }
 
-bool attention_inputs(const char **dtypes, int floats, int int32_at) {
-  return all_float32(floats, dtypes) && std::strcmp(dtypes[int32_at], "int32") == 0;
+// The dtypes: `floats` float32 tensors, then from `key_at` the key int32 (4) and keep
+// float32 (1), then float32 outputs
+bool attention_inputs(int nparam, const char **dtypes, int *ndims, int64_t **shapes,
+                      int floats, int key_at) {
+  for (int i = 0; i < nparam; ++i) {
+    const bool is_int32 = std::strcmp(dtypes[i], "int32") == 0;
+    const bool expect_int32 = i == key_at || (i >= floats && i < key_at);
+    if (is_int32 != expect_int32 || (!is_int32 && !all_float32(1, dtypes + i))) return false;
+  }
+  return ndims[key_at] == 1 && shapes[key_at][0] == 4 && elements(ndims[key_at + 1],
+                                                                   shapes[key_at + 1]) == 1;
 }
 
 // inputs: qkv (B, L, 3 H D), bias (B, L), causal int32 (1), key int32 (4), keep (1);
 // outputs: context (B, L, H D), probs (B, H, L, L)
 extern "C" int SelfAttentionForward(AOT_ARGS) {
-  if (nparam != 7 || !attention_inputs(dtypes, 2, 2) || ndims[0] != 3 || ndims[6] != 4) {
+  if (nparam != 7 || !attention_inputs(nparam, dtypes, ndims, shapes, 2, 3) || ndims[0] != 3 ||
+      ndims[6] != 4) {
     return 1;
   }
   const AttentionLayout at = AttentionLayout::self(shapes[0], shapes[6][1]);
-  if (!at.valid(shapes[0][2], shapes[0][2], 3) || shapes[1][1] != at.seq_k) return 1;
+  if (!at.fits(shapes[0][2], shapes[0][2], 3, ndims[6], shapes[6], ndims[1], shapes[1],
+               ndims[5], shapes[5])) {
+    return 1;
+  }
   const float *qkv = as_float(params[0]);
   const float keep = *as_float(params[4]);
   return attention_forward(at, qkv, qkv, as_float(params[1]),
@@ -849,11 +885,14 @@ extern "C" int SelfAttentionForward(AOT_ARGS) {
 // inputs: dcontext (B, L, H D), qkv, probs (B, H, L, L), key int32 (4), keep (1);
 // outputs: dqkv (B, L, 3 H D)
 extern "C" int SelfAttentionBackward(AOT_ARGS) {
-  if (nparam != 6 || !attention_inputs(dtypes, 3, 3) || ndims[1] != 3 || ndims[2] != 4) {
+  if (nparam != 6 || !attention_inputs(nparam, dtypes, ndims, shapes, 3, 3) || ndims[1] != 3 ||
+      ndims[2] != 4 || ndims[5] != 3 || shapes[5][0] != shapes[1][0] ||
+      shapes[5][1] != shapes[1][1] || shapes[5][2] != shapes[1][2]) {
     return 1;
   }
   const AttentionLayout at = AttentionLayout::self(shapes[1], shapes[2][1]);
-  if (!at.valid(shapes[1][2], shapes[1][2], 3) || shapes[0][2] != at.heads * at.head_dim) {
+  if (!at.fits(shapes[1][2], shapes[1][2], 3, ndims[2], shapes[2], 0, nullptr, ndims[0],
+               shapes[0])) {
     return 1;
   }
   const float *qkv = as_float(params[1]);
@@ -867,13 +906,13 @@ extern "C" int SelfAttentionBackward(AOT_ARGS) {
 // inputs: q (B, Lq, H D), kv (B, Lk, 2 H D), bias (B, Lk), key int32 (4), keep (1);
 // outputs: context (B, Lq, H D), probs (B, H, Lq, Lk)
 extern "C" int CrossAttentionForward(AOT_ARGS) {
-  if (nparam != 7 || !attention_inputs(dtypes, 3, 3) || ndims[0] != 3 || ndims[1] != 3 ||
-      ndims[6] != 4) {
+  if (nparam != 7 || !attention_inputs(nparam, dtypes, ndims, shapes, 3, 3) || ndims[0] != 3 ||
+      ndims[1] != 3 || ndims[6] != 4 || shapes[1][0] != shapes[0][0]) {
     return 1;
   }
   const AttentionLayout at = AttentionLayout::cross(shapes[0], shapes[1], shapes[6][1]);
-  if (!at.valid(shapes[0][2], shapes[1][2], 1) || shapes[1][0] != at.batch ||
-      shapes[2][1] != at.seq_k) {
+  if (!at.fits(shapes[0][2], shapes[1][2], 1, ndims[6], shapes[6], ndims[2], shapes[2],
+               ndims[5], shapes[5])) {
     return 1;
   }
   const float keep = *as_float(params[4]);
@@ -885,12 +924,15 @@ extern "C" int CrossAttentionForward(AOT_ARGS) {
 // inputs: dcontext (B, Lq, H D), q, kv, probs (B, H, Lq, Lk), key int32 (4), keep (1);
 // outputs: dq (B, Lq, H D), dkv (B, Lk, 2 H D)
 extern "C" int CrossAttentionBackward(AOT_ARGS) {
-  if (nparam != 8 || !attention_inputs(dtypes, 4, 4) || ndims[1] != 3 || ndims[2] != 3 ||
-      ndims[3] != 4) {
+  if (nparam != 8 || !attention_inputs(nparam, dtypes, ndims, shapes, 4, 4) || ndims[1] != 3 ||
+      ndims[2] != 3 || ndims[3] != 4 || shapes[2][0] != shapes[1][0]) {
     return 1;
   }
   const AttentionLayout at = AttentionLayout::cross(shapes[1], shapes[2], shapes[3][1]);
-  if (!at.valid(shapes[1][2], shapes[2][2], 1)) return 1;
+  if (!at.fits(shapes[1][2], shapes[2][2], 1, ndims[3], shapes[3], 0, nullptr, ndims[0],
+               shapes[0])) {
+    return 1;
+  }
   const float keep = *as_float(params[5]);
   return attention_backward(at, as_float(params[1]), as_float(params[2]), as_float(params[0]),
                             as_float(params[3]),
@@ -918,6 +960,11 @@ extern "C" int SkinnyMatMul(AOT_ARGS) {
     skinny_columns(x, w, bias, y, m_size, n_size, k_size, 4 * first, end);
   });
   return 0;
+}
+
+// The same with a bias, under a name of its own (see DenseBiasForward)
+extern "C" int SkinnyMatMulBias(AOT_ARGS) {
+  return nparam == 4 ? SkinnyMatMul(AOT_PASS_ALL) : 1;
 }
 
 // A beam search step's cache: out[r] = cache[parents[r]] up to the step's position, the

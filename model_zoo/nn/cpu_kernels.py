@@ -1,18 +1,22 @@
-"""Fused CPU kernels for layer norm, GELU, cross-entropy, bias addition, the gradient norm and
-the few-rows matmul of decoding, as MindSpore AOT custom operators.
+"""Fused CPU kernels as MindSpore AOT custom operators: the dense layers and attention,
+layer norm, GELU, cross-entropy, bias addition, dropout, the gradient norm, the whole AdamW
+update and the few-rows matmul of decoding.
 
 On CPU, MindSpore's LayerNormGrad, GeLU and SoftmaxCrossEntropyWithLogits kernels take 5-20x
 longer than one pass over memory would (a layer norm's forward and backward on 1024 x 256
-floats: 4.3 ms against 0.7 ms here; see benchmarks/README.md). `cpu_kernels.cc` does each in
-one vectorised pass per direction on the calling thread (the few-rows matmul of decoding
-and the AdamW update, bound by memory bandwidth, split over the cores). It is compiled
-with the machine's C++ compiler on first use into a cache folder (`$MODEL_ZOO_KERNEL_CACHE`, default
-`~/.cache/model_zoo/kernels`), keyed by the source, the flags and the CPU, so each machine
-builds it once.
+floats: 4.3 ms against 0.7 ms here; see benchmarks/README.md), its MatMul stays below the
+machine's GEMM peak at a transformer's shapes, and attention is a dozen operators with
+slices and transposes. `cpu_kernels.cc` does each in one vectorised pass per direction,
+split over the cores by helper threads of its own; the dense layers and attention call the
+oneDNN library MindSpore ships (`mindspore/lib/libdnnl.so.3`) for their products. It is
+compiled with the machine's C++ compiler on first use into a cache folder
+(`$MODEL_ZOO_KERNEL_CACHE`, default `~/.cache/model_zoo/kernels`), keyed by the source, the
+flags and the CPU, so each machine builds it once.
 
-Without a compiler the layers fall back to MindSpore's own operators (slower, same math).
-Ascend runs and the plan check never use these: they take MindSpore's fused kernels, which
-carry the sharding strategies (`layers.kernels_for`).
+Without a compiler the layers fall back to MindSpore's own operators (slower, same math);
+without MindSpore's oneDNN, the dense layers and attention do. Ascend runs and the plan
+check never use these: they take MindSpore's fused kernels, which carry the sharding
+strategies (`layers.kernels_for`).
 """
 
 import functools
@@ -29,9 +33,9 @@ import mindspore as ms
 from mindspore import nn, ops
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cc")
-# -z nodelete: the few-rows matmul's helper threads live in the library, which must stay
-# loaded; 512-bit vectors for its 16-float tiles (an x86 option only); -fno-math-errno lets
-# the optimizer's square roots vectorise
+# -z nodelete: the kernels' helper threads live in the library, which must stay loaded;
+# 512-bit vectors for the few-rows matmul's 16-float tiles (an x86 option only);
+# -fno-math-errno lets the optimizer's square roots vectorise
 FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fno-math-errno", "-fopenmp-simd",
          "-shared", "-fPIC",
          "-std=c++17", "-pthread", "-Wl,-z,nodelete"] + \
@@ -237,7 +241,9 @@ def skinny_matmul(with_bias: bool):
     def bprop_with_bias(x, w, bias, out, dout):
         return ops.matmul(dout, w), ops.matmul(dout.T, x), dout.sum(axis=0)
 
-    return _custom("SkinnyMatMul", lambda x, w, *bias: [x[0], w[0]], lambda x, w, *bias: x,
+    # two names: MindSpore keeps one backward graph per custom operator's function
+    return _custom("SkinnyMatMulBias" if with_bias else "SkinnyMatMul",
+                   lambda x, w, *bias: [x[0], w[0]], lambda x, w, *bias: x,
                    bprop_with_bias if with_bias else bprop)
 
 

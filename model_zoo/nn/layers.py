@@ -288,7 +288,7 @@ class Linear(nn.Cell):
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (out_features,), ms.float32), name="bias")
             self.bias_add = ops.Add().shard((out_strategy, (out_strategy[1],)))
-            if use_cpu_kernels() and compute_dtype == ms.float32:
+            if use_cpu_kernels() and compute_dtype == ms.float32 and self.dense is None:
                 self.bias_add = cpu_kernels.bias_add()
         self.activation = None
         if activation in ("gelu", "gelu_exact") and use_cpu_kernels():

@@ -192,13 +192,6 @@ class TrainStep(nn.Cell):
         self.lr_schedule = lr_schedule
         self.weights = optimizer.parameters
         self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
-        # On CPU MindSpore keeps the forward pass of `network(*batch)` apart from the one the
-        # gradient runs (profiled: the vocabulary projection and the cross-entropy ran twice
-        # a step), so there the loss and its gradients come from one pass (value_and_grad)
-        self.single_pass = use_cpu_kernels()
-        if self.single_pass:
-            self.loss_and_grads = ops.value_and_grad(ScaledLoss(network), None, self.weights,
-                                                     has_aux=True)
         self.grad_reducer = grad_reducer
         self.dynamic_loss_scale = dynamic_loss_scale
         self.loss_scale = Parameter(Tensor(loss_scale if dynamic_loss_scale else 1.0,
@@ -219,6 +212,15 @@ class TrainStep(nn.Cell):
         self.optimizer_scales = isinstance(optimizer, FusedAdamWeightDecay)
         self.hyper_map = ops.HyperMap()
         self.gradient_norm = gradient_norm if gradient_norm is not None else GradientNorm()
+        # On CPU MindSpore keeps the forward pass of `network(*batch)` apart from the one the
+        # gradient runs (profiled: the vocabulary projection and the cross-entropy ran twice
+        # a step), so there the loss and its gradients come from one pass (value_and_grad)
+        self.single_pass = use_cpu_kernels()
+        if self.single_pass:
+            # no overflow status to clear between the passes (an Ascend-only read)
+            assert not self.gradient_norm.float_status
+            self.loss_and_grads = ops.value_and_grad(ScaledLoss(network), None, self.weights,
+                                                     has_aux=True)
         self.stop_vote = stop_vote if stop_vote is not None else StopVote()
 
     def _backward(self, micro, loss, scale, first=True):
