@@ -85,9 +85,9 @@ def few_rows_kernel(compute_dtype, with_bias: bool = False):
 
 
 def dense_kernel(compute_dtype, with_bias: bool = False):
-    """`cpu_kernels.dense` for a float32 layer on CPU (with oneDNN there), else None: the
-    layers' matmuls in training and evaluation, at the machine's GEMM peak, which
-    MindSpore's CPU MatMul does not reach at these shapes."""
+    """`cpu_kernels.dense` for a float32 layer on CPU (with MindSpore's oneDNN there), else
+    None: the layers' matmuls in training and evaluation on oneDNN's sgemm, which runs these
+    shapes faster than MindSpore's CPU MatMul (benchmarks/README.md)."""
     if use_cpu_kernels() and compute_dtype == ms.float32 and cpu_kernels.has_dense():
         return cpu_kernels.dense(with_bias)
     return None
