@@ -326,6 +326,30 @@ def test_layers_use_mindspore_operators_without_a_compiler(monkeypatch, tmp_path
     assert cpu_kernels.available()
 
 
+@pytest.mark.skipif(not cpu_kernels.has_dense(), reason="this MindSpore ships no oneDNN")
+def test_without_onednn_the_other_kernels_are_built_and_used(monkeypatch, capsys):
+    # a oneDNN that does not link (another MindSpore's): the kernels are built without it,
+    # and the dense layers and attention take MindSpore's operators
+    monkeypatch.setattr(cpu_kernels, "LINK_FLAGS",
+                        cpu_kernels.LINK_FLAGS[:1] + ["-l:libno-such-onednn.so.3"])
+    cpu_kernels.library.cache_clear()
+    try:
+        assert cpu_kernels.available() and not cpu_kernels.has_dense()
+        assert "cannot link MindSpore's oneDNN" in capsys.readouterr().err
+        layer = Linear(8, 6, parallel_config=ParallelConfig())
+        attention = MultiHeadAttention(8, 2, parallel_config=ParallelConfig())
+        assert layer.dense is None and attention.fused is None
+        assert not isinstance(layer.bias_add, ms.ops.Add)   # the fused bias kernel
+        x = RNG.normal(size=(5, 8)).astype(np.float32)
+        expected = torch.nn.functional.linear(torch.tensor(x), torch.tensor(
+            layer.weight.asnumpy())).numpy()
+        np.testing.assert_allclose(ms.jit(layer)(Tensor(x)).asnumpy(), expected, atol=1e-5)
+    finally:
+        monkeypatch.undo()
+        cpu_kernels.library.cache_clear()
+    assert cpu_kernels.has_dense()
+
+
 def test_an_unwritable_cache_falls_back_too(monkeypatch, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")

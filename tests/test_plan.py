@@ -377,7 +377,9 @@ def test_shape_rules_agree_with_the_kernels(dtype, recompute):
         network = GPT2ForTraining(config, parallel, dtype)
     shapes = record(network, [((4, 17), ms.int32)])
     assert _signature(shapes) == _signature(real)
-    assert len(real.calls) > 100
+    # float32 on CPU takes the fused kernels (one call for a layer's attention), fp16
+    # MindSpore's operators
+    assert len(real.calls) > (60 if dtype == ms.float32 else 100)
     # nothing was allocated: every parameter is still waiting for its initialiser
     assert all(param.has_init for param in network.get_parameters())
     if recompute:

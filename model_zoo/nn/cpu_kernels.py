@@ -59,37 +59,59 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MODEL_ZOO_KERNEL_CACHE", default))
 
 
-@functools.lru_cache(maxsize=None)
-def library() -> str:
-    """Path of the compiled kernels, building them if needed; "" when they cannot be built."""
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if not compiler:
-        return _unavailable("no C++ compiler (g++) found")
+def _compiler() -> str:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or ""
+
+
+def _target(compiler: str, link_flags: list) -> Path:
+    """Where the kernels built by `compiler` with `link_flags` live in the cache."""
     # -march=native: the key includes this CPU's features, so a cache folder shared by
     # machines of different kinds never hands one of them code it cannot run
-    key = SOURCE.read_bytes() + " ".join([compiler] + FLAGS + LINK_FLAGS).encode() + \
+    key = SOURCE.read_bytes() + " ".join([compiler] + FLAGS + link_flags).encode() + \
         _cpu_features()
-    target = cache_dir() / hashlib.sha1(key).hexdigest()[:16] / "cpu_kernels.so"
+    return cache_dir() / hashlib.sha1(key).hexdigest()[:16] / "cpu_kernels.so"
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> str:
+    """Path of the compiled kernels, building them if needed (with MindSpore's oneDNN when
+    it links, else without it); "" when they cannot be built."""
+    compiler = _compiler()
+    if not compiler:
+        return _unavailable("no C++ compiler (g++) found")
+    if LINK_FLAGS:
+        path, error, compiler_failed = _build(compiler, LINK_FLAGS)
+        if path or not compiler_failed:
+            return path or _unavailable(error)
+        print(f"[model_zoo] cannot link MindSpore's oneDNN ({error}); the dense layers and "
+              f"attention use MindSpore's operators", file=sys.stderr, flush=True)
+    path, error, _ = _build(compiler, [])
+    return path or _unavailable(error)
+
+
+def _build(compiler: str, link_flags: list) -> tuple:
+    """(path, "", False) once the kernels built with `link_flags` are in the cache, else
+    ("", why not, whether the compiler was what failed)."""
+    target = _target(compiler, link_flags)
     whitelist = os.environ.get("MS_CUSTOM_AOT_WHITE_LIST")
     if whitelist and not str(target.resolve()).startswith(os.path.realpath(whitelist)):
-        return _unavailable(f"MS_CUSTOM_AOT_WHITE_LIST={whitelist} excludes {target.parent}; "
-                            f"set MODEL_ZOO_KERNEL_CACHE to a folder inside it")
+        return "", (f"MS_CUSTOM_AOT_WHITE_LIST={whitelist} excludes {target.parent}; "
+                    f"set MODEL_ZOO_KERNEL_CACHE to a folder inside it"), False
     if target.exists():
-        return str(target)
+        return str(target), "", False
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         # build beside the target and rename: ranks starting together never load half a file
         with tempfile.TemporaryDirectory(dir=target.parent) as staging:
             staged = Path(staging, target.name)
             result = subprocess.run([compiler, *FLAGS, "-o", str(staged), str(SOURCE),
-                                     *LINK_FLAGS],
-                                    capture_output=True, text=True)
+                                     *link_flags], capture_output=True, text=True)
             if result.returncode != 0:
-                return _unavailable(f"{compiler} failed: {result.stderr.strip()[-500:]}")
+                return "", f"{compiler} failed: {result.stderr.strip()[-500:]}", True
             os.replace(staged, target)
     except OSError as error:
-        return _unavailable(f"cannot build in {target.parent}: {error}")
-    return str(target)
+        return "", f"cannot build in {target.parent}: {error}", False
+    return str(target), "", False
 
 
 def _cpu_features() -> bytes:
@@ -111,8 +133,9 @@ def available() -> bool:
 
 
 def has_dense() -> bool:
-    """Whether the dense kernels (`dense`) are built: the kernels are, with oneDNN linked."""
-    return available() and bool(LINK_FLAGS)
+    """Whether the dense and attention kernels are built: the kernels are, with oneDNN."""
+    return available() and bool(LINK_FLAGS) and \
+        library() == str(_target(_compiler(), LINK_FLAGS))
 
 
 def _custom(name: str, out_shape, out_dtype, bprop=None):

@@ -170,16 +170,17 @@ class Dropout(nn.Cell):
         self.seeds = Tensor([(seed * 1_000_003 + _rank()) % 2 ** 31, op_seed % 2 ** 31],
                             ms.int32)
         self.keep = Tensor([1.0 - rate], ms.float32)
-        self.keep_all = Tensor([1.0], ms.float32)
+        # when off: keep everything, and a key nothing reads (so that an exported or
+        # evaluated graph does not read DROPOUT_STEP, which no cell owns)
+        self.keep_all, self.unused_key = Tensor([1.0], ms.float32), Tensor([0] * 4, ms.int32)
 
     def mask_key(self):
         """(key int32 (4,), keep float32 (1,)): what the keyed kernel would draw this cell's
         mask from now, for a kernel that applies this dropout inside (the CPU attention);
         keep is 1 when the cell is off (rate 0, or not training)."""
-        key = ops.concat((self.seeds, DROPOUT_STEP))
         if self.rate == 0.0 or not self.training:
-            return key, self.keep_all
-        return key, self.keep
+            return self.unused_key, self.keep_all
+        return ops.concat((self.seeds, DROPOUT_STEP)), self.keep
 
     def construct(self, x):
         if self.rate == 0.0 or not self.training:
