@@ -8,9 +8,8 @@
 // thread and helper threads of its own (`parallel_for`), which spin briefly between kernels
 // and then sleep (MindSpore runs most kernels one after another, so its threads are mostly
 // waiting while these run). The dense layers and attention call the oneDNN that MindSpore
-// ships, on the same helpers. Every function has
-// MindSpore's AOT signature (AOT_ARGS): params holds the inputs, then the outputs; a
-// non-zero return value makes MindSpore raise.
+// ships, on the same helpers. Every function has MindSpore's AOT signature (AOT_ARGS):
+// params holds the inputs, then the outputs; a non-zero return value makes MindSpore raise.
 
 #include <sched.h>
 
@@ -211,16 +210,27 @@ inline uint64_t splitmix64(uint64_t value) {
 
 struct KeyedMask {
   KeyedMask(const int32_t *key, float keep)
-      : threshold(static_cast<uint64_t>(static_cast<double>(keep) * (1 << 24))),
+      : drops(keep < 1.f),
+        threshold(static_cast<uint64_t>(static_cast<double>(keep) * (1 << 24))),
         scale(1.0f / keep) {
     for (int i = 0; i < 4; ++i) base = splitmix64(base + static_cast<uint32_t>(key[i]));
   }
   // an element is kept when the top 24 bits of its draw, as a fraction, are below `keep`
-  bool keeps(int64_t index) const {
+  static bool keeps(uint64_t base, uint64_t threshold, int64_t index) {
     return (splitmix64(base + 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(index)) >> 40) <
            threshold;
   }
+  // y = x * mask / keep over elements first .. first + count - 1 of the masked tensor (y
+  // may be x). The fields are read into locals first: stores through y could otherwise
+  // alias them, and the loop would not vectorize.
+  void apply(const float *x, float *y, int64_t first, int64_t count) const {
+    const uint64_t b = base, t = threshold;
+    const float s = scale;
+#pragma omp simd
+    for (int64_t i = 0; i < count; ++i) y[i] = keeps(b, t, first + i) ? x[i] * s : 0.0f;
+  }
   uint64_t base = 0;
+  const bool drops;   // keep < 1: apply changes something
   const uint64_t threshold;
   const float scale;   // 1 / keep, for the elements kept
 };
@@ -727,14 +737,14 @@ struct AttentionLayout {
 // is added to each key's scores, and with `causal` the later keys are masked
 int attention_forward(const AttentionLayout &at, const float *q_source,
                       const float *kv_source, const float *bias, bool causal,
-                      const KeyedMask &mask, float keep, float *context, float *probs) {
+                      const KeyedMask &mask, float *context, float *probs) {
   const int64_t lq = at.seq_q, lk = at.seq_k, d = at.head_dim, hidden = at.heads * d;
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   std::atomic<int> failed{0};
   std::atomic<int> *any_failed = &failed;
   // each part's scratch, allocated here: an allocation failing on a helper would end the
   // process
-  std::vector<float> scratch(keep < 1.f ? parts_for(at.batch * at.heads, 1) * lq * lk : 0);
+  std::vector<float> scratch(mask.drops ? parts_for(at.batch * at.heads, 1) * lq * lk : 0);
   float *const scratch_base = scratch.data();
   parallel_for(at.batch * at.heads, 1, [=](int64_t begin, int64_t end, int part) {
     float *const dropped = scratch_base + part * lq * lk;
@@ -767,11 +777,8 @@ int attention_forward(const AttentionLayout &at, const float *q_source,
         for (int64_t j = 0; j < lk; ++j) row[j] *= inverse;
       }
       const float *used = p;   // the probabilities after dropout
-      if (keep < 1.f) {
-        const int64_t offset = at.probs_at(b, h);
-        for (int64_t e = 0; e < lq * lk; ++e) {
-          dropped[e] = mask.keeps(offset + e) ? p[e] * mask.scale : 0.f;
-        }
+      if (mask.drops) {
+        mask.apply(p, dropped, at.probs_at(b, h), lq * lk);
         used = dropped;
       }
       // context (Lq, D) = probs v, into its place in (B, Lq, H D)
@@ -789,14 +796,13 @@ int attention_forward(const AttentionLayout &at, const float *q_source,
 // same tensor as dq_source for self attention), each in its projection's layout
 int attention_backward(const AttentionLayout &at, const float *q_source,
                        const float *kv_source, const float *dcontext, const float *probs,
-                       const KeyedMask &mask, float keep, float *dq_source,
-                       float *dkv_source) {
+                       const KeyedMask &mask, float *dq_source, float *dkv_source) {
   const int64_t lq = at.seq_q, lk = at.seq_k, d = at.head_dim, hidden = at.heads * d;
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   std::atomic<int> failed{0};
   std::atomic<int> *any_failed = &failed;
   // each part's scratch (the scores' gradient, the dropped probabilities), allocated here
-  const int64_t block = (keep < 1.f ? 2 : 1) * lq * lk;
+  const int64_t block = (mask.drops ? 2 : 1) * lq * lk;
   std::vector<float> scratch(parts_for(at.batch * at.heads, 1) * block);
   float *const scratch_base = scratch.data();
   parallel_for(at.batch * at.heads, 1, [=](int64_t begin, int64_t end, int part) {
@@ -809,10 +815,8 @@ int attention_backward(const AttentionLayout &at, const float *q_source,
       float *dq = dq_source + at.q_at(b, h), *dk = dkv_source + at.k_at(b, h);
       float *dv = dk + at.v_offset();
       const float *used = p;
-      if (keep < 1.f) {
-        for (int64_t e = 0; e < lq * lk; ++e) {
-          dropped[e] = mask.keeps(offset + e) ? p[e] * mask.scale : 0.f;
-        }
+      if (mask.drops) {
+        mask.apply(p, dropped, offset, lq * lk);
         used = dropped;
       }
       // dv = used^T dout; d(used) = dout v^T
@@ -823,11 +827,7 @@ int attention_backward(const AttentionLayout &at, const float *q_source,
       for (int64_t i = 0; i < lq; ++i) {
         float *g = grad + i * lk;
         const float *row = p + i * lk;
-        if (keep < 1.f) {
-          for (int64_t j = 0; j < lk; ++j) {
-            g[j] = mask.keeps(offset + i * lk + j) ? g[j] * mask.scale : 0.f;
-          }
-        }
+        if (mask.drops) mask.apply(g, g, offset + i * lk, lk);
         float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
         for (int64_t j = 0; j < lk; ++j) dot += g[j] * row[j];
@@ -875,10 +875,10 @@ extern "C" int SelfAttentionForward(AOT_ARGS) {
     return 1;
   }
   const float *qkv = as_float(params[0]);
-  const float keep = *as_float(params[4]);
   return attention_forward(at, qkv, qkv, as_float(params[1]),
                            *static_cast<const int32_t *>(params[2]) != 0,
-                           KeyedMask(static_cast<const int32_t *>(params[3]), keep), keep,
+                           KeyedMask(static_cast<const int32_t *>(params[3]),
+                                     *as_float(params[4])),
                            as_float(params[5]), as_float(params[6]));
 }
 
@@ -896,10 +896,10 @@ extern "C" int SelfAttentionBackward(AOT_ARGS) {
     return 1;
   }
   const float *qkv = as_float(params[1]);
-  const float keep = *as_float(params[4]);
   float *dqkv = as_float(params[5]);
   return attention_backward(at, qkv, qkv, as_float(params[0]), as_float(params[2]),
-                            KeyedMask(static_cast<const int32_t *>(params[3]), keep), keep,
+                            KeyedMask(static_cast<const int32_t *>(params[3]),
+                                      *as_float(params[4])),
                             dqkv, dqkv);
 }
 
@@ -915,10 +915,11 @@ extern "C" int CrossAttentionForward(AOT_ARGS) {
                ndims[5], shapes[5])) {
     return 1;
   }
-  const float keep = *as_float(params[4]);
   return attention_forward(at, as_float(params[0]), as_float(params[1]), as_float(params[2]),
-                           false, KeyedMask(static_cast<const int32_t *>(params[3]), keep),
-                           keep, as_float(params[5]), as_float(params[6]));
+                           false,
+                           KeyedMask(static_cast<const int32_t *>(params[3]),
+                                     *as_float(params[4])),
+                           as_float(params[5]), as_float(params[6]));
 }
 
 // inputs: dcontext (B, Lq, H D), q, kv, probs (B, H, Lq, Lk), key int32 (4), keep (1);
@@ -933,10 +934,10 @@ extern "C" int CrossAttentionBackward(AOT_ARGS) {
                shapes[0])) {
     return 1;
   }
-  const float keep = *as_float(params[5]);
   return attention_backward(at, as_float(params[1]), as_float(params[2]), as_float(params[0]),
                             as_float(params[3]),
-                            KeyedMask(static_cast<const int32_t *>(params[4]), keep), keep,
+                            KeyedMask(static_cast<const int32_t *>(params[4]),
+                                      *as_float(params[5])),
                             as_float(params[6]), as_float(params[7]));
 }
 #endif  // MODEL_ZOO_DNNL
@@ -1058,8 +1059,7 @@ extern "C" int KeyedDropout(AOT_ARGS) {
   const KeyedMask mask(static_cast<const int32_t *>(params[1]), *as_float(params[2]));
   float *y = as_float(params[3]);
   parallel_for(elements(ndims[0], shapes[0]), 1 << 15, [=](int64_t begin, int64_t end, int) {
-#pragma omp simd
-    for (int64_t i = begin; i < end; ++i) y[i] = mask.keeps(i) ? x[i] * mask.scale : 0.0f;
+    mask.apply(x + begin, y + begin, begin, end - begin);
   });
   return 0;
 }

@@ -65,11 +65,18 @@ def _compiler() -> str:
 
 def _target(compiler: str, link_flags: list) -> Path:
     """Where the kernels built by `compiler` with `link_flags` live in the cache."""
+    return cache_dir() / _build_key(compiler, tuple(link_flags)) / "cpu_kernels.so"
+
+
+@functools.lru_cache(maxsize=None)
+def _build_key(compiler: str, link_flags: tuple) -> str:
+    """The cache folder's name for a build: a digest of the source, the compiler, the flags
+    and this CPU's features (read once a process: every layer built asks `has_dense`)."""
     # -march=native: the key includes this CPU's features, so a cache folder shared by
     # machines of different kinds never hands one of them code it cannot run
-    key = SOURCE.read_bytes() + " ".join([compiler] + FLAGS + link_flags).encode() + \
+    key = SOURCE.read_bytes() + " ".join([compiler, *FLAGS, *link_flags]).encode() + \
         _cpu_features()
-    return cache_dir() / hashlib.sha1(key).hexdigest()[:16] / "cpu_kernels.so"
+    return hashlib.sha1(key).hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=None)
