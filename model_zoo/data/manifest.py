@@ -92,9 +92,7 @@ def verify_dataset(dataset_dir, sources=None, checksums: bool = False):
     has checked): it was built from `sources` (the config's data.sources, if the model has
     them), its files' SHA-256 match with `checksums`, and its tokenizer loads (found now, not
     after training)."""
-    manifest = read_manifest(dataset_dir)
-    if manifest is None:
-        raise DataError(f"no dataset in {dataset_dir} ({MANIFEST_FILE} is missing)")
+    manifest = built_manifest(dataset_dir)
     if sources is not None:
         check_sources(dataset_dir, manifest, sources)
     if checksums:
@@ -128,6 +126,15 @@ def read_manifest(output_dir):
         raise DataError(f"{manifest_path}: not a readable dataset description ({error})") from None
     if not isinstance(manifest, dict):
         raise DataError(f"{manifest_path}: not a readable dataset description (not a JSON object)")
+    return manifest
+
+
+def built_manifest(dataset_dir) -> dict:
+    """The dataset.json of the dataset in `dataset_dir`; DataError if there is none."""
+    manifest = read_manifest(dataset_dir)
+    if manifest is None:
+        raise DataError(f"{dataset_dir}: no {MANIFEST_FILE}, so no dataset in it (build the "
+                        f"dataset first)")
     return manifest
 
 

@@ -51,8 +51,8 @@ from model_zoo.data.buckets import (DEFAULT_BUCKETS, BucketedBatches, assign_buc
                                     bucket_boundaries, bucket_counts, bucketed_dataset,
                                     padding_ratio)
 from model_zoo.data.corpus import input_bytes
-from model_zoo.data.manifest import (check_no_dataset, check_positive, dataset_ready,
-                                     read_manifest)
+from model_zoo.data.manifest import (built_manifest, check_no_dataset, check_positive,
+                                     dataset_ready)
 from model_zoo.data.mindrecord import read_mindrecord, write_mindrecord_unless_empty
 from model_zoo.data.streaming import (BuildOptions, Piece, PieceCutter, add_piece_arguments,
                                       build_summary, chosen_piece_bytes, count_progress,
@@ -530,19 +530,12 @@ def translation_dataset_ready(output_dir, vocab_size, seq_length, languages=("en
 # ---------------------------------------------------------------------------------------------
 # Reading
 
-def _built_manifest(dataset_dir) -> dict:
-    manifest = read_manifest(dataset_dir)
-    if manifest is None:
-        raise DataError(f"{dataset_dir}: no dataset.json (build the dataset first)")
-    return manifest
-
-
 def split_rows(dataset_dir, split):
     """(the split's MindRecord files, the bucket of every row of them in order), from
     dataset.json's per-file bucket counts (each file's rows are sorted by bucket)."""
     if split not in SPLIT_FILES:
         raise DataError(f"unknown split {split!r} (splits: {', '.join(SPLITS)})")
-    manifest = _built_manifest(dataset_dir)
+    manifest = built_manifest(dataset_dir)
     part = manifest["splits"][split]
     paths = [str(Path(dataset_dir) / name) for name in part["files"]]
     for path in paths:
@@ -558,7 +551,7 @@ def split_rows(dataset_dir, split):
 
 def reference_file(dataset_dir, split) -> str:
     """The text file of a dev or test split's target sentences, line i the row of index i."""
-    manifest = _built_manifest(dataset_dir)
+    manifest = built_manifest(dataset_dir)
     texts = manifest["splits"].get(split, {}).get("text")
     if not texts:
         raise DataError(f"{dataset_dir}: split {split!r} has no text files "
