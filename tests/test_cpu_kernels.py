@@ -125,9 +125,13 @@ class TwoLinears(nn.Cell):
 
 
 @pytest.mark.skipif(not cpu_kernels.has_dense(), reason="this MindSpore ships no oneDNN")
-def test_dense_kernels_match_torch():
+@pytest.mark.parametrize("sizes, rows", [
     # 300 x 200 rows: oneDNN splits the work over the cores; 37 and 70: odd sizes
-    sizes = (37, 70, 45)
+    ((37, 70, 45), (300, 200)),
+    # a first layer 4,500 wide on 13 inputs: its weight gradient is computed transposed, in
+    # blocks of 2,048 rows and a last one of 404
+    ((13, 4500, 7), (20, 25))])
+def test_dense_kernels_match_torch(sizes, rows):
     net = TwoLinears(sizes)
     net.set_train()
     assert net.first.dense is not None and net.second.dense is not None
@@ -135,8 +139,8 @@ def test_dense_kernels_match_torch():
               ((sizes[1], sizes[0]), (sizes[1],), (sizes[2], sizes[1]))]
     for parameter, value in zip(net.trainable_params(), params):
         parameter.set_data(Tensor(value))
-    x = RNG.normal(size=(300, 200, sizes[0])).astype(np.float32)
-    weights = RNG.normal(size=(300, 200, sizes[2])).astype(np.float32)
+    x = RNG.normal(size=(*rows, sizes[0])).astype(np.float32)
+    weights = RNG.normal(size=(*rows, sizes[2])).astype(np.float32)
     y, dx, dparams = value_and_grads(net, weights, Tensor(x))
 
     tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)

@@ -623,14 +623,59 @@ extern "C" int dnnl_sgemm(char transa, char transb, int64_t m, int64_t n, int64_
                           float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                           float beta, float *c, int64_t ldc);
 
-// C (m, n) = op(A) op(B) + beta C, row-major and contiguous, on all the cores; op transposes
-// when trans is 'T'
+// C (m, n) = op(A) op(B) + beta C, row-major with row strides lda, ldb and ldc, on all the
+// cores; op transposes when trans is 'T'
+bool sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, const float *a,
+           int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+  static HelperThreadpool pool;
+  return dnnl_threadpool_interop_sgemm(trans_a, trans_b, m, n, k, 1.f, a, lda, b, ldb, beta, c,
+                                       ldc, &pool) == 0;
+}
+
+// The same on contiguous matrices
 bool sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, const float *a,
            const float *b, float beta, float *c) {
-  static HelperThreadpool pool;
-  const int64_t lda = trans_a == 'T' ? m : k, ldb = trans_b == 'T' ? k : n;
-  return dnnl_threadpool_interop_sgemm(trans_a, trans_b, m, n, k, 1.f, a, lda, b, ldb, beta, c,
-                                       n, &pool) == 0;
+  return sgemm(trans_a, trans_b, m, n, k, a, trans_a == 'T' ? m : k, b, trans_b == 'T' ? k : n,
+               beta, c, n);
+}
+
+// out (columns, rows) = in (rows, columns)^T; the rows of `in` are `in_stride` apart, those
+// of `out` `out_stride`. Blocks of 16 columns are split over the cores.
+void transpose(const float *in, int64_t rows, int64_t columns, int64_t in_stride, float *out,
+               int64_t out_stride) {
+  parallel_for((columns + 15) / 16, 1, [=](int64_t first, int64_t last, int) {
+    for (int64_t c0 = 16 * first; c0 < std::min(columns, 16 * last); c0 += 16) {
+      const int64_t c1 = std::min(columns, c0 + 16);
+      for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+        const int64_t r1 = std::min(rows, r0 + 16);
+        for (int64_t c = c0; c < c1; ++c) {
+#pragma omp simd
+          for (int64_t r = r0; r < r1; ++r) out[c * out_stride + r] = in[r * in_stride + c];
+        }
+      }
+    }
+  });
+}
+
+// The weight gradient dw (n, k) = dy^T x, for dy (m, n) and x (m, k). When dw is tall and
+// narrow (n >= 4 k: the vocabulary projection, a feed-forward's first layer), oneDNN runs
+// this product 20-25% slower than its transpose dw^T = x^T dy, whose rows are long (GPT-2
+// small's vocabulary: 222 against 282 GFLOP/s). There it computes dw^T for blocks of 2048
+// rows of dw and transposes each block into place while it is still in cache.
+bool weight_gradient(const float *dy, const float *x, int64_t m, int64_t n, int64_t k,
+                     float *dw) {
+  if (n < 4 * k) return sgemm('T', 'N', n, k, m, dy, x, 0.f, dw);
+  constexpr int64_t kBlock = 2048;
+  thread_local std::vector<float> scratch;   // kept: a fresh block would fault in every call
+  scratch.resize(std::max<size_t>(scratch.size(), k * std::min(n, kBlock)));
+  for (int64_t first = 0; first < n; first += kBlock) {
+    const int64_t rows = std::min(kBlock, n - first);
+    if (!sgemm('T', 'N', k, rows, m, x, k, dy + first, n, 0.f, scratch.data(), rows)) {
+      return false;
+    }
+    transpose(scratch.data(), k, rows, rows, dw + first * k, k);
+  }
+  return true;
 }
 
 // The same with a factor and leading dimensions (row strides) of its own, on this thread
@@ -671,7 +716,7 @@ extern "C" int DenseBackward(AOT_ARGS) {
   if (shapes[1][0] != m || shapes[2][0] != n || shapes[2][1] != k) return 1;
   const float *dy = as_float(params[0]), *x = as_float(params[1]), *w = as_float(params[2]);
   float *dx = as_float(params[3]), *dw = as_float(params[4]);
-  if (!sgemm('N', 'N', m, k, n, dy, w, 0.f, dx) || !sgemm('T', 'N', n, k, m, dy, x, 0.f, dw)) {
+  if (!sgemm('N', 'N', m, k, n, dy, w, 0.f, dx) || !weight_gradient(dy, x, m, n, k, dw)) {
     return 1;
   }
   if (nparam == 6) column_sums(dy, m, n, as_float(params[5]));
