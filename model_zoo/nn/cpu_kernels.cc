@@ -58,9 +58,13 @@ int64_t rows_of(int ndim, const int64_t *shape) { return elements(ndim - 1, shap
 float *as_float(void *pointer) { return static_cast<float *>(pointer); }
 
 // exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln 2 / 2, with Cephes' expf polynomial
-// (relative error about 1e-7). Arguments below -87 give exp(-87) instead of a denormal.
+// (relative error about 1e-7). Arguments below -75 give 0: a softmax term that small is far
+// below float32's precision, and the products made of it (times 1 / the row's sum, then in
+// the next matmul) would turn denormal, which x86 computes at a fraction of its speed where
+// the thread does not flush them (the masked scores of causal attention: 3-5x slower).
 inline float exp_approx(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);  // NaN stays NaN
+  if (x < -75.0f) return 0.0f;
+  x = x > 88.0f ? 88.0f : x;  // NaN stays NaN
   const float n = std::floor(x * 1.4426950409f + 0.5f);
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -778,12 +782,23 @@ struct AttentionLayout {
   int64_t probs_at(int64_t b, int64_t h) const { return (b * heads + h) * seq_q * seq_k; }
 };
 
+// Causal attention over 128 positions or more runs in blocks of 32 query rows (and keys),
+// each block only over the keys its rows may see: 62.5% of the products and of the softmax
+// at 128. Shorter sequences run whole: there the products of a block are so small that
+// calling them cost more than the masked part (GPT-2 tiny, 64 positions: 2% slower).
+int64_t causal_block(bool causal, int64_t seq) {
+  constexpr int64_t kBlock = 32;
+  return causal && seq >= 4 * kBlock ? kBlock : seq;
+}
+
 // probs (B, H, Lq, Lk) before dropout and context (B, Lq, H D) of q over k, v; bias (B, Lk)
-// is added to each key's scores, and with `causal` the later keys are masked
+// is added to each key's scores, and with `causal` the later keys are masked (their
+// probabilities are 0, and the blocks of keys after a block of rows are skipped)
 int attention_forward(const AttentionLayout &at, const float *q_source,
                       const float *kv_source, const float *bias, bool causal,
                       const KeyedMask &mask, float *context, float *probs) {
   const int64_t lq = at.seq_q, lk = at.seq_k, d = at.head_dim, hidden = at.heads * d;
+  const int64_t block = causal_block(causal, lq);
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   std::atomic<int> failed{0};
   std::atomic<int> *any_failed = &failed;
@@ -796,41 +811,49 @@ int attention_forward(const AttentionLayout &at, const float *q_source,
     for (int64_t pair = begin; pair < end; ++pair) {
       const int64_t b = pair / at.heads, h = pair % at.heads;
       const float *q = q_source + at.q_at(b, h), *k = kv_source + at.k_at(b, h);
-      const float *v = k + at.v_offset();
+      const float *v = k + at.v_offset(), *row_bias = bias + b * lk;
       float *p = probs + at.probs_at(b, h);
-      // scores (Lq, Lk) = scale q k^T, then + masks, then softmax along each row
-      if (!small_sgemm('N', 'T', lq, lk, d, scale, q, at.q_row, k, at.kv_row, p, lk)) {
-        any_failed->store(1);
-        return;
-      }
-      const float *row_bias = bias + b * lk;
-      for (int64_t i = 0; i < lq; ++i) {
-        float *row = p + i * lk;
-        float peak = -INFINITY;
-        for (int64_t j = 0; j < lk; ++j) {
-          row[j] += row_bias[j] + (causal && j > i ? kMaskValue : 0.f);
-          peak = std::max(peak, row[j]);
+      for (int64_t first = 0; first < lq; first += block) {
+        const int64_t rows = std::min(block, lq - first);
+        const int64_t keys = causal ? std::min(lk, first + rows) : lk;   // the keys seen
+        float *p_rows = p + first * lk;
+        // scores (rows, keys) = scale q k^T, then + masks, then softmax along each row
+        if (!small_sgemm('N', 'T', rows, keys, d, scale, q + first * at.q_row, at.q_row, k,
+                         at.kv_row, p_rows, lk)) {
+          any_failed->store(1);
+          return;
         }
-        float total = 0.f;
+        for (int64_t i = first; i < first + rows; ++i) {
+          float *row = p + i * lk;
+          float peak = -INFINITY;
+#pragma omp simd reduction(max : peak)
+          for (int64_t j = 0; j < keys; ++j) {
+            const float score = row[j] + row_bias[j] + (causal && j > i ? kMaskValue : 0.f);
+            row[j] = score;
+            peak = score > peak ? score : peak;
+          }
+          float total = 0.f;
 #pragma omp simd reduction(+ : total)
-        for (int64_t j = 0; j < lk; ++j) {
-          row[j] = exp_approx(row[j] - peak);
-          total += row[j];
-        }
-        const float inverse = 1.f / total;
+          for (int64_t j = 0; j < keys; ++j) {
+            row[j] = exp_approx(row[j] - peak);
+            total += row[j];
+          }
+          const float inverse = 1.f / total;
 #pragma omp simd
-        for (int64_t j = 0; j < lk; ++j) row[j] *= inverse;
-      }
-      const float *used = p;   // the probabilities after dropout
-      if (mask.drops) {
-        mask.apply(p, dropped, at.probs_at(b, h), lq * lk);
-        used = dropped;
-      }
-      // context (Lq, D) = probs v, into its place in (B, Lq, H D)
-      if (!small_sgemm('N', 'N', lq, d, lk, 1.f, used, lk, v, at.kv_row,
-                       context + b * lq * hidden + h * d, hidden)) {
-        any_failed->store(1);
-        return;
+          for (int64_t j = 0; j < keys; ++j) row[j] *= inverse;
+          std::fill(row + keys, row + lk, 0.f);
+        }
+        const float *used = p_rows;   // the probabilities after dropout
+        if (mask.drops) {
+          mask.apply(p_rows, dropped, at.probs_at(b, h) + first * lk, rows * lk);
+          used = dropped;
+        }
+        // context (rows, D) = probs v, into its place in (B, Lq, H D)
+        if (!small_sgemm('N', 'N', rows, d, keys, 1.f, used, lk, v, at.kv_row,
+                         context + (b * lq + first) * hidden + h * d, hidden)) {
+          any_failed->store(1);
+          return;
+        }
       }
     }
   });
@@ -838,11 +861,14 @@ int attention_forward(const AttentionLayout &at, const float *q_source,
 }
 
 // The gradients of attention_forward: dq into dq_source, dk and dv into dkv_source (the
-// same tensor as dq_source for self attention), each in its projection's layout
+// same tensor as dq_source for self attention), each in its projection's layout. dq comes
+// by blocks of query rows, dk and dv by blocks of keys, each over the rows that see them.
 int attention_backward(const AttentionLayout &at, const float *q_source,
                        const float *kv_source, const float *dcontext, const float *probs,
-                       const KeyedMask &mask, float *dq_source, float *dkv_source) {
+                       bool causal, const KeyedMask &mask, float *dq_source,
+                       float *dkv_source) {
   const int64_t lq = at.seq_q, lk = at.seq_k, d = at.head_dim, hidden = at.heads * d;
+  const int64_t row_block = causal_block(causal, lq), key_block = causal_block(causal, lk);
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   std::atomic<int> failed{0};
   std::atomic<int> *any_failed = &failed;
@@ -864,27 +890,38 @@ int attention_backward(const AttentionLayout &at, const float *q_source,
         mask.apply(p, dropped, offset, lq * lk);
         used = dropped;
       }
-      // dv = used^T dout; d(used) = dout v^T
-      bool done =
-          small_sgemm('T', 'N', lk, d, lq, 1.f, used, lk, dout, hidden, dv, at.kv_row) &&
-          small_sgemm('N', 'T', lq, lk, d, 1.f, dout, hidden, v, at.kv_row, grad, lk);
-      // back through dropout, then softmax: dscores = p (dp - sum_j dp p)
-      for (int64_t i = 0; i < lq; ++i) {
-        float *g = grad + i * lk;
-        const float *row = p + i * lk;
-        if (mask.drops) mask.apply(g, g, offset + i * lk, lk);
-        float dot = 0.f;
+      bool done = true;
+      for (int64_t first = 0; done && first < lq; first += row_block) {
+        const int64_t rows = std::min(row_block, lq - first);
+        const int64_t keys = causal ? std::min(lk, first + rows) : lk;
+        float *g_rows = grad + first * lk;
+        // d(used) = dout v^T
+        done = small_sgemm('N', 'T', rows, keys, d, 1.f, dout + first * hidden, hidden, v,
+                           at.kv_row, g_rows, lk);
+        // back through dropout, then softmax: dscores = p (dp - sum_j dp p)
+        for (int64_t i = first; done && i < first + rows; ++i) {
+          float *g = grad + i * lk;
+          const float *row = p + i * lk;
+          if (mask.drops) mask.apply(g, g, offset + i * lk, keys);
+          float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t j = 0; j < lk; ++j) dot += g[j] * row[j];
+          for (int64_t j = 0; j < keys; ++j) dot += g[j] * row[j];
 #pragma omp simd
-        for (int64_t j = 0; j < lk; ++j) g[j] = row[j] * (g[j] - dot);
+          for (int64_t j = 0; j < keys; ++j) g[j] = row[j] * (g[j] - dot);
+        }
+        // dq = scale dscores k
+        done = done && small_sgemm('N', 'N', rows, d, keys, scale, g_rows, lk, k, at.kv_row,
+                                   dq + first * at.q_row, at.q_row);
       }
-      // dq = scale dscores k; dk = scale dscores^T q
-      done = done &&
-             small_sgemm('N', 'N', lq, d, lk, scale, grad, lk, k, at.kv_row, dq,
-                         at.q_row) &&
-             small_sgemm('T', 'N', lk, d, lq, scale, grad, lk, q, at.q_row, dk,
-                         at.kv_row);
+      for (int64_t first = 0; done && first < lk; first += key_block) {
+        const int64_t keys = std::min(key_block, lk - first);
+        const int64_t from = causal ? first : 0;   // the first query row that sees them
+        // dv = used^T dout; dk = scale dscores^T q, over the rows from `from`
+        done = small_sgemm('T', 'N', keys, d, lq - from, 1.f, used + from * lk + first, lk,
+                           dout + from * hidden, hidden, dv + first * at.kv_row, at.kv_row) &&
+               small_sgemm('T', 'N', keys, d, lq - from, scale, grad + from * lk + first, lk,
+                           q + from * at.q_row, at.q_row, dk + first * at.kv_row, at.kv_row);
+      }
       if (!done) {
         any_failed->store(1);
         return;
@@ -927,12 +964,12 @@ extern "C" int SelfAttentionForward(AOT_ARGS) {
                            as_float(params[5]), as_float(params[6]));
 }
 
-// inputs: dcontext (B, L, H D), qkv, probs (B, H, L, L), key int32 (4), keep (1);
-// outputs: dqkv (B, L, 3 H D)
+// inputs: dcontext (B, L, H D), qkv, probs (B, H, L, L), causal int32 (1), key int32 (4),
+// keep (1); outputs: dqkv (B, L, 3 H D)
 extern "C" int SelfAttentionBackward(AOT_ARGS) {
-  if (nparam != 6 || !attention_inputs(nparam, dtypes, ndims, shapes, 3, 3) || ndims[1] != 3 ||
-      ndims[2] != 4 || ndims[5] != 3 || shapes[5][0] != shapes[1][0] ||
-      shapes[5][1] != shapes[1][1] || shapes[5][2] != shapes[1][2]) {
+  if (nparam != 7 || !attention_inputs(nparam, dtypes, ndims, shapes, 3, 4) || ndims[1] != 3 ||
+      ndims[2] != 4 || ndims[6] != 3 || shapes[6][0] != shapes[1][0] ||
+      shapes[6][1] != shapes[1][1] || shapes[6][2] != shapes[1][2]) {
     return 1;
   }
   const AttentionLayout at = AttentionLayout::self(shapes[1], shapes[2][1]);
@@ -941,10 +978,11 @@ extern "C" int SelfAttentionBackward(AOT_ARGS) {
     return 1;
   }
   const float *qkv = as_float(params[1]);
-  float *dqkv = as_float(params[5]);
+  float *dqkv = as_float(params[6]);
   return attention_backward(at, qkv, qkv, as_float(params[0]), as_float(params[2]),
-                            KeyedMask(static_cast<const int32_t *>(params[3]),
-                                      *as_float(params[4])),
+                            *static_cast<const int32_t *>(params[3]) != 0,
+                            KeyedMask(static_cast<const int32_t *>(params[4]),
+                                      *as_float(params[5])),
                             dqkv, dqkv);
 }
 
@@ -980,7 +1018,7 @@ extern "C" int CrossAttentionBackward(AOT_ARGS) {
     return 1;
   }
   return attention_backward(at, as_float(params[1]), as_float(params[2]), as_float(params[0]),
-                            as_float(params[3]),
+                            as_float(params[3]), false,
                             KeyedMask(static_cast<const int32_t *>(params[4]),
                                       *as_float(params[5])),
                             as_float(params[6]), as_float(params[7]));

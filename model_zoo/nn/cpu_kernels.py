@@ -310,11 +310,12 @@ def self_attention(num_heads: int):
     probabilities (`keyed_dropout`'s masks on the (B, H, L, L) tensor; keep 1 for none).
     Outputs: context (B, L, H D); probs (B, H, L, L), before dropout, for the backward pass.
     Needs `has_dense()`."""
-    backward = _custom("SelfAttentionBackward", lambda dcontext, qkv, probs, key, keep: qkv,
-                       lambda dcontext, qkv, probs, key, keep: qkv)
+    backward = _custom("SelfAttentionBackward",
+                       lambda dcontext, qkv, probs, causal, key, keep: qkv,
+                       lambda dcontext, qkv, probs, causal, key, keep: qkv)
 
     def bprop(qkv, bias, causal, key, keep, out, dout):
-        return (backward(dout[0], qkv, out[1], key, keep), ops.zeros_like(bias),
+        return (backward(dout[0], qkv, out[1], causal, key, keep), ops.zeros_like(bias),
                 ops.zeros_like(causal), ops.zeros_like(key), ops.zeros_like(keep))
 
     def shapes(qkv, bias, causal, key, keep):
