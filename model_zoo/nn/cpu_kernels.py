@@ -347,10 +347,11 @@ def cross_attention(num_heads: int):
 
 
 def adamw_update():
-    """Custom op (lr (1,), factor (1,), constants (3,) = beta1, beta2, eps, decays (T,),
-    *params, *first moments, *second moments, *grads) -> placeholder (1,), float32: one AdamW
-    step (`nn.AdamWeightDecay`'s, no bias correction) over all T parameters, the gradients
-    multiplied by `factor` first. It writes the parameters and moments in place. It is
+    """Custom op (lr (1,), factor (1,), apply (1,), constants (3,) = beta1, beta2, eps, decays
+    (T,), *params, *first moments, *second moments, *grads) -> placeholder (1,), float32: one
+    AdamW step (`nn.AdamWeightDecay`'s, no bias correction) over all T parameters, the
+    gradients multiplied by `factor` first; nothing when `apply` is 0 (a step whose gradients
+    are not finite). It writes the parameters and moments in place. It is
     marked as writing memory (`side_effect_mem`), which keeps it in the graph's chain of
     side effects; its order after the backward pass comes from the gradients it takes.
     Unlike MindSpore's own optimizer operators it cannot declare which inputs it writes:
