@@ -8,7 +8,10 @@ disturb the other:
   GPT2LMHeadModel / BertForPreTraining, or `torch.nn.Transformer` with a tied embedding
   and output projection for the translation model;
 - the machine's GEMM peak: the best of torch's and MindSpore's 2048x2048 float32 matmul;
-- our data pipeline's tokens/s on the real dataset (skip with --skip-data).
+- our data pipeline's tokens/s on the real dataset (skip with --skip-data);
+- with --trainer, `model-zoo train` itself at the same configuration on the real dataset,
+  with a progress line every step and every 100 steps: its step rate against ours above
+  (the time the trainer adds: data, logging, host reads).
 
 Both sides train on the same fixed random batch. Tokens/s is the median over the timed
 steps after warm-up, from the faster of `--rounds` runs per side (the sides alternate); the
@@ -56,8 +59,8 @@ SIZE_OVERRIDES = {
 }
 
 
-def load_benchmark_config(args):
-    from model_zoo.config import load_config
+def benchmark_config_source(args):
+    """(config path, overrides) of the benchmarked configuration."""
     path = args.config or os.path.join(ROOT, "model_zoo", "models", args.model, "configs",
                                        "tiny.yaml")
     overrides = [] if args.config else list(SIZE_OVERRIDES[args.size][args.model]) + [
@@ -65,7 +68,13 @@ def load_benchmark_config(args):
     # no warmup, and a cosine decay over the config's steps: the learning rate stays within
     # 1% of train.lr over a benchmark, as in the reference, so both losses are comparable
     overrides += ["train.warmup_steps=0", "train.lr_schedule=cosine"]
-    config = load_config(path, overrides + list(args.set))
+    return path, overrides + list(args.set)
+
+
+def load_benchmark_config(args):
+    from model_zoo.config import load_config
+    path, overrides = benchmark_config_source(args)
+    config = load_config(path, overrides)
     if config.model.name != args.model:
         raise SystemExit(f"--config {path} is a {config.model.name} config, not {args.model}")
     return config
@@ -379,6 +388,43 @@ def timed(run):
     return time.perf_counter() - started
 
 
+TRAINER_LOG_STEPS = (1, 100)
+
+
+def run_trainer(args, config, log_steps):
+    """`model-zoo train` at the benchmark's configuration, on the real dataset (built on first
+    use), with a progress line every `log_steps` steps: its steps/s and tokens/s over every
+    step after the first (the compilation), from the run's metrics.jsonl."""
+    import tempfile
+    path, overrides = benchmark_config_source(args)
+    overrides += [f"train.steps={args.trainer_steps}", f"train.log_steps={log_steps}",
+                  f"train.save_steps={args.trainer_steps}", "train.eval_steps=0"]
+    with tempfile.TemporaryDirectory(prefix="trainer-") as output_dir:
+        command = [sys.executable, "-m", "model_zoo", "train", path, "--output-dir", output_dir]
+        for override in overrides:
+            command += ["--set", override]
+        print(f"[model-zoo train, log_steps {log_steps}] running ...", flush=True)
+        process = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        if process.returncode != 0:
+            sys.stderr.write(process.stdout[-4000:] + process.stderr[-4000:])
+            raise SystemExit(f"model-zoo train failed (exit code {process.returncode})")
+        with open(os.path.join(output_dir, "metrics.jsonl"), encoding="utf-8") as handle:
+            entries = [entry for entry in map(json.loads, handle) if "samples_per_s" in entry]
+    # each entry times the steps since the one before it; the first step is timed alone
+    batch = config.train.global_batch_size
+    steps = seconds = tokens = 0.0
+    previous = 1
+    for entry in entries:
+        if entry["step"] <= previous:
+            continue
+        elapsed = (entry["step"] - previous) * batch / entry["samples_per_s"]
+        steps, seconds = steps + entry["step"] - previous, seconds + elapsed
+        tokens += entry["tokens_per_s"] * elapsed
+        previous = entry["step"]
+    return {"log_steps": log_steps, "steps": int(steps), "steps_per_s": steps / seconds,
+            "tokens_per_s": tokens / seconds}
+
+
 def run_data(config, steps):
     """Tokens/s our data pipeline delivers from the real dataset (built on first use)."""
     from model_zoo.config import import_model
@@ -458,6 +504,10 @@ def summarize(args, config, results):
                               / peak)
         report[side] = side_result
     report["speedup"] = report["ours"]["tokens_per_s"] / report["reference"]["tokens_per_s"]
+    if "trainer" in results:
+        report["trainer"] = [dict(run, vs_benchmark=run["steps_per_s"]
+                                  * report["ours"]["median_step_s"])
+                             for run in results["trainer"]]
     if "data" in results:
         report["data"] = dict(results["data"], times_training=(
             results["data"]["tokens_per_s"] / report["ours"]["tokens_per_s"]))
@@ -494,6 +544,10 @@ def print_report(report):
         print(f"our costliest operators (MindSpore profiler, {PROFILED_STEPS} steps):")
         for name, ms_per_step, calls in report["ours"]["operators"]:
             print(f"  {name:<34}{ms_per_step:8.2f} ms/step  {calls:4d} calls/step")
+    for run in report.get("trainer", []):
+        print(f"model-zoo train, real data, log_steps {run['log_steps']}: "
+              f"{run['tokens_per_s']:.0f} tokens/s over {run['steps']} steps, "
+              f"{run['vs_benchmark']:.3f}x the step rate above")
     if "data" in report:
         print(f"data pipeline: {report['data']['tokens_per_s']:.0f} tokens/s, "
               f"{report['data']['times_training']:.1f}x what our training consumes")
@@ -522,13 +576,20 @@ def main(argv=None):
     parser.add_argument("--profile", metavar="DIR",
                         help="also profile our step with MindSpore's profiler (output in DIR) "
                              "and list the costliest operators")
+    parser.add_argument("--trainer", action="store_true",
+                        help="also run `model-zoo train` at this configuration on the real "
+                             "dataset, with log_steps 1 and 100, and compare its step rate")
+    parser.add_argument("--trainer-steps", type=int, default=201,
+                        help="steps of each `model-zoo train` run (default 201)")
     parser.add_argument("--output", help="JSON file for the results "
                                          "(default benchmarks/results/MODEL-SIZE.json)")
     parser.add_argument("--worker", choices=("ours", "reference", "gemm", "data"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0 or args.data_batches < 1 or args.rounds < 1:
-        parser.error("--steps, --rounds and --data-batches must be >= 1, --warmup >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.data_batches < 1 or args.rounds < 1 or \
+            args.trainer_steps < 2:
+        parser.error("--steps, --rounds and --data-batches must be >= 1, --trainer-steps >= 2, "
+                     "--warmup >= 0")
     if args.worker:
         return worker(args)
     config = load_benchmark_config(args)  # a bad config or override fails here, before any run
@@ -542,6 +603,9 @@ def main(argv=None):
     for side, runs in rounds.items():
         results[side] = dict(min(runs, key=lambda run: run["median_step_s"]),
                              round_step_ms=[run["median_step_s"] * 1e3 for run in runs])
+    if args.trainer:
+        results["trainer"] = [run_trainer(args, config, log_steps)
+                              for log_steps in TRAINER_LOG_STEPS]
     if not args.skip_data:
         results["data"] = run_side(args, "data")
     report = summarize(args, config, results)

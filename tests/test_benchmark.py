@@ -60,7 +60,8 @@ def test_both_sides_train_and_report(tmp_path):
     command = [sys.executable, SCRIPT, "--model", "gpt2", "--size", "tiny", "--steps", "3",
                "--warmup", "0", "--rounds", "1", "--skip-data", "--output", str(output),
                "--set", "model.num_layers=1", "--set", "train.global_batch_size=4",
-               "--set", "train.lr=5e-4"]
+               "--set", "train.lr=5e-4", "--trainer", "--trainer-steps", "3",
+               "--set", f"data.dataset_dir={tmp_path / 'data'}"]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "ours / reference:" in result.stdout
@@ -72,6 +73,12 @@ def test_both_sides_train_and_report(tmp_path):
         assert numbers["last_loss"] < numbers["first_loss"]  # four steps on one batch
     assert report["speedup"] == pytest.approx(
         report["ours"]["tokens_per_s"] / report["reference"]["tokens_per_s"])
+    # model-zoo train itself, on the real dataset: the two steps after the first, timed
+    assert [run["log_steps"] for run in report["trainer"]] == [1, 100]
+    for run in report["trainer"]:
+        assert run["steps"] == 2 and run["vs_benchmark"] > 0
+        assert run["tokens_per_s"] == pytest.approx(
+            run["steps_per_s"] * 4 * report["shape"]["seq_length"])
     assert report["gemm"]["peak_gflops"] >= max(report["gemm"]["torch_gflops"],
                                                  report["gemm"]["mindspore_gflops"]) > 0
     # the model's own products: tokens of a batch (4 x seq) by hidden, ..., by vocabulary
