@@ -11,7 +11,8 @@ from mindspore import Tensor, nn
 from model_zoo.nn import cpu_kernels
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.nn.attention import MultiHeadAttention
-from model_zoo.nn.layers import LayerNorm, Linear, kernels_for
+from model_zoo.nn.layers import (LayerNorm, Linear, PositionEmbedding, ResidualAdd,
+                                  kernels_for)
 from model_zoo.nn.loss import CrossEntropy
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -110,6 +111,31 @@ def test_bias_addition_matches_numpy():
     loss = Weighted(Product(cpu_kernels.bias_add()), weights)
     dbias = ms.jit(ms.grad(loss, grad_position=1))(Tensor(x), Tensor(bias)).asnumpy()
     np.testing.assert_allclose(dbias, weights.sum(axis=0), rtol=1e-4, atol=1e-3)
+
+
+def test_residual_and_position_additions_match_numpy():
+    # the residual stream's additions on CPU: 80 x 1,000 elements, split over the cores
+    x = RNG.normal(size=(4, 20, 1000)).astype(np.float32)
+    y = RNG.normal(size=x.shape).astype(np.float32)
+    weights = RNG.normal(size=x.shape).astype(np.float32)
+    residual = ResidualAdd(parallel_config=ParallelConfig())
+    assert residual.cpu_add is not None
+    grad = ms.jit(ms.grad(Weighted(residual, weights), grad_position=(0, 1)))
+    dx, dy = grad(Tensor(x), Tensor(y))
+    np.testing.assert_allclose(ms.jit(residual)(Tensor(x), Tensor(y)).asnumpy(), x + y,
+                               atol=1e-6)
+    np.testing.assert_allclose(dx.asnumpy(), weights)
+    np.testing.assert_allclose(dy.asnumpy(), weights)
+
+    # positions: the table's first 20 rows to every sequence, its gradient summed over them
+    positions = PositionEmbedding(32, 1000, parallel_config=ParallelConfig())
+    assert positions.cpu_add is not None
+    table = positions.embedding_table.asnumpy()
+    out, dx, (dtable,) = value_and_grads(positions, weights, Tensor(x))
+    np.testing.assert_allclose(out, x + table[:20], atol=1e-6)
+    np.testing.assert_allclose(dx, weights)
+    np.testing.assert_allclose(dtable[:20], weights.sum(axis=0), rtol=1e-5, atol=1e-5)
+    assert not dtable[20:].any()
 
 
 class TwoLinears(nn.Cell):

@@ -1112,12 +1112,28 @@ extern "C" int BiasAddForward(AOT_ARGS) {
   const float *x = as_float(params[0]), *bias = as_float(params[1]);
   float *y = as_float(params[2]);
   const int64_t columns = shapes[0][ndims[0] - 1], rows = rows_of(ndims[0], shapes[0]);
+  if (elements(ndims[1], shapes[1]) != columns) return 1;
   parallel_for(rows, row_grain(columns), [=](int64_t begin, int64_t end, int) {
     for (int64_t r = begin; r < end; ++r) {
       const float *xr = x + r * columns;
       float *yr = y + r * columns;
+#pragma omp simd
       for (int64_t c = 0; c < columns; ++c) yr[c] = xr[c] + bias[c];
     }
+  });
+  return 0;
+}
+
+// z = x + y for two tensors of one size. inputs: x, y; outputs: z
+extern "C" int AddForward(AOT_ARGS) {
+  if (nparam != 3 || !all_float32(nparam, dtypes)) return 1;
+  const int64_t count = elements(ndims[0], shapes[0]);
+  if (elements(ndims[1], shapes[1]) != count) return 1;
+  const float *x = as_float(params[0]), *y = as_float(params[1]);
+  float *z = as_float(params[2]);
+  parallel_for(count, 1 << 15, [=](int64_t begin, int64_t end, int) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) z[i] = x[i] + y[i];
   });
   return 0;
 }

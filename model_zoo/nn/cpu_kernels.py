@@ -1,6 +1,6 @@
 """Fused CPU kernels as MindSpore AOT custom operators: the dense layers and attention,
-layer norm, GELU, cross-entropy, bias addition, dropout, the gradient norm, the whole AdamW
-update and the few-rows matmul of decoding.
+layer norm, GELU, cross-entropy, bias and residual additions, dropout, the gradient norm,
+the whole AdamW update and the few-rows matmul of decoding.
 
 On CPU, MindSpore's LayerNormGrad, GeLU and SoftmaxCrossEntropyWithLogits kernels take 5-20x
 longer than one pass over memory would (a layer norm's forward and backward on 1024 x 256
@@ -244,6 +244,16 @@ def bias_add():
         return dout, column_sum(dout)
 
     return _custom("BiasAddForward", lambda x, bias: x, lambda x, bias: x, bprop)
+
+
+def add():
+    """Custom op (x, y) -> x + y for two float32 tensors of one shape, with its backward pass
+    (both gradients are the output's): MindSpore's CPU Add takes about 4 times as long
+    (1024 x 256 floats: 105 against 25 us)."""
+    def bprop(x, y, out, dout):
+        return dout, dout
+
+    return _custom("AddForward", lambda x, y: x, lambda x, y: x, bprop)
 
 
 @functools.lru_cache(maxsize=None)

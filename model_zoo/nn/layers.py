@@ -405,15 +405,23 @@ class PositionEmbedding(nn.Cell):
             name="embedding_table")
         self.slice = ops.StridedSlice().shard(((1, 1),))
         self.add = ops.Add().shard(((dp, 1, 1), (1, 1)))
+        self.cpu_add = cpu_kernels.bias_add() if use_cpu_kernels() else None
 
     def construct(self, x):
-        seq, hidden = x.shape[1], x.shape[2]
-        if seq == self.embedding_table.shape[0]:
-            # the whole table: MindSpore's CPU StridedSlice takes about 1 ms to copy all of
-            # a 128 x 256 one (a part of a larger table, 0.02 ms)
-            return self.add(x, self.embedding_table)
-        positions = self.slice(self.embedding_table, (0, 0), (seq, hidden), (1, 1))
-        return self.add(x, positions)
+        batch, seq, hidden = x.shape
+        if self.cpu_add is None:
+            return self.add(x, self.slice(self.embedding_table, (0, 0), (seq, hidden), (1, 1)))
+        # On CPU: the whole table as it is when the sequence fills it (MindSpore's CPU
+        # StridedSlice takes about 1 ms to copy all of a 128 x 256 one), added as a bias of
+        # seq x hidden to the (batch, seq x hidden) view (its broadcast Add: 10-20x slower)
+        positions = self.embedding_table
+        if seq != self.embedding_table.shape[0]:
+            positions = self.slice(self.embedding_table, (0, 0), (seq, hidden), (1, 1))
+        if x.dtype != ms.float32:
+            return self.add(x, positions)
+        flat = self.cpu_add(ops.reshape(x, (batch, seq * hidden)),
+                            ops.reshape(positions, (seq * hidden,)))
+        return ops.reshape(flat, (batch, seq, hidden))
 
 
 def sinusoid_table(max_positions: int, hidden_size: int) -> np.ndarray:
@@ -485,8 +493,11 @@ class ResidualAdd(nn.Cell):
         strategy = stream_strategy(parallel_config)
         self.tokens_view = parallel_config.sequence_parallel
         self.add = ops.Add().shard((strategy, strategy))
+        self.cpu_add = cpu_kernels.add() if use_cpu_kernels() else None   # float32 only
 
     def construct(self, x, y):
+        if self.cpu_add is not None and x.dtype == ms.float32 and y.dtype == ms.float32:
+            return self.cpu_add(x, y)
         if self.tokens_view:
             return ops.reshape(self.add(as_tokens(x), as_tokens(y)), x.shape)
         return self.add(x, y)
