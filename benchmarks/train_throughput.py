@@ -20,8 +20,8 @@ first step (MindSpore's graph compilation) is reported apart.
 Model FLOPs (MFU = model FLOPs per second / GEMM peak) count the matrix products the
 model needs, 2*m*n*k each, times 3 for forward plus backward:
 - per self-attention layer over s tokens of width d: 8*s*d^2 (Q, K, V, output) plus
-  4*s^2*d (scores and context; the causal mask does not halve it, both sides compute
-  the whole square);
+  4*s^2*d (scores and context, the whole square: the same count for both sides,
+  although ours skips the masked blocks of causal attention over 128 positions or more);
 - per cross-attention layer (s_t queries over s_s keys): 4*s_t*d^2 + 4*s_s*d^2 + 4*s_t*s_s*d;
 - per feed-forward: 4*s*d*f;
 - output projection: 2*s*d*V per predicted position (GPT-2, Transformer: every target

@@ -113,9 +113,10 @@ def test_bias_addition_matches_numpy():
     np.testing.assert_allclose(dbias, weights.sum(axis=0), rtol=1e-4, atol=1e-3)
 
 
-def test_residual_and_position_additions_match_numpy():
-    # the residual stream's additions on CPU: 80 x 1,000 elements, split over the cores
-    x = RNG.normal(size=(4, 20, 1000)).astype(np.float32)
+@pytest.mark.parametrize("seq", [20, 32])   # a part of the position table, then all of it
+def test_residual_and_position_additions_match_numpy(seq):
+    # the residual stream's additions on CPU: 4 x seq x 1,000 elements, split over the cores
+    x = RNG.normal(size=(4, seq, 1000)).astype(np.float32)
     y = RNG.normal(size=x.shape).astype(np.float32)
     weights = RNG.normal(size=x.shape).astype(np.float32)
     residual = ResidualAdd(parallel_config=ParallelConfig())
@@ -127,15 +128,15 @@ def test_residual_and_position_additions_match_numpy():
     np.testing.assert_allclose(dx.asnumpy(), weights)
     np.testing.assert_allclose(dy.asnumpy(), weights)
 
-    # positions: the table's first 20 rows to every sequence, its gradient summed over them
+    # positions: the table's first seq rows to every sequence, its gradient summed over them
     positions = PositionEmbedding(32, 1000, parallel_config=ParallelConfig())
     assert positions.cpu_add is not None
     table = positions.embedding_table.asnumpy()
     out, dx, (dtable,) = value_and_grads(positions, weights, Tensor(x))
-    np.testing.assert_allclose(out, x + table[:20], atol=1e-6)
+    np.testing.assert_allclose(out, x + table[:seq], atol=1e-6)
     np.testing.assert_allclose(dx, weights)
-    np.testing.assert_allclose(dtable[:20], weights.sum(axis=0), rtol=1e-5, atol=1e-5)
-    assert not dtable[20:].any()
+    np.testing.assert_allclose(dtable[:seq], weights.sum(axis=0), rtol=1e-5, atol=1e-5)
+    assert not dtable[seq:].any()
 
 
 class TwoLinears(nn.Cell):
@@ -192,11 +193,11 @@ class WeightedAttention(nn.Cell):
         return (self.attention(x, memory, bias) * self.weights).sum()
 
 
-def attention_loss_and_grads(kind, rate, fused, seed=5):
+def attention_loss_and_grads(kind, rate, fused, seed=5, seq=20):
     """Loss, input gradients and parameter gradients of a MultiHeadAttention of `kind`
-    (causal, padded or cross) on fixed data, fused or on MindSpore's operators."""
-    # 140 positions: causal attention runs in blocks of 32 rows and keys, and a last of 12
-    batch, seq, memory_seq, hidden, heads = 3, 140, 13, 32, 2
+    (causal, padded or cross) over `seq` positions on fixed data, fused or on MindSpore's
+    operators."""
+    batch, memory_seq, hidden, heads = 3, 13, 32, 2
     ms.set_seed(seed)
     attention = MultiHeadAttention(hidden, heads, parallel_config=ParallelConfig(),
                                    causal=kind == "causal", cross=kind == "cross",
@@ -223,18 +224,23 @@ def attention_loss_and_grads(kind, rate, fused, seed=5):
 
 
 @pytest.mark.skipif(not cpu_kernels.has_dense(), reason="this MindSpore ships no oneDNN")
-@pytest.mark.parametrize("kind", ["causal", "padded", "cross"])
+@pytest.mark.parametrize("kind, seq", [
+    ("causal", 20),
+    # 140 positions: causal attention runs in blocks of 32 rows and keys, and a last of 12
+    ("causal", 140), ("padded", 20), ("cross", 20)])
 @pytest.mark.parametrize("rate", [0.0, 0.3])
-def test_fused_attention_matches_the_layers_it_replaces(kind, rate):
+def test_fused_attention_matches_the_layers_it_replaces(kind, seq, rate):
     """Forward and backward of the one-kernel attention against the same layer on
     MindSpore's BatchMatMul, Softmax and keyed dropout (whose masks it draws too): causal,
     with a padded sequence, and across sequences; 6 batch x heads pairs split over the
     cores."""
-    fused = attention_loss_and_grads(kind, rate, fused=True)
-    for got, expected in zip(fused, attention_loss_and_grads(kind, rate, fused=False)):
+    fused = attention_loss_and_grads(kind, rate, fused=True, seq=seq)
+    for got, expected in zip(fused, attention_loss_and_grads(kind, rate, fused=False,
+                                                             seq=seq)):
         np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
     if rate:   # the dropout did act: the loss differs from that without it
-        assert abs(fused[0] - attention_loss_and_grads(kind, 0.0, fused=True)[0]) > 1e-3
+        without = attention_loss_and_grads(kind, 0.0, fused=True, seq=seq)
+        assert abs(fused[0] - without[0]) > 1e-3
 
 
 class Product(nn.Cell):

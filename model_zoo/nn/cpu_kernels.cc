@@ -337,7 +337,8 @@ int elementwise_backward(int nparam, void **params, int *ndims, int64_t **shapes
 
 // GELU, tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed
 // as x sigmoid(2u) = x / (1 + exp(-2u)), one exp and one division (25% faster than through
-// tanh). exp's argument stops at 80, where sigmoid is 0 in float32 but not denormal.
+// tanh). exp's argument stops at 80, where sigmoid is negligible (1.8e-35) and still
+// normal.
 inline float sigmoid_of_2u(float v) {
   const float minus_2u = -2.f * kSqrt2OverPi * (v + kGeluCubic * v * v * v);
   return 1.f / (1.f + exp_approx(minus_2u < 80.f ? minus_2u : 80.f));
@@ -664,12 +665,15 @@ void transpose(const float *in, int64_t rows, int64_t columns, int64_t in_stride
 // narrow (n >= 4 k: the vocabulary projection, a feed-forward's first layer), oneDNN runs
 // this product 20-25% slower than its transpose dw^T = x^T dy, whose rows are long (GPT-2
 // small's vocabulary: 222 against 282 GFLOP/s). There it computes dw^T for blocks of 2048
-// rows of dw and transposes each block into place while it is still in cache.
+// rows of dw into a scratch block (k x 2048 floats, kept per thread for the next call) and
+// transposes each block into place.
 bool weight_gradient(const float *dy, const float *x, int64_t m, int64_t n, int64_t k,
                      float *dw) {
   if (n < 4 * k) return sgemm('T', 'N', n, k, m, dy, x, 0.f, dw);
   constexpr int64_t kBlock = 2048;
-  thread_local std::vector<float> scratch;   // kept: a fresh block would fault in every call
+  // kept for the life of the thread (a fresh block would fault its pages in every call):
+  // k x 2048 floats per thread that runs a dense backward pass
+  thread_local std::vector<float> scratch;
   scratch.resize(std::max<size_t>(scratch.size(), k * std::min(n, kBlock)));
   for (int64_t first = 0; first < n; first += kBlock) {
     const int64_t rows = std::min(kBlock, n - first);
@@ -790,6 +794,12 @@ int64_t causal_block(bool causal, int64_t seq) {
   return causal && seq >= 4 * kBlock ? kBlock : seq;
 }
 
+// The keys query rows first .. first + rows - 1 see: those up to the last of them when
+// causal, else all
+int64_t keys_seen(bool causal, int64_t first, int64_t rows, int64_t seq_k) {
+  return causal ? std::min(seq_k, first + rows) : seq_k;
+}
+
 // probs (B, H, Lq, Lk) before dropout and context (B, Lq, H D) of q over k, v; bias (B, Lk)
 // is added to each key's scores, and with `causal` the later keys are masked (their
 // probabilities are 0, and the blocks of keys after a block of rows are skipped)
@@ -797,6 +807,7 @@ int attention_forward(const AttentionLayout &at, const float *q_source,
                       const float *kv_source, const float *bias, bool causal,
                       const KeyedMask &mask, float *context, float *probs) {
   const int64_t lq = at.seq_q, lk = at.seq_k, d = at.head_dim, hidden = at.heads * d;
+  if (causal && lq != lk) return 1;   // causal masks are for attention over its own sequence
   const int64_t block = causal_block(causal, lq);
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   std::atomic<int> failed{0};
@@ -814,7 +825,7 @@ int attention_forward(const AttentionLayout &at, const float *q_source,
       float *p = probs + at.probs_at(b, h);
       for (int64_t first = 0; first < lq; first += block) {
         const int64_t rows = std::min(block, lq - first);
-        const int64_t keys = causal ? std::min(lk, first + rows) : lk;   // the keys seen
+        const int64_t keys = keys_seen(causal, first, rows, lk);
         float *p_rows = p + first * lk;
         // scores (rows, keys) = scale q k^T, then + masks, then softmax along each row
         if (!small_sgemm('N', 'T', rows, keys, d, scale, q + first * at.q_row, at.q_row, k,
@@ -867,6 +878,7 @@ int attention_backward(const AttentionLayout &at, const float *q_source,
                        bool causal, const KeyedMask &mask, float *dq_source,
                        float *dkv_source) {
   const int64_t lq = at.seq_q, lk = at.seq_k, d = at.head_dim, hidden = at.heads * d;
+  if (causal && lq != lk) return 1;
   const int64_t row_block = causal_block(causal, lq), key_block = causal_block(causal, lk);
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
   std::atomic<int> failed{0};
@@ -892,7 +904,7 @@ int attention_backward(const AttentionLayout &at, const float *q_source,
       bool done = true;
       for (int64_t first = 0; done && first < lq; first += row_block) {
         const int64_t rows = std::min(row_block, lq - first);
-        const int64_t keys = causal ? std::min(lk, first + rows) : lk;
+        const int64_t keys = keys_seen(causal, first, rows, lk);
         float *g_rows = grad + first * lk;
         // d(used) = dout v^T
         done = small_sgemm('N', 'T', rows, keys, d, 1.f, dout + first * hidden, hidden, v,

@@ -486,7 +486,7 @@ class FeedForward(nn.Cell):
 
 class ResidualAdd(nn.Cell):
     """x + y for (batch, seq, hidden) activations, split like the residual stream
-    (`stream_strategy`)."""
+    (`stream_strategy`); on CPU in float32, `cpu_kernels.add` (no strategy to keep there)."""
 
     def __init__(self, *, parallel_config: ParallelConfig):
         super().__init__()

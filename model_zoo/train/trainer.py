@@ -367,7 +367,8 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
         if step % train.log_steps == 0 or step == train.steps:
             if interval_steps == 0:  # only the first step so far: time it alone
                 interval_start, interval_steps, interval_tokens = started, 1, tokens_of(batch)
-            elapsed = max(time.perf_counter() - interval_start, 1e-9)
+            now = time.perf_counter()
+            elapsed = max(now - interval_start, 1e-9)
             samples_per_s = interval_steps * train.global_batch_size / elapsed
             entry = {"step": step, "loss": float(np.mean(interval_losses)),
                      "lr": lr.asnumpy().item(),
@@ -378,7 +379,9 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
                      "tokens_per_s": interval_tokens / elapsed}
             metrics.write(entry)
             log(progress_line(entry, train.steps))
-            interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
+            # the next interval starts where this one was timed: the reads and the line
+            # above count in it, so a progress line every step shows what it costs
+            interval_start, interval_steps, interval_losses = now, 0, []
             interval_tokens = 0
         if evaluate is not None and train.eval_steps and step % train.eval_steps == 0 \
                 and step < train.steps:
