@@ -409,15 +409,14 @@ class PositionEmbedding(nn.Cell):
 
     def construct(self, x):
         batch, seq, hidden = x.shape
-        if self.cpu_add is None:
-            return self.add(x, self.slice(self.embedding_table, (0, 0), (seq, hidden), (1, 1)))
-        # On CPU: the whole table as it is when the sequence fills it (MindSpore's CPU
-        # StridedSlice takes about 1 ms to copy all of a 128 x 256 one), added as a bias of
-        # seq x hidden to the (batch, seq x hidden) view (its broadcast Add: 10-20x slower)
+        # On CPU the whole table is taken as it is when the sequence fills it (MindSpore's
+        # CPU StridedSlice takes about 1 ms to copy all of a 128 x 256 one), and added in
+        # float32 as a bias of seq x hidden to the (batch, seq x hidden) view (its broadcast
+        # Add: 10-20x slower)
         positions = self.embedding_table
-        if seq != self.embedding_table.shape[0]:
+        if self.cpu_add is None or seq != self.embedding_table.shape[0]:
             positions = self.slice(self.embedding_table, (0, 0), (seq, hidden), (1, 1))
-        if x.dtype != ms.float32:
+        if self.cpu_add is None or x.dtype != ms.float32:
             return self.add(x, positions)
         flat = self.cpu_add(ops.reshape(x, (batch, seq * hidden)),
                             ops.reshape(positions, (seq * hidden,)))
