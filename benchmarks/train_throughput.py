@@ -403,11 +403,7 @@ def run_trainer(args, config, log_steps):
         command = [sys.executable, "-m", "model_zoo", "train", path, "--output-dir", output_dir]
         for override in overrides:
             command += ["--set", override]
-        print(f"[model-zoo train, log_steps {log_steps}] running ...", flush=True)
-        process = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-        if process.returncode != 0:
-            sys.stderr.write(process.stdout[-4000:] + process.stderr[-4000:])
-            raise SystemExit(f"model-zoo train failed (exit code {process.returncode})")
+        run_child(f"model-zoo train, log_steps {log_steps}", command, "model-zoo train")
         with open(os.path.join(output_dir, "metrics.jsonl"), encoding="utf-8") as handle:
             entries = [entry for entry in map(json.loads, handle) if "samples_per_s" in entry]
     # each entry times the steps since the one before it; the first step is timed alone
@@ -481,13 +477,26 @@ def run_side(args, side):
     for override in args.set:
         command += ["--set", override]
     env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"))
-    print(f"[{side}] running ...", flush=True)
-    process = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    process = run_child(side, command, f"the {side} side", env)
     lines = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]
-    if process.returncode != 0 or not lines:
-        sys.stderr.write(process.stdout[-4000:] + process.stderr[-4000:])
-        raise SystemExit(f"the {side} side failed (exit code {process.returncode})")
+    if not lines:
+        child_failed(f"the {side} side", process)
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def run_child(label, command, what, env=None):
+    """Run `command` from the repository's root with its output captured; exit with the
+    tail of that output if it fails (`what` names it in the message)."""
+    print(f"[{label}] running ...", flush=True)
+    process = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if process.returncode != 0:
+        child_failed(what, process)
+    return process
+
+
+def child_failed(what, process):
+    sys.stderr.write(process.stdout[-4000:] + process.stderr[-4000:])
+    raise SystemExit(f"{what} failed (exit code {process.returncode})")
 
 
 def summarize(args, config, results):
