@@ -98,11 +98,14 @@ int usable_cores() {
 
 // Threads kept for the life of the process, so that a call costs a wake-up rather than a
 // thread start (a decoding step makes about 50 of these calls). `run(job, shares)` runs
-// job(0) on the calling thread and job(1..shares-1) on helpers, and returns when all end.
+// job(0..shares-1) on the calling thread and the helpers and returns when all have ended.
+// Shares are claimed, not assigned: each thread takes the next unclaimed one until none is
+// left, so a helper that is late (asleep, or its core taken by another process of a shared
+// host) leaves its share to whoever is running instead of holding the step up.
 class Helpers {
  public:
   explicit Helpers(int count) : count_(count) {
-    for (int i = 1; i <= count; ++i) std::thread([this, i] { serve(i); }).detach();
+    for (int i = 1; i <= count; ++i) std::thread([this] { serve(); }).detach();
   }
 
   int count() const { return count_; }
@@ -110,18 +113,20 @@ class Helpers {
   void run(const std::function<void(int)> &job, int shares) {
     // one job at a time: MindSpore may launch two kernels at once from its own threads
     std::lock_guard<std::mutex> one_at_a_time(run_mutex_);
+    int64_t generation;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       job_ = &job;
       shares_ = shares;
-      pending_.store(shares - 1);
-      generation_.fetch_add(1, std::memory_order_release);
+      done_.store(0);
+      generation = (claims_.load() >> 32) + 1;
+      claims_.store(generation << 32, std::memory_order_release);
     }
     wake_.notify_all();
-    job(0);
-    // the helpers' shares are as long as this one: wait for them awake, yielding the core
-    // if one of them has to be scheduled on it
-    for (int64_t round = 0; pending_.load(std::memory_order_acquire) != 0; ++round) {
+    work(generation, job, shares);
+    // the shares still running are on helpers: wait for them awake, yielding the core if
+    // one of them has to be scheduled on it
+    for (int64_t round = 0; done_.load(std::memory_order_acquire) != shares; ++round) {
       if (round % 64 == 63) std::this_thread::yield();
       pause();
     }
@@ -134,24 +139,37 @@ class Helpers {
 #endif
   }
 
-  void serve(int share) {
+  // Claims and runs shares of the job of `generation` until none is left. claims_ holds
+  // the generation (high 32 bits) and the next share (low 32 bits) in one word, so a helper
+  // still holding an earlier job can never claim a share of a later one.
+  void work(int64_t generation, const std::function<void(int)> &job, int shares) {
+    for (;;) {
+      int64_t word = claims_.load(std::memory_order_acquire);
+      do {
+        if ((word >> 32) != generation || (word & 0xffffffff) >= shares) return;
+      } while (!claims_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel));
+      job(static_cast<int>(word & 0xffffffff));
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  void serve() {
     int64_t seen = 0;
     for (;;) {
       // Spin for a while before sleeping: the kernels of a training step come back to back,
       // and waking a sleeping thread costs tens of microseconds
       const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinUs);
-      for (int spin = 0; generation_.load(std::memory_order_acquire) == seen; ++spin) {
+      for (int spin = 0; (claims_.load(std::memory_order_acquire) >> 32) == seen; ++spin) {
         pause();
         if (spin % 256 == 255 && std::chrono::steady_clock::now() > until) break;
       }
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return generation_.load() != seen; });
-      seen = generation_.load();
-      if (share >= shares_) continue;
+      wake_.wait(lock, [&] { return (claims_.load() >> 32) != seen; });
+      seen = claims_.load() >> 32;
       const std::function<void(int)> *job = job_;
+      const int shares = shares_;
       lock.unlock();
-      (*job)(share);
-      pending_.fetch_sub(1, std::memory_order_release);
+      work(seen, *job, shares);
     }
   }
 
@@ -161,8 +179,8 @@ class Helpers {
   std::condition_variable wake_;
   const std::function<void(int)> *job_ = nullptr;
   int shares_ = 0;
-  std::atomic<int> pending_{0};
-  std::atomic<int64_t> generation_{0};
+  std::atomic<int> done_{0};
+  std::atomic<int64_t> claims_{0};
 };
 
 Helpers &helpers() {
@@ -601,24 +619,23 @@ struct threadpool_iface {
 
 thread_local bool in_parallel_for = false;
 
-// oneDNN's work items 0..n-1 dealt round-robin to the calling thread and the helpers
+// oneDNN's work items 0..n-1, each a share claimed by the calling thread or a helper
 class HelperThreadpool final : public dnnl::threadpool_interop::threadpool_iface {
  public:
   int get_num_threads() const override { return helpers().count() + 1; }
   bool get_in_parallel() const override { return in_parallel_for; }
   uint64_t get_flags() const override { return 0; }
   void parallel_for(int n, const std::function<void(int, int)> &fn) override {
-    const int shares = std::min(n, get_num_threads());
-    const std::function<void(int)> share = [&](int index) {
+    const std::function<void(int)> item = [&](int index) {
       const bool outer = in_parallel_for;
       in_parallel_for = true;
-      for (int i = index; i < n; i += shares) fn(i, n);
+      fn(index, n);
       in_parallel_for = outer;
     };
-    if (shares <= 1) {
-      share(0);
+    if (n <= 1) {
+      if (n == 1) item(0);
     } else {
-      helpers().run(share, shares);
+      helpers().run(item, n);
     }
   }
 };
