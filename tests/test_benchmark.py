@@ -55,6 +55,22 @@ def test_flops_count_every_linear_layer(model):
     assert bench.train_flops(config, batch) == pytest.approx(3 * forward * samples)
 
 
+def test_gemm_rounds_keep_each_figures_best_and_steal_is_the_eighth_counter():
+    slow = {"size": 2048, "torch_gflops": 100.0, "mindspore_gflops": 90.0, "ours_gflops": 95.0,
+            "peak_gflops": 100.0,
+            "model_shapes": [{"name": "vocabulary", "m": 8, "torch": 50.0, "mindspore": 60.0}]}
+    fast = dict(slow, torch_gflops=80.0, mindspore_gflops=120.0, peak_gflops=120.0,
+                model_shapes=[dict(slow["model_shapes"][0], torch=70.0, mindspore=40.0)])
+    best = bench.best_gemm([slow, fast])
+    assert (best["torch_gflops"], best["mindspore_gflops"], best["ours_gflops"]) == (100, 120, 95)
+    assert best["peak_gflops"] == 120 and best["round_peak_gflops"] == [100, 120]
+    assert best["model_shapes"] == [{"name": "vocabulary", "m": 8, "torch": 70.0,
+                                     "mindspore": 60.0}]
+    # user nice system idle iowait irq softirq steal: 30 of 100 ticks went to other guests
+    assert bench.steal_share([0] * 8, [40, 0, 10, 15, 0, 0, 5, 30]) == pytest.approx(0.3)
+    assert bench.steal_share(None, [1] * 8) is None
+
+
 def test_both_sides_train_and_report(tmp_path):
     output = tmp_path / "result.json"
     command = [sys.executable, SCRIPT, "--model", "gpt2", "--size", "tiny", "--steps", "3",
@@ -81,6 +97,10 @@ def test_both_sides_train_and_report(tmp_path):
             run["steps_per_s"] * 4 * report["shape"]["seq_length"])
     assert report["gemm"]["peak_gflops"] >= max(report["gemm"]["torch_gflops"],
                                                  report["gemm"]["mindspore_gflops"]) > 0
+    assert report["gemm"]["round_peak_gflops"] == [report["gemm"]["peak_gflops"]]
+    for side in ("ours", "reference"):  # on Linux the share of the rounds' CPU time stolen
+        assert 0 <= report[side]["steal_share"] < 1
+    assert "(steal) in the rounds kept" in result.stdout
     # the model's own products: tokens of a batch (4 x seq) by hidden, ..., by vocabulary
     shapes = report["gemm"]["model_shapes"]
     assert [shape["name"] for shape in shapes][-1] == "vocabulary"
