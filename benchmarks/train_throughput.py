@@ -11,8 +11,9 @@ disturb the other:
   matmul, measured before each round (the best round counts);
 - our data pipeline's tokens/s on the real dataset (skip with --skip-data);
 - with --trainer, `model-zoo train` itself at the same configuration on the real dataset,
-  with a progress line every step and every 100 steps: its step rate against ours above
-  (the time the trainer adds: data, logging, host reads).
+  with a progress line every step and every 100 steps: its step rate against ours above,
+  and the share of its own wall time spent outside the step's call (the time the trainer
+  adds: data, logging, host reads), which a machine's drift between runs does not blur.
 
 Both sides train on the same fixed random batch. Tokens/s is the median over the timed
 steps after warm-up, from the faster of `--rounds` runs per side (the sides alternate); the
@@ -411,7 +412,7 @@ def run_trainer(args, config, log_steps):
             entries = [entry for entry in map(json.loads, handle) if "samples_per_s" in entry]
     # each entry times the steps since the one before it; the first step is timed alone
     batch = config.train.global_batch_size
-    steps = seconds = tokens = 0.0
+    steps = seconds = tokens = outside = 0.0
     previous = 1
     for entry in entries:
         if entry["step"] <= previous:
@@ -419,9 +420,14 @@ def run_trainer(args, config, log_steps):
         elapsed = (entry["step"] - previous) * batch / entry["samples_per_s"]
         steps, seconds = steps + entry["step"] - previous, seconds + elapsed
         tokens += entry["tokens_per_s"] * elapsed
+        outside += entry["outside_step_ms"] / 1e3 * (entry["step"] - previous)
         previous = entry["step"]
+    # the share of the trainer's own wall time outside the step's call (data, reads, the
+    # progress line): what the trainer adds, measured in one process, so that the
+    # machine's drift between this run and the benchmark's does not blur it
     return {"log_steps": log_steps, "steps": int(steps), "steps_per_s": steps / seconds,
-            "tokens_per_s": tokens / seconds}
+            "tokens_per_s": tokens / seconds, "outside_step_ms": 1e3 * outside / steps,
+            "outside_step_share": outside / seconds}
 
 
 def run_data(config, steps):
@@ -607,7 +613,9 @@ def print_report(report):
         print(f"model-zoo train, real data, log_steps {run['log_steps']}: "
               f"{run['tokens_per_s']:.0f} tokens/s over {run['steps']} steps, "
               f"{run['vs_benchmark']:.3f}x the step rate above (its median step; "
-              f"{run['vs_benchmark_mean']:.3f}x its mean step)")
+              f"{run['vs_benchmark_mean']:.3f}x its mean step); outside the step's call "
+              f"{run['outside_step_ms']:.2f} ms a step, {run['outside_step_share']:.1%} of "
+              f"its time")
     if "data" in report:
         print(f"data pipeline: {report['data']['tokens_per_s']:.0f} tokens/s, "
               f"{report['data']['times_training']:.1f}x what our training consumes")

@@ -93,6 +93,7 @@ def test_both_sides_train_and_report(tmp_path):
     assert [run["log_steps"] for run in report["trainer"]] == [1, 100]
     for run in report["trainer"]:
         assert run["steps"] == 2 and run["vs_benchmark"] > 0 and run["vs_benchmark_mean"] > 0
+        assert 0 <= run["outside_step_share"] < 1 and run["outside_step_ms"] >= 0
         assert run["tokens_per_s"] == pytest.approx(
             run["steps_per_s"] * 4 * report["shape"]["seq_length"])
     assert report["gemm"]["peak_gflops"] >= max(report["gemm"]["torch_gflops"],

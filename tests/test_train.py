@@ -49,6 +49,9 @@ def test_tiny_run_writes_outputs_and_learns(write_config, tmp_path):
     for entry in entries:
         assert {"step", "loss", "tokens_per_s", "lr", "loss_scale", "grad_norm"} <= set(entry)
         assert math.isfinite(entry["loss"]) and entry["tokens_per_s"] > 0
+        # wall time per step, of which the loop's own work (data, reads, this line) is a part
+        assert entry["step_ms"] == pytest.approx(1e3 * 16 / entry["samples_per_s"])
+        assert 0 <= entry["outside_step_ms"] < entry["step_ms"]
     first, last = entries[0]["loss"], entries[-1]["loss"]
     assert last < first - 0.3, f"loss did not fall: {first:.3f} -> {last:.3f}"
 

@@ -43,7 +43,8 @@ def progress_line(entry: dict, total_steps: int) -> str:
     return (f"step {entry['step']}/{total_steps} | loss {entry['loss']:.4f} | "
             f"lr {entry['lr']:.2e} | loss scale {entry['loss_scale']:g} | "
             f"grad norm {entry['grad_norm']:.3f} | {entry['tokens_per_s']:.0f} tokens/s | "
-            f"{entry['samples_per_s']:.1f} samples/s"
+            f"{entry['samples_per_s']:.1f} samples/s | {entry['step_ms']:.1f} ms/step, "
+            f"{entry['outside_step_ms']:.1f} outside the step"
             + ("" if entry.get("finite", True) else " | overflow: step skipped"))
 
 

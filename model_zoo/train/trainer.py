@@ -344,7 +344,7 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
     train = config.train
     step_cell.set_train(True)
     interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
-    interval_tokens = 0
+    interval_tokens = interval_in_step = 0
     path = None
     for step in range(start_step + 1, train.steps + 1):
         batch = next(batches)
@@ -353,20 +353,23 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
         started = time.perf_counter()
         loss, finite, scale, grad_norm, lr, stop_voted = runnable(*batch)
         loss_value = loss.asnumpy().item()
+        in_step = time.perf_counter() - started   # the step's call and its loss read
         interval_losses.append(loss_value)
         if step == start_step + 1:
-            log(f"compiled and ran the first step in {time.perf_counter() - started:.1f} s")
+            log(f"compiled and ran the first step in {in_step:.1f} s")
             if stop is not None:
                 stop.install()
             interval_start, interval_steps, interval_tokens = time.perf_counter(), 0, 0
         else:
             interval_steps += 1
             interval_tokens += tokens_of(batch)
+            interval_in_step += in_step
         if not np.isfinite(loss_value) and train.precision == "fp32":
             raise RuntimeError(f"loss became {loss_value} at step {step}; lower train.lr")
         if step % train.log_steps == 0 or step == train.steps:
             if interval_steps == 0:  # only the first step so far: time it alone
                 interval_start, interval_steps, interval_tokens = started, 1, tokens_of(batch)
+                interval_in_step = in_step
             now = time.perf_counter()
             elapsed = max(now - interval_start, 1e-9)
             samples_per_s = interval_steps * train.global_batch_size / elapsed
@@ -376,13 +379,14 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
                      "grad_norm": grad_norm.asnumpy().item(),
                      "finite": bool(finite.asnumpy().item()),
                      "samples_per_s": samples_per_s,
-                     "tokens_per_s": interval_tokens / elapsed}
+                     "tokens_per_s": interval_tokens / elapsed,
+                     **step_times(elapsed, interval_in_step, interval_steps)}
             metrics.write(entry)
             log(progress_line(entry, train.steps))
             # the next interval starts where this one was timed: the reads and the line
             # above count in it, so a progress line every step shows what it costs
             interval_start, interval_steps, interval_losses = now, 0, []
-            interval_tokens = 0
+            interval_tokens = interval_in_step = 0
         if evaluate is not None and train.eval_steps and step % train.eval_steps == 0 \
                 and step < train.steps:
             evaluated_at = time.perf_counter()
@@ -404,6 +408,15 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
             if stopping:
                 raise TrainingInterrupted(stop.signum if stop is not None else None, step, path)
     return path
+
+
+def step_times(elapsed: float, in_step: float, steps: int) -> dict:
+    """An interval's wall time per step (`step_ms`) and the part of it outside the train
+    step's call (`outside_step_ms`: the next batch, reading the outputs, the progress line,
+    metrics.jsonl): what the training loop adds to the step itself, which a machine's drift
+    from run to run does not blur."""
+    return {"step_ms": 1e3 * elapsed / steps,
+            "outside_step_ms": 1e3 * max(elapsed - in_step, 0.0) / steps}
 
 
 def tokens_counter(module, config, shard):
