@@ -395,7 +395,7 @@ def timed(run):
 TRAINER_LOG_STEPS = (1, 100)
 
 
-def run_trainer(args, config, log_steps):
+def run_trainer(args, log_steps):
     """`model-zoo train` at the benchmark's configuration, on the real dataset (built on first
     use), with a progress line every `log_steps` steps: its steps/s and tokens/s over every
     step after the first (the compilation), from the run's metrics.jsonl."""
@@ -411,16 +411,16 @@ def run_trainer(args, config, log_steps):
         with open(os.path.join(output_dir, "metrics.jsonl"), encoding="utf-8") as handle:
             entries = [entry for entry in map(json.loads, handle) if "samples_per_s" in entry]
     # each entry times the steps since the one before it; the first step is timed alone
-    batch = config.train.global_batch_size
     steps = seconds = tokens = outside = 0.0
     previous = 1
     for entry in entries:
         if entry["step"] <= previous:
             continue
-        elapsed = (entry["step"] - previous) * batch / entry["samples_per_s"]
-        steps, seconds = steps + entry["step"] - previous, seconds + elapsed
+        count = entry["step"] - previous
+        elapsed = count * entry["step_ms"] / 1e3
+        steps, seconds = steps + count, seconds + elapsed
         tokens += entry["tokens_per_s"] * elapsed
-        outside += entry["outside_step_ms"] / 1e3 * (entry["step"] - previous)
+        outside += count * entry["outside_step_ms"] / 1e3
         previous = entry["step"]
     # the share of the trainer's own wall time outside the step's call (data, reads, the
     # progress line): what the trainer adds, measured in one process, so that the
@@ -672,7 +672,7 @@ def main(argv=None):
         results[side] = dict(min(runs, key=lambda run: run["median_step_s"]),
                              round_step_ms=[run["median_step_s"] * 1e3 for run in runs])
     if args.trainer:
-        results["trainer"] = [run_trainer(args, config, log_steps)
+        results["trainer"] = [run_trainer(args, log_steps)
                               for log_steps in TRAINER_LOG_STEPS]
     if not args.skip_data:
         results["data"] = run_side(args, "data")
