@@ -1,5 +1,5 @@
-"""The `model-zoo` command: train, eval, plan, advise, checkpoint, rank-table, data, convert, and the
-verbs the model folders add (generate, fill-mask, translate).
+"""The `model-zoo` command: train, eval, plan, dryrun, advise, checkpoint, rank-table, data,
+convert, and the verbs the model folders add (generate, fill-mask, translate).
 
 Commands that take a config are served by the model folder the config names: `model-zoo
 eval CONFIG` runs that folder's `evaluate`, `model-zoo generate CONFIG` its
@@ -18,7 +18,8 @@ from model_zoo.config import add_overrides_argument, available_models, import_mo
 from model_zoo.errors import UserInputError
 from model_zoo.launch.rank_table import add_rank_table_arguments, run_rank_table_command
 from model_zoo.parallel.checkpoint_command import add_checkpoint_arguments
-from model_zoo.plan.command import add_advise_arguments, add_plan_arguments
+from model_zoo.plan.command import (add_advise_arguments, add_dryrun_arguments,
+                                    add_plan_arguments)
 
 MODEL_SUBCOMMANDS = {"data": "build a model's dataset from text files",
                      "convert": "import a Hugging Face checkpoint"}
@@ -110,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan_arguments(commands.add_parser(
         "plan", help="check a parallel layout offline: every operator strategy, memory per "
                      "device, communication per step"))
+    add_dryrun_arguments(commands.add_parser(
+        "dryrun", help="compile a layout's train step with MindSpore's own semi-auto parallel "
+                       "for chosen ranks (no Ascend needed) and hold it against the plan"))
     add_advise_arguments(commands.add_parser(
         "advise", help="rank every layout of a model on N devices by predicted throughput "
                        "(offline)"))
@@ -152,6 +156,9 @@ def run(args) -> int:
     if args.command == "plan":
         from model_zoo.plan.command import run_plan_command
         return run_plan_command(args)
+    if args.command == "dryrun":
+        from model_zoo.plan.command import run_dryrun_command
+        return run_dryrun_command(args)
     if args.command == "advise":
         from model_zoo.plan.command import run_advise_command
         return run_advise_command(args)

@@ -383,6 +383,14 @@ class VocabEmbedding(nn.Cell):
             parallel_config.check_divisible("model.vocab_size", vocab_size)
             self.gather = ops.Gather().shard(((mp, 1), (dp, 1)))
 
+    def tie_across_stages(self):
+        """Mark the table as also used on a later pipeline stage (a tied output projection):
+        the parallel optimizer then leaves it whole, as MindSpore's own VocabEmbedding and
+        PanGu-alpha keep theirs (`parallel_optimizer=False`). Sharded, the gradients of its
+        two uses do not add up on the first stage: MindSpore 2.10 refuses the graph ("For
+        'AddN', input shape must be same", seen with `model-zoo dryrun`)."""
+        self.embedding_table.parallel_optimizer = False
+
     def construct(self, input_ids):
         return self.gather(self.embedding_table, input_ids, 0)
 

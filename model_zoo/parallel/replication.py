@@ -47,11 +47,14 @@ def mirror_group_size(param, parallel: ParallelConfig) -> int:
 def optimizer_shard_size(param, parallel: ParallelConfig) -> int:
     """z: the devices a slice's weights, moments and gradient are divided among with the
     parallel optimizer (1 without it, for frozen parameters, and where MindSpore leaves a
-    slice whole: dimension 0 of the slice not divisible by r, or a parameter under the
-    64 KB threshold; MindSpore compares the whole parameter, in its own dtype, with it).
+    slice whole: dimension 0 of the slice not divisible by r, a parameter under the 64 KB
+    threshold (MindSpore compares the whole parameter, in its own dtype, with it), or one
+    marked `parallel_optimizer=False`).
 
-    `param` needs shape, split, requires_grad and nbytes (a plan's ParamInfo)."""
-    if not parallel.optimizer_shard or not param.requires_grad or not param.shape:
+    `param` needs shape, split, requires_grad and nbytes, and may have parallel_optimizer
+    (a plan's ParamInfo)."""
+    if not (parallel.optimizer_shard and param.requires_grad and param.shape
+            and getattr(param, "parallel_optimizer", True)):
         return 1
     split = split_of(param)
     replicas = mirror_group_size(param, parallel)

@@ -52,6 +52,17 @@ def parameter_layout(param, parallel: ParallelConfig) -> Tuple[List[int], List[i
             shard if shard > 1 else 0)
 
 
+def entry_layout(name: str, param, parallel: ParallelConfig):
+    """`parameter_layout` of checkpoint entry `name`, laid out like the plan ParamInfo
+    `param` (the parameter itself or its training state)."""
+    dev_matrix, tensor_map, shard_step, shard_size = parameter_layout(param, parallel)
+    if name.startswith("accu_grads."):
+        # AutoParallel.hsdp's default level1 shards weights and optimizer state, not the
+        # accumulated gradients
+        shard_step = shard_size = 0
+    return dev_matrix, tensor_map, shard_step, shard_size
+
+
 def laid_out_names(params: Dict[str, object], names: Iterable[str]) -> Dict[str, str]:
     """{checkpoint name: the parameter whose layout it has} for the names that are a
     parameter of `params` or its training state (`adam_m.<parameter>`)."""
@@ -92,11 +103,7 @@ def strategy_map(params: Dict[str, object], parallel: ParallelConfig, names: Ite
         item.parallel_strategys.stage = stage
     for name, base in laid_out_names(params, names).items():
         param = params[base]
-        dev_matrix, tensor_map, shard_step, shard_size = parameter_layout(param, parallel)
-        if name.startswith("accu_grads."):
-            # AutoParallel.hsdp's default level1 shards weights and optimizer state, not
-            # the accumulated gradients (unverified on a cluster)
-            shard_step = shard_size = 0
+        dev_matrix, tensor_map, shard_step, shard_size = entry_layout(name, param, parallel)
         stages = sorted({param.stage} | set(param.used_on_stages))
         for stage in stages:
             item = strategy.parallel_layout_item.add()

@@ -180,6 +180,7 @@ class ParamInfo:
     split: Optional[tuple] = None            # from its strategy-bearing consumers
     consumers: List[Tuple[str, int, tuple]] = field(default_factory=list)
     used_on_stages: set = field(default_factory=set)
+    parallel_optimizer: bool = True   # False: the parallel optimizer leaves it whole
 
     @property
     def numel(self) -> int:
@@ -534,7 +535,8 @@ def _parameters(net, recorder) -> Dict[str, ParamInfo]:
                 stage = stage_of(cell)
                 break
         params[param.name] = ParamInfo(param.name, tuple(param.shape),
-                                       _dtype_name(param.dtype), stage, param.requires_grad)
+                                       _dtype_name(param.dtype), stage, param.requires_grad,
+                                       parallel_optimizer=param.parallel_optimizer)
     for call in recorder.calls:
         for index, tensor in enumerate(call.tensors):
             if tensor.param in params:

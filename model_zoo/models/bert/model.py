@@ -364,6 +364,8 @@ class BertForPreTraining(nn.Cell):
         self.add_losses = ops.Add().shard(((), ()))
         for cell in (self.gather_positions, self.cls, self.mlm_loss, self.nsp_loss):
             cell.pipeline_stage = _last_stage(parallel_config)
+        if parallel_config.pipeline_stage > 1:
+            self.bert.embeddings.word_embeddings.tie_across_stages()
 
     def logits(self, input_ids, token_type_ids, attention_mask, masked_lm_positions):
         """(mlm_logits float32 (batch * P, vocab), nsp_logits float32 (batch, 2)).

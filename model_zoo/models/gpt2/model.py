@@ -142,6 +142,8 @@ class GPT2LMHeadModel(nn.Cell):
         self.head = VocabProjection(config.hidden_size, parallel_config=parallel_config,
                                     compute_dtype=compute_dtype)
         self.head.pipeline_stage = parallel_config.pipeline_stage - 1
+        if parallel_config.pipeline_stage > 1:
+            self.transformer.wte.tie_across_stages()
 
     def construct(self, input_ids):
         hidden = self.transformer(input_ids)

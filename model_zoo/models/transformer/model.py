@@ -199,6 +199,8 @@ class Transformer(nn.Cell):
             cell.pipeline_stage = 0
         self.decoder_norm.pipeline_stage = parallel_config.pipeline_stage - 1
         self.projection.pipeline_stage = parallel_config.pipeline_stage - 1
+        if parallel_config.pipeline_stage > 1:
+            self.embedding.tie_across_stages()
         self.embedding_multiplier = Tensor(math.sqrt(config.hidden_size), ms.float32)
         self.padding_bias = PaddingBias(parallel_config=parallel_config)
 

@@ -1,0 +1,338 @@
+"""`model-zoo dryrun`: MindSpore's own semi-auto-parallel compiler on a layout, on a laptop.
+
+`model-zoo plan` re-derives MindSpore's strategy rules; this asks MindSpore itself. Each
+chosen rank of the layout is compiled in a process of its own (`dryrun_rank`) through
+MindSpore's dry run: simulation level 0 (`MS_SIMULATION_LEVEL=0`, dummy collectives of
+`RANK_SIZE` ranks) on the wheel's GPU plugin, loaded against stand-in CUDA libraries
+(`cuda_stubs`), since the parallel pass refuses the CPU target. That runs the whole
+frontend an Ascend job runs before its first step: strategy checks, tensor
+redistribution, the collectives it inserts, pipeline split, optimizer shard and the
+strategy file. It is not an Ascend compile: kernels are never selected or launched (an
+operator without an Ascend kernel still compiles), and memory is not simulated.
+
+Per rank it reports whether the train step compiled, MindSpore's error in one line,
+compile seconds, peak host memory, the inserted collectives by kind and group size, the
+strategy file, and every parameter whose layout differs from the plan's, with the
+gradient-norm weight the train step gives it.
+"""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from model_zoo.errors import UserInputError
+
+DEFAULT_TIMEOUT = 3600
+
+
+@dataclass
+class RankResult:
+    """What the dry run of one rank found."""
+
+    rank: int
+    stage: int
+    compiled: bool = False
+    compile_s: Optional[float] = None
+    peak_rss_mb: Optional[int] = None
+    collectives: dict = field(default_factory=dict)         # kind -> count
+    collective_groups: dict = field(default_factory=dict)   # kind -> {group size: count}
+    layout_mismatches: list = field(default_factory=list)
+    error: Optional[str] = None
+    strategy_file: Optional[str] = None
+    log: Optional[str] = None
+
+
+@dataclass
+class DryRun:
+    """A dry run of a layout: one RankResult per compiled rank, and the plan's verdict."""
+
+    config_path: str
+    device_num: int
+    ranks: List[RankResult]
+    plan_violations: List[str]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.compiled and not r.layout_mismatches for r in self.ranks)
+
+    def to_dict(self) -> dict:
+        ranks = []
+        for result in self.ranks:
+            entry = asdict(result)
+            if not entry["log"]:
+                entry.pop("log")
+            ranks.append(entry)
+        return {"ok": self.ok, "config": self.config_path, "device_num": self.device_num,
+                "plan_violations": self.plan_violations, "ranks": ranks}
+
+
+def select_ranks(spec: str, parallel) -> List[int]:
+    """The ranks `--ranks` names: "stages" (the first rank of every pipeline stage), "all",
+    or a comma-separated list."""
+    device_num = parallel.device_num
+    if spec == "stages":
+        return [stage * parallel.devices_per_stage for stage in range(parallel.pipeline_stage)]
+    if spec == "all":
+        return list(range(device_num))
+    try:
+        ranks = [int(part) for part in spec.split(",") if part.strip()]
+    except ValueError:
+        raise UserInputError(f"--ranks {spec!r}: give stages, all, or ranks such as 0,4")
+    bad = [rank for rank in ranks if not 0 <= rank < device_num]
+    if not ranks or bad:
+        raise UserInputError(f"--ranks {spec!r}: the layout has ranks 0-{device_num - 1}")
+    return sorted(set(ranks))
+
+
+def run_dryrun(config, config_path: str, overrides, ranks: List[int],
+               output_dir: Optional[str] = None, jobs: int = 2,
+               timeout: float = DEFAULT_TIMEOUT, progress=None) -> DryRun:
+    """Compile `ranks` of `config`'s layout, `jobs` processes at a time, and hold their
+    parameter layouts against the plan's. `progress(message)` hears each rank finish."""
+    from model_zoo.parallel.replication import stage_of_rank
+    from model_zoo.plan import cuda_stubs
+    from model_zoo.plan.report import build_plan
+
+    cuda_home = cuda_stubs.fake_cuda_home()     # before any work: the one machine check
+    parallel = config.parallel
+    plan = build_plan(config, config_path)
+    plan_params = plan.recording.params if plan.recording is not None else {}
+    work = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="model-zoo-dryrun-"))
+    try:
+        pending = [(rank, _request(work, config_path, overrides, rank)) for rank in ranks]
+        running, results = [], {}
+        while pending or running:
+            while pending and len(running) < max(1, jobs):
+                rank, request = pending.pop(0)
+                running.append((rank, request, _start(request, rank, parallel.device_num,
+                                                      cuda_home), time.monotonic()))
+            time.sleep(0.2)
+            for item in list(running):
+                rank, request, process, started = item
+                timed_out = time.monotonic() - started > timeout
+                if process.poll() is None and not timed_out:
+                    continue
+                if timed_out and process.poll() is None:
+                    process.kill()
+                    process.wait()
+                running.remove(item)
+                result = _collect(request, rank, stage_of_rank(rank, parallel), process,
+                                  timeout if timed_out else None, keep=bool(output_dir))
+                if result.compiled and plan_params:
+                    result.layout_mismatches = compare_layouts(
+                        _read_layouts(request), plan_params, parallel, result.stage)
+                results[rank] = result
+                if progress is not None:
+                    progress(rank_line(result))
+        violations = [f"{v.rule}: {v.message}" for v in plan.violations]
+        return DryRun(config_path, parallel.device_num, [results[r] for r in ranks],
+                      violations)
+    finally:
+        if not output_dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _request(work: Path, config_path: str, overrides, rank: int) -> Path:
+    folder = work / f"rank_{rank}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in ("result.json", "error.txt", "strategy.ckpt"):
+        (folder / stale).unlink(missing_ok=True)
+    request = folder / "request.json"
+    request.write_text(json.dumps({"config": os.path.abspath(config_path),
+                                   "overrides": list(overrides or []), "rank": rank}))
+    return request
+
+
+def _start(request: Path, rank: int, device_num: int, cuda_home: Path) -> subprocess.Popen:
+    """The rank's compile process, with the dry run's environment."""
+    project = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env.update({
+        "CUDA_HOME": str(cuda_home),
+        "LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(cuda_home / "lib"),
+                                                         env.get("LD_LIBRARY_PATH")])),
+        "MS_SIMULATION_LEVEL": "0",      # compile only, with dummy collectives
+        "RANK_SIZE": str(device_num), "RANK_ID": str(rank),
+        # off Ascend, MindSpore's collective manager wants a host launcher before it reaches
+        # its simulation branch: these make it take the OpenMPI one
+        "OMPI_COMMAND": "model-zoo-dryrun", "PMIX_RANK": str(rank),
+        "GLOG_v": env.get("GLOG_v", "3"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [project, env.get("PYTHONPATH")])),
+    })
+    for variable in ("MS_WORKER_NUM", "MS_ROLE", "RANK_TABLE_FILE", "DEVICE_ID"):
+        env.pop(variable, None)          # a launcher's variables would make it a real rank
+    log = open(request.parent / "dryrun.log", "w", encoding="utf-8")
+    with log:
+        return subprocess.Popen([sys.executable, "-m", "model_zoo.plan.dryrun_rank",
+                                 str(request)], stdout=log, stderr=subprocess.STDOUT,
+                                env=env, cwd=str(request.parent))
+
+
+def _collect(request: Path, rank: int, stage: int, process, timed_out: Optional[float],
+             keep: bool) -> RankResult:
+    folder = request.parent
+    result = RankResult(rank=rank, stage=stage)
+    if keep:
+        result.log = str(folder / "dryrun.log")
+    path = folder / "result.json"
+    if timed_out:
+        result.error = f"the compile did not finish within {timed_out:g} s (--timeout)"
+        return result
+    if not path.is_file():
+        how = (f"was killed by signal {-process.returncode}" if process.returncode < 0
+               else f"exited with status {process.returncode}")
+        tail = _log_tail(folder / "dryrun.log")
+        result.error = f"the compile process {how}" + (f": {tail}" if tail else "")
+        return result
+    found = json.loads(path.read_text())
+    for key in ("compiled", "compile_s", "peak_rss_mb", "collectives", "collective_groups",
+                "error"):
+        setattr(result, key, found[key])
+    strategy = folder / "strategy.ckpt"
+    if keep and strategy.is_file():
+        result.strategy_file = str(strategy)
+    return result
+
+
+def _read_layouts(request: Path) -> dict:
+    return json.loads((request.parent / "result.json").read_text())["layouts"]
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines()
+                 if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
+def mindspore_split(layout: dict) -> tuple:
+    """Per tensor dimension, the number of slices MindSpore cut it into."""
+    dev_matrix = layout["dev_matrix"]
+    return tuple(dev_matrix[len(dev_matrix) - 1 - axis] if axis >= 0 else 1
+                 for axis in layout["tensor_map"])
+
+
+def compare_layouts(layouts: dict, plan_params: dict, parallel, stage: int) -> list:
+    """The entries of one rank whose layout MindSpore and the plan see differently.
+
+    `layouts` are MindSpore's (`dryrun_rank.layout_of`, by checkpoint name); each names a
+    parameter or its training state (`adam_m.<p>`, `adam_v.<p>`, `accu_grads.<p>`), laid
+    out like the parameter. Compared: the split of every dimension, the optimizer shard's
+    group, and for trainable parameters the gradient-norm weight the train step gives the
+    slice (`replication.norm_weights`) against the one MindSpore's layout implies. Scalars
+    (step counters, the loss scale) are in neither. A parameter of this stage that
+    MindSpore did not lay out is reported too."""
+    from model_zoo.parallel.replication import norm_weights, split_of
+    from model_zoo.parallel.strategy_file import entry_layout, laid_out_names
+
+    mismatches = []
+    known = laid_out_names(plan_params, layouts)
+    for name, layout in sorted(layouts.items()):
+        if name not in known:
+            if math.prod(layout["full_shape"]) > 1:
+                mismatches.append({"parameter": name, "problem": "not in the plan",
+                                   "mindspore": _ms_view(layout), "plan": None})
+            continue
+        param = plan_params[known[name]]
+        _, _, _, shard = entry_layout(name, param, parallel)
+        plan_view = {"split": list(split_of(param)), "optimizer_shard": max(shard, 1),
+                     "stage": param.stage}
+        ms_view = _ms_view(layout)
+        problems = []
+        if ms_view["split"] != plan_view["split"]:
+            problems.append("split")
+        if ms_view["optimizer_shard"] != plan_view["optimizer_shard"]:
+            problems.append("optimizer shard")
+        if list(layout["full_shape"]) != list(param.shape):
+            problems.append("shape")
+        if param.stage != stage and stage not in param.used_on_stages:
+            problems.append("stage")
+        if not problems:
+            continue
+        entry = {"parameter": name, "problem": ", ".join(problems), "mindspore": ms_view,
+                 "plan": plan_view}
+        if name == known[name] and param.requires_grad:
+            # a parameter's gradient is counted on its own stage only (other stages: 0)
+            entry["norm_weight"] = norm_weights([param], parallel, stage)[0]
+            copies = math.prod(layout["dev_matrix"]) // max(1, math.prod(ms_view["split"]))
+            entry["norm_weight_mindspore"] = (ms_view["optimizer_shard"] / max(1, copies)
+                                              if param.stage == stage else 0.0)
+        mismatches.append(entry)
+    unplaced = [name for name, param in plan_params.items()
+                if param.stage == stage and name not in layouts]
+    for name in sorted(unplaced):
+        mismatches.append({"parameter": name, "problem": "not laid out by MindSpore",
+                           "mindspore": None, "plan": {"split": list(split_of(
+                               plan_params[name])), "stage": stage}})
+    return mismatches
+
+
+def _ms_view(layout: dict) -> dict:
+    return {"split": list(mindspore_split(layout)), "optimizer_shard": layout["optimizer_shard"],
+            "dev_matrix": layout["dev_matrix"], "tensor_map": layout["tensor_map"]}
+
+
+# --- the report -------------------------------------------------------------------------------
+
+def rank_line(result: RankResult) -> str:
+    head = f"rank {result.rank} (stage {result.stage}): "
+    if not result.compiled:
+        return head + f"FAILED: {result.error}"
+    comm = ", ".join(f"{kind} {count}" for kind, count in sorted(result.collectives.items()))
+    line = (head + f"compiled in {result.compile_s:.1f} s, peak {result.peak_rss_mb} MB; "
+            f"collectives: {comm or 'none'}")
+    if result.layout_mismatches:
+        line += f"; {len(result.layout_mismatches)} layouts differ from the plan"
+    return line
+
+
+def format_dryrun(run: DryRun, max_mismatches: int = 10) -> str:
+    lines = [f"MindSpore dry run of {run.config_path}: {run.device_num} devices, "
+             f"{len(run.ranks)} rank(s) compiled with MindSpore's semi-auto parallel"]
+    for result in run.ranks:
+        lines.append("  " + rank_line(result))
+        for kind, sizes in sorted(result.collective_groups.items()):
+            groups = ", ".join(f"{count} over {size}" for size, count in
+                               sorted(sizes.items(), key=lambda item: int(item[0])))
+            lines.append(f"      {kind}: {groups} devices")
+        for mismatch in result.layout_mismatches[:max_mismatches]:
+            lines.append(f"      differs ({mismatch['problem']}): {mismatch['parameter']}: "
+                         f"MindSpore {_short(mismatch['mindspore'])}, plan "
+                         f"{_short(mismatch['plan'])}" + _weights(mismatch))
+        if len(result.layout_mismatches) > max_mismatches:
+            lines.append(f"      ... and {len(result.layout_mismatches) - max_mismatches} more "
+                         f"(--json lists all)")
+        if result.strategy_file:
+            lines.append(f"      strategy file: {result.strategy_file}")
+    if run.plan_violations:
+        lines.append(f"model-zoo plan finds {len(run.plan_violations)} problem(s) with this "
+                     f"layout; the first: {run.plan_violations[0]}")
+    lines.append("ok: every rank compiled and agrees with the plan" if run.ok else
+                 "NOT OK: a rank did not compile or a layout differs from the plan")
+    return "\n".join(lines)
+
+
+def _short(view) -> str:
+    if view is None:
+        return "none"
+    text = f"split {tuple(view['split'])}"
+    if view.get("optimizer_shard", 1) > 1:
+        text += f" optimizer shard {view['optimizer_shard']}"
+    return text
+
+
+def _weights(mismatch: dict) -> str:
+    if "norm_weight" not in mismatch:
+        return ""
+    return (f"; gradient-norm weight {mismatch['norm_weight']:g} (MindSpore's layout "
+            f"implies {mismatch['norm_weight_mindspore']:g})")

@@ -1,0 +1,162 @@
+"""One rank of `model-zoo dryrun`, in a process of its own:
+`python -m model_zoo.plan.dryrun_rank REQUEST.json` (the driver, `dryrun.py`, writes the
+request and sets the environment: stand-in CUDA, `MS_SIMULATION_LEVEL=0`, `RANK_SIZE`,
+`RANK_ID`).
+
+It builds the train step exactly as `model-zoo train` does on a distributed Ascend run
+(`trainer.build_model`: the model folder's network, the optimizer, loss scale, micro-batch
+cells and gradient norm, no weights allocated; `wrap_train_step`: AutoParallel with the
+layout's pipeline, optimizer shard, dataset strategy and strategy file), then lets
+MindSpore compile it for this rank. A dry-run process runs no operator (level 0 stops
+before any kernel launch), so it only compiles; that is why each rank has its own process.
+MindSpore compiles for its GPU target here (its parallel pass refuses CPU); the model is
+built as for Ascend (`RunContext("Ascend")`: the operators and strategies an Ascend run
+uses).
+
+It writes `result.json` beside the request: whether it compiled, MindSpore's error, compile
+seconds, peak memory, the collectives in the compiled graph and every parameter's layout.
+"""
+
+import json
+import os
+import re
+import resource
+import sys
+import time
+import traceback
+from collections import Counter, defaultdict
+from pathlib import Path
+
+# MindSpore's names of the communication primitives it inserts -> the kind reported
+COLLECTIVES = {"AllReduce": "AllReduce", "AllGather": "AllGather",
+               "ReduceScatter": "ReduceScatter", "Send": "Send", "Receive": "Receive",
+               "AlltoAll": "AllToAll", "AllToAll": "AllToAll", "AlltoAllV": "AllToAll",
+               "NeighborExchange": "AllToAll", "Broadcast": "Broadcast"}
+WORLD_GROUPS = ("nccl_world_group", "hccl_world_group")
+
+
+def main(request_path: str) -> int:
+    request = json.loads(Path(request_path).read_text())
+    folder = Path(request_path).parent
+    from model_zoo.plan import cuda_stubs
+    cuda_stubs.load(Path(os.environ["CUDA_HOME"]))   # before MindSpore loads its GPU plugin
+    result = {"rank": request["rank"], "compiled": False, "compile_s": None,
+              "peak_rss_mb": None, "collectives": {}, "collective_groups": {},
+              "layouts": {}, "error": None}
+    try:
+        compile_rank(request, folder, result)
+    except Exception as err:  # noqa: BLE001 - MindSpore's refusal is the result
+        result["error"] = one_line(err)
+        (folder / "error.txt").write_text(traceback.format_exc())
+    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    (folder / "result.json").write_text(json.dumps(result))
+    return 0
+
+
+def compile_rank(request: dict, folder: Path, result: dict):
+    import numpy as np
+    import mindspore as ms
+    from mindspore.communication import get_group_size, get_rank, init
+    from model_zoo.config import import_model
+    from model_zoo.parallel.context import RunContext, data_shard, wrap_train_step
+    from model_zoo.plan.report import load_plan_config
+    from model_zoo.train.trainer import build_model
+
+    config = load_plan_config(request["config"], request["overrides"])
+    module = import_model(config.model.name)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("GPU")   # MindSpore's parallel pass refuses the CPU target
+    init()                 # dummy collectives of RANK_SIZE ranks (MS_SIMULATION_LEVEL=0)
+    context = RunContext("Ascend", rank=get_rank(), device_num=get_group_size())
+    ms.set_seed(config.train.seed)
+    _, step_cell = build_model(module, config, context)
+    runnable = wrap_train_step(step_cell, config.parallel, context,
+                               str(folder / "strategy.ckpt"))
+    shard = data_shard(config.parallel, context.rank, config.train.global_batch_size)
+    inputs = [ms.Tensor(np.zeros(shape, ms.dtype_to_nptype(dtype)))
+              for shape, dtype in module.plan_inputs(config, shard.batch_size)]
+    runnable.set_train(True)
+    started = time.perf_counter()
+    runnable.compile(*inputs)
+    result["compile_s"] = round(time.perf_counter() - started, 2)
+    result["compiled"] = True
+    graph = ms.common.api._cell_graph_executor._get_func_graph_proto(  # pylint: disable=W0212
+        runnable, runnable.compile_phase, "mind_ir")
+    result["collectives"], result["collective_groups"] = collectives(graph,
+                                                                     context.device_num)
+    names = set(step_cell.parameters_dict())
+    result["layouts"] = {name: layout_of(value) for name, value
+                         in runnable.parameter_layout_dict.items() if name in names}
+
+
+def collectives(graph_proto: bytes, device_num: int):
+    """({kind: count}, {kind: {group size: count}}) of the communication operators in a
+    compiled graph (MindIR bytes: the main graph and every function it calls)."""
+    from mindspore.train import mind_ir_pb2
+    model = mind_ir_pb2.ModelProto()
+    model.ParseFromString(graph_proto)
+    sizes = {}
+    for primitive in model.primitives:
+        kind = COLLECTIVES.get(primitive.op_type)
+        if kind:
+            sizes[primitive.name] = (kind, group_size(primitive, device_num))
+    counts, by_size = Counter(), defaultdict(Counter)
+    for graph in [model.graph, *model.functions]:
+        for node in graph.node:
+            reference = node.op_type[len("REF::"):] if node.op_type.startswith("REF::") else ""
+            if reference in sizes:
+                kind, size = sizes[reference]
+                counts[kind] += 1
+                by_size[kind][str(size)] += 1
+    return dict(counts), {kind: dict(sizes) for kind, sizes in by_size.items()}
+
+
+def group_size(primitive, device_num: int) -> int:
+    """Ranks of a collective's group: its rank list, else the world, else the size MindSpore
+    puts in front of a sub-group's name ("<size>-<hash>"); Send/Receive pairs are 2."""
+    attributes = {attribute.name: attribute for attribute in primitive.attribute}
+    ranks = attributes.get("group_rank_ids")
+    if ranks is not None and len(ranks.ints) > 0:
+        return len(ranks.ints)
+    group = attributes["group"].s.decode() if "group" in attributes else ""
+    if group in WORLD_GROUPS:
+        return device_num
+    match = re.match(r"(\d+)-", group)
+    if match:
+        return int(match.group(1))
+    return 2 if primitive.op_type in ("Send", "Receive") else 0
+
+
+def layout_of(layout) -> dict:
+    """A `parameter_layout_dict` entry as plain values: device matrix, tensor map, the
+    slice this rank holds, the whole shape, and the optimizer shard's group size (1 without
+    it). Entry fields: MindSpore's `parallel/_tensor.py` (`_load_tensor_by_layout`)."""
+    dev_matrix, tensor_map, slice_shape = list(layout[0]), list(layout[1]), list(layout[2])
+    group, full_shape = layout[5], list(layout[6])
+    shard = 1
+    if group:
+        match = re.match(r"(\d+)-", group)
+        shard = int(match.group(1)) if match else 0
+    return {"dev_matrix": dev_matrix, "tensor_map": tensor_map, "slice_shape": slice_shape,
+            "full_shape": full_shape, "optimizer_shard": shard}
+
+
+def one_line(err: BaseException) -> str:
+    """MindSpore's error reduced to the line that says what was refused (its messages carry
+    C++ call stacks and advice paragraphs)."""
+    text = str(err)
+    lines = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("- C++ Call Stack") or line.startswith("- The Traceback"):
+            break
+        if not line or set(line) <= set("-") or line.startswith("- "):
+            continue
+        lines.append(line)
+    message = " ".join(lines) or type(err).__name__
+    message = re.sub(r"\s+", " ", message)
+    return f"{type(err).__name__}: {message[:600]}"
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
