@@ -264,34 +264,76 @@ class TwoLayers(nn.Cell):
         return ops.reduce_mean(ops.square(self.second(ops.tanh(self.first(x)))))
 
 
-def test_fused_adamw_matches_mindspores_adam_weight_decay():
-    """The one-kernel AdamW of CPU runs, the step's unscaling and clipping folded in, gives
-    the parameters and moments of MindSpore's nn.AdamWeightDecay, under the same names."""
+def test_adamw_variants_match_mindspores_adam_weight_decay():
+    """The one-kernel AdamW of CPU runs and the branch-free one of cluster runs, both with
+    the step's unscaling and clipping folded in, give the parameters and moments of
+    MindSpore's nn.AdamWeightDecay (applied after the step's own scaling), under the same
+    names."""
     from model_zoo.nn import cpu_kernels
     from model_zoo.nn.layers import kernels_for
-    from model_zoo.train.step import FusedAdamWeightDecay
+    from model_zoo.train.step import FusedAdamWeightDecay, SkippingAdamWeightDecay
     if not cpu_kernels.available():
         pytest.skip("no C++ compiler for the fused kernels")
     config = TrainConfig(weight_decay=0.1)
     batches = [Tensor(np.random.default_rng(seed).normal(size=(4, 6)), ms.float32)
                for seed in range(4)]
-    results = []
-    for target in ("CPU", "Ascend"):   # "Ascend": MindSpore's operators, as a cluster runs
-        with kernels_for(target):
+    results = {}
+    for variant in ("CPU", "Ascend", "mindspore"):   # Ascend: MindSpore's operators
+        with kernels_for("CPU" if variant == "CPU" else "Ascend"):
             network = TwoLayers()
             schedule = WarmupCosineSchedule(1e-2, 1e-3, 2, 10)
             optimizer = build_optimizer(network, config, schedule)
-            assert isinstance(optimizer, FusedAdamWeightDecay) == (target == "CPU")
+            expected = {"CPU": FusedAdamWeightDecay}.get(variant, SkippingAdamWeightDecay)
+            assert type(optimizer) is expected
+            if variant == "mindspore":
+                params = network.trainable_params()
+                groups = [{"params": [p for p in params if p.ndim >= 2],
+                           "weight_decay": config.weight_decay},
+                          {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+                          {"order_params": params}]
+                optimizer = nn.AdamWeightDecay(groups, learning_rate=schedule,
+                                               beta1=config.adam_beta1,
+                                               beta2=config.adam_beta2, eps=config.adam_eps)
             step = TrainStep(network, optimizer, schedule, grad_clip=0.05)
             norms = [run_step(step, x)[3] for x in batches]
-        results.append((params_of(step), norms))
-    (fused, fused_norms), (reference, reference_norms) = results
-    assert fused_norms == pytest.approx(reference_norms, rel=1e-5)
-    assert min(fused_norms) > 0.05   # every step clipped: the factor matters
-    assert fused.keys() == reference.keys() and any("adam_m" in name for name in fused)
-    for name, value in reference.items():
-        np.testing.assert_allclose(fused[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
-    assert not np.allclose(fused["first.weight"], TwoLayers().first.weight.asnumpy())
+        results[variant] = (params_of(step), norms)
+    reference, reference_norms = results.pop("mindspore")
+    assert min(reference_norms) > 0.05   # every step clipped: the factor matters
+    assert any("adam_m" in name for name in reference)
+    assert not np.allclose(reference["first.weight"], TwoLayers().first.weight.asnumpy())
+    for variant, (found, norms) in results.items():
+        assert norms == pytest.approx(reference_norms, rel=1e-5), variant
+        assert found.keys() == reference.keys(), variant
+        for name, value in reference.items():
+            np.testing.assert_allclose(found[name], value, rtol=1e-5, atol=1e-7,
+                                       err_msg=f"{variant}: {name}")
+
+
+def test_skipping_adamw_leaves_everything_on_a_non_finite_step():
+    """A non-finite step changes no parameter, moment or step count; the next finite one
+    is MindSpore's AdamWeightDecay update."""
+    from model_zoo.train.step import SkippingAdamWeightDecay
+    values = np.random.default_rng(3).normal(size=(3, 4)).astype(np.float32)
+    grad = Tensor(np.full((3, 4), 0.5, np.float32))
+    updated = []
+    for kind in (SkippingAdamWeightDecay, nn.AdamWeightDecay):
+        param = Parameter(Tensor(values), name="w")
+        optimizer = kind([param], learning_rate=0.1, weight_decay=0.01)
+        if kind is SkippingAdamWeightDecay:
+            bad = Tensor(np.full((3, 4), np.inf, np.float32))
+            optimizer((bad,), Tensor(1.0, ms.float32), Tensor(False))
+            assert np.array_equal(param.asnumpy(), values)
+            assert not optimizer.moments1[0].asnumpy().any()
+            assert int(optimizer.global_step.asnumpy()) == 0
+            optimizer((grad * 2,), Tensor(0.5, ms.float32), Tensor(True))
+        else:
+            optimizer((grad,))
+        updated.append((param.asnumpy(), optimizer.moments2[0].asnumpy(),
+                        int(optimizer.global_step.asnumpy())))
+    (found, found_v, found_step), (reference, reference_v, reference_step) = updated
+    np.testing.assert_allclose(found, reference, rtol=1e-6)
+    np.testing.assert_allclose(found_v, reference_v, rtol=1e-6)
+    assert found_step == reference_step == 1 and not np.allclose(found, values)
 
 
 class Update(nn.Cell):

@@ -208,8 +208,10 @@ class TrainStep(nn.Cell):
             self.accu_grads = self.weights.clone(prefix="accu_grads", init="zeros")
         self.step = Parameter(Tensor(0, ms.int32), name=STEP_COUNTER, requires_grad=False)
         self.keyed_dropout = use_cpu_kernels()   # the masks follow DROPOUT_STEP
-        # the fused optimizer unscales and clips the gradients as it reads them
-        self.optimizer_scales = isinstance(optimizer, FusedAdamWeightDecay)
+        # these optimizers unscale and clip the gradients as they read them, and skip a
+        # step that is not finite themselves
+        self.optimizer_scales = isinstance(optimizer, (FusedAdamWeightDecay,
+                                                       SkippingAdamWeightDecay))
         self.hyper_map = ops.HyperMap()
         self.gradient_norm = gradient_norm if gradient_norm is not None else GradientNorm()
         # On CPU MindSpore keeps the forward pass of `network(*batch)` apart from the one the
@@ -293,9 +295,10 @@ class TrainStep(nn.Cell):
         if self.dynamic_loss_scale:
             self._adjust_loss_scale(finite)
         if self.optimizer_scales:
-            # no branch: the fused kernel skips a step that is not finite by itself (a
-            # branch of the graph costs MindSpore on CPU about 1 ms a step, which GPT-2
-            # tiny's 27 ms step spent switching between its subgraphs)
+            # no branch: the optimizer skips a step that is not finite by itself (a branch
+            # of the graph costs MindSpore on CPU about 1 ms a step, which GPT-2 tiny's
+            # 27 ms step spent switching between its subgraphs, and made the parallel
+            # compile of a model reused per micro batch exponential: SkippingAdamWeightDecay)
             loss = ops.depend(loss, self.optimizer(grads, factor, finite))
         elif finite:
             loss = ops.depend(loss, self.optimizer(grads))
@@ -385,10 +388,73 @@ class FusedAdamWeightDecay(nn.AdamWeightDecay):
                            *self._parameters, *self.moments1, *self.moments2, *gradients)
 
 
+class SkippingAdamWeightDecay(nn.AdamWeightDecay):
+    """`nn.AdamWeightDecay` that applies the train step's gradient factor (unscaling and
+    clipping) as it reads the gradients and leaves parameters, moments and step count as
+    they are on a non-finite step, without a branch in the graph: the same update as
+    MindSpore's (its `_update_run_op`: no bias correction, decay on the flagged
+    parameters), each result selected against the old value by `finite`.
+
+    The train step of a semi-auto run takes no branch because of this: with the model
+    compiled once for all micro batches (`context.ReusedPerMicroBatch`), MindSpore 2.10's
+    parallel pass took exponentially long in the number of blocks over a step that branched
+    on the overflow (GPT-2 tiny, 8 micro batches: 2.7 s at 1 block, over 100 s at 4;
+    measured with `model-zoo dryrun`). Same parameters, moments and names as
+    `nn.AdamWeightDecay`: checkpoints are interchangeable.
+
+    Inputs:
+        gradients: tuple of gradients, in the order of the parameters.
+        factor: float32 scalar the gradients are multiplied by.
+        finite: bool scalar; False leaves everything as it was.
+    Outputs:
+        a tuple of the updated parameters' values, for ordering.
+    """
+
+    def construct(self, gradients, factor=None, finite=None):
+        lr = self.get_lr()
+        if factor is None:
+            factor = ops.ones((), ms.float32)
+        if finite is None:
+            finite = ops.ones((), ms.bool_)
+        self.assignadd(self.global_step, ops.cast(finite, ms.int32) *
+                       self.global_step_increase_tensor)
+        factor = ops.cast(factor, ms.float32)
+        decay = self.get_weight_decay()
+        if self.is_group:   # a decay per parameter
+            return self.hyper_map(ops.partial(_skipping_adamw, self.beta1, self.beta2,
+                                              self.eps, lr, factor, finite),
+                                  decay, self._parameters, self.moments1, self.moments2,
+                                  gradients, self.decay_flags)
+        return self.hyper_map(ops.partial(_skipping_adamw, self.beta1, self.beta2, self.eps,
+                                          lr, factor, finite, decay),
+                              self._parameters, self.moments1, self.moments2, gradients,
+                              self.decay_flags)
+
+
+def _skipping_adamw(beta1, beta2, eps, lr, factor, finite, weight_decay, param, m, v,
+                    gradient, decay_flag):
+    """One parameter's AdamW step in float32, applied only when `finite`."""
+    g = ops.cast(gradient, ms.float32) * factor
+    g = ops.select(finite, g, ops.zeros_like(g))     # no inf or nan reaches the moments
+    m32, v32, p32 = (ops.cast(t, ms.float32) for t in (m, v, param))
+    next_m = beta1 * m32 + (1.0 - beta1) * g
+    next_v = beta2 * v32 + (1.0 - beta2) * ops.square(g)
+    update = next_m / (eps + ops.sqrt(next_v))
+    if decay_flag:
+        update = update + weight_decay * p32
+    next_param = p32 - lr * update
+    next_param = ops.depend(next_param, ops.assign(
+        m, ops.cast(ops.select(finite, next_m, m32), m.dtype)))
+    next_param = ops.depend(next_param, ops.assign(
+        v, ops.cast(ops.select(finite, next_v, v32), v.dtype)))
+    return ops.assign(param, ops.cast(ops.select(finite, next_param, p32), param.dtype))
+
+
 def build_optimizer(network, train_config, lr_schedule):
     """AdamW; biases, layer-norm parameters and other 1-D parameters get no weight decay.
     On CPU with the fused kernels and float32 parameters, as one kernel
-    (`FusedAdamWeightDecay`)."""
+    (`FusedAdamWeightDecay`); elsewhere MindSpore's operators (`SkippingAdamWeightDecay`).
+    Either takes the step's gradient factor and skips a non-finite step itself."""
     params = network.trainable_params()
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
@@ -403,4 +469,4 @@ def build_optimizer(network, train_config, lr_schedule):
         # the kernel takes one lr and fixed decays, and updates every parameter here
         if not (fused.is_group_lr or fused.dynamic_weight_decay or fused.use_parallel):
             return fused
-    return nn.AdamWeightDecay(groups, **arguments)
+    return SkippingAdamWeightDecay(groups, **arguments)
