@@ -16,6 +16,7 @@ from mindspore import lazy_inline, nn
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
 
+COMPILE_CALL_DEPTH = 10_000   # function calls MindSpore's graph compiler may nest
 PLAN_HINT = "check the layout offline with `model-zoo plan CONFIG --device-num N`"
 
 
@@ -242,6 +243,11 @@ def wrap_train_step(train_step, parallel: ParallelConfig, context: RunContext,
     """
     if not context.semi_auto:
         return train_step
+    # every micro batch is a call of the model's graph: a pipeline of 64 micro batches
+    # and 8 accumulation steps passes MindSpore's default depth of 1,000 calls (seen with
+    # `model-zoo dryrun` on gpt-100b); MindFormers' configs raise it the same way
+    # (`max_call_depth: 10000`)
+    ms.set_recursion_limit(COMPILE_CALL_DEPTH)
     from mindspore.parallel.auto_parallel import AutoParallel
     parallel_step = AutoParallel(train_step, parallel_mode="semi_auto")
     parallel_step.dataset_strategy("full_batch" if parallel.full_batch else "data_parallel")

@@ -126,7 +126,8 @@ def run_dryrun(config, config_path: str, overrides, ranks: List[int],
                 running.remove(item)
                 result = _collect(request, rank, stage_of_rank(rank, parallel), process,
                                   timeout if timed_out else None, keep=bool(output_dir))
-                if result.compiled and plan_params:
+                # one device: a stand-alone compile, no layout to compare
+                if result.compiled and plan_params and parallel.device_num > 1:
                     result.layout_mismatches = compare_layouts(
                         _read_layouts(request), plan_params, parallel, result.stage)
                 results[rank] = result

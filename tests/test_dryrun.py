@@ -1,0 +1,193 @@
+"""`model-zoo dryrun`: MindSpore's own semi-auto-parallel compiler on our layouts.
+
+Every shipped layout is compiled for the first rank of its first and last pipeline stage,
+at one block per stage (`reduced_overrides`), and MindSpore's parameter layouts are held
+against the plan's. The compiles are MindSpore's (its dry run on the wheel's GPU plugin);
+nothing here stands in for them.
+"""
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import run_cli
+from model_zoo.errors import UserInputError
+from model_zoo.parallel.strategy_file import parameter_layout
+from model_zoo.plan import cuda_stubs
+from model_zoo.plan.docs import MODELS_DIR, plan_config_files
+from model_zoo.plan.dryrun import compare_layouts, run_dryrun, select_ranks
+from model_zoo.plan.report import build_plan, load_plan_config
+
+TINY = "model_zoo/models/gpt2/configs/tiny.yaml"
+DP2_MP2 = ["parallel.data_parallel=2", "parallel.model_parallel=2"]
+# the test tier's bound on micro steps a step compiles (pipeline micro batches x
+# accumulation): above it, accumulation is lowered; the layout and its pipeline micro
+# batches stay (benchmarks/compile_time.py compiles the full configurations)
+MAX_MICRO_STEPS = 16
+
+
+def shipped_configs():
+    """Every layout config and cluster config the models ship (not the CPU configs)."""
+    cluster = []
+    for model in sorted(os.listdir(MODELS_DIR)):
+        folder = os.path.join(MODELS_DIR, model, "configs")
+        if os.path.isdir(folder):
+            cluster += [os.path.join(folder, name) for name in sorted(os.listdir(folder))
+                        if name.endswith(".yaml") and name not in ("tiny.yaml",
+                                                                   "finetune.yaml")]
+    return cluster + plan_config_files()
+
+
+def reduced_overrides(path: str) -> list:
+    """One block per pipeline stage, and at most MAX_MICRO_STEPS micro steps."""
+    config = load_plan_config(path)
+    parallel, train = config.parallel, config.train
+    overrides = [f"model.num_layers={parallel.pipeline_stage}"]
+    micro = parallel.micro_batch_num if parallel.pipeline_stage > 1 else 1
+    accumulation = train.grad_accumulation
+    while accumulation > 1 and micro * accumulation > MAX_MICRO_STEPS:
+        accumulation //= 2
+    if accumulation != train.grad_accumulation:
+        overrides.append(f"train.grad_accumulation={accumulation}")
+    return overrides
+
+
+def first_and_last_stage(config) -> list:
+    parallel = config.parallel
+    return sorted({0, (parallel.pipeline_stage - 1) * parallel.devices_per_stage})
+
+
+@pytest.fixture(scope="module")
+def shipped_dryruns(request):
+    """{config path: Future of its DryRun}, the selected configs compiled two at a time."""
+    selected = [item.callspec.params["path"] for item in request.session.items
+                if item.originalname == "test_every_shipped_layout_compiles"]
+    pool = ThreadPoolExecutor(max_workers=2)
+
+    def dryrun(path):
+        overrides = reduced_overrides(path)
+        config = load_plan_config(path, overrides)
+        return run_dryrun(config, path, overrides, first_and_last_stage(config), jobs=1,
+                          timeout=900)
+
+    futures = {path: pool.submit(dryrun, path) for path in selected}
+    yield futures
+    pool.shutdown(cancel_futures=True)
+
+
+@pytest.mark.parametrize("path", shipped_configs(),
+                         ids=lambda path: os.path.relpath(path, MODELS_DIR))
+def test_every_shipped_layout_compiles(path, shipped_dryruns):
+    result = shipped_dryruns[path].result()
+    for rank in result.ranks:
+        assert rank.compiled, f"rank {rank.rank}: {rank.error}"
+        assert not rank.layout_mismatches, rank.layout_mismatches[:3]
+    assert result.ok
+    if result.device_num > 1:   # a parallel layout: MindSpore inserted its communication
+        assert any(rank.collectives for rank in result.ranks)
+
+
+def test_tiny_dp2_mp2_json_interface(tmp_path):
+    """The interface: one JSON object, per rank its compile, collectives with their group
+    sizes, layouts against the plan; the strategy file and log kept with --output-dir."""
+    result = run_cli("dryrun", TINY, *[f"--set={o}" for o in DP2_MP2], "--ranks", "0,3",
+                     "--json", "--output-dir", tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr + result.stdout
+    report = json.loads(result.stdout)
+    assert report["ok"] is True and report["device_num"] == 4
+    assert [rank["rank"] for rank in report["ranks"]] == [0, 3]
+    for rank in report["ranks"]:
+        assert set(rank) >= {"rank", "stage", "compiled", "compile_s", "peak_rss_mb",
+                             "collectives", "layout_mismatches", "error"}
+        assert rank["compiled"] and rank["error"] is None and rank["stage"] == 0
+        assert rank["compile_s"] > 0 and rank["peak_rss_mb"] > 100
+        assert rank["layout_mismatches"] == []
+        # mp all-reduces of the row-split projections (2 devices), the replicated
+        # parameters' mirror all-reduces and the gradient norm over all 4
+        assert set(rank["collective_groups"]["AllReduce"]) == {"2", "4"}
+        assert rank["collectives"]["AllReduce"] == sum(
+            rank["collective_groups"]["AllReduce"].values())
+        assert os.path.getsize(rank["strategy_file"]) > 0
+        assert os.path.isfile(tmp_path / f"rank_{rank['rank']}" / "dryrun.log")
+
+
+def test_pipeline_with_optimizer_shard_compiles_on_every_stage():
+    """The combination MindSpore refused on stage 0 while the tied vocabulary table was
+    sharded by the parallel optimizer; the plan now leaves that table whole, as MindSpore
+    does on both stages."""
+    overrides = DP2_MP2 + ["parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
+                           "parallel.optimizer_shard=true", "parallel.vocab_emb_dp=false"]
+    config = load_plan_config(TINY, overrides)
+    result = run_dryrun(config, TINY, overrides, select_ranks("stages", config.parallel))
+    assert [rank.rank for rank in result.ranks] == [0, 4]
+    assert result.ok, [(rank.error, rank.layout_mismatches[:2]) for rank in result.ranks]
+    for rank in result.ranks:
+        assert rank.collectives["Send"] and rank.collectives["Receive"]
+        assert rank.collectives["ReduceScatter"]   # the parallel optimizer's gradients
+
+
+def test_layout_differences_are_found():
+    """compare_layouts against the plan's own layouts finds nothing, and one changed
+    split, optimizer shard or missing entry each once."""
+    overrides = DP2_MP2 + ["parallel.optimizer_shard=true"]
+    config = load_plan_config(TINY, overrides)
+    plan = build_plan(config, TINY)
+    params = plan.recording.params
+    layouts = {}
+    for name, param in params.items():   # as MindSpore would write the plan's layout
+        dev_matrix, tensor_map, _, shard = parameter_layout(param, config.parallel)
+        layouts[name] = {"dev_matrix": dev_matrix, "tensor_map": tensor_map,
+                         "full_shape": list(param.shape), "optimizer_shard": max(shard, 1)}
+    assert compare_layouts(layouts, params, config.parallel, 0) == []
+    qkv = next(name for name, p in params.items() if p.split and p.split[0] == 2
+               and name.endswith("weight"))
+    changed = dict(layouts, **{qkv: dict(layouts[qkv], tensor_map=[-1, -1])})
+    (found,) = compare_layouts(changed, params, config.parallel, 0)
+    assert found["parameter"] == qkv and found["problem"] == "split"
+    assert found["norm_weight"] != found["norm_weight_mindspore"]
+    sharded = next(name for name, layout in layouts.items() if layout["optimizer_shard"] > 1)
+    changed = dict(layouts, **{sharded: dict(layouts[sharded], optimizer_shard=1)})
+    (found,) = compare_layouts(changed, params, config.parallel, 0)
+    assert found["problem"] == "optimizer shard"
+    missing = {name: layout for name, layout in layouts.items() if name != qkv}
+    (found,) = compare_layouts(missing, params, config.parallel, 0)
+    assert found["problem"] == "not laid out by MindSpore"
+
+
+def test_ranks_argument():
+    parallel = load_plan_config(TINY, DP2_MP2 + ["parallel.pipeline_stage=2",
+                                                 "parallel.micro_batch_num=2"]).parallel
+    assert select_ranks("stages", parallel) == [0, 4]
+    assert select_ranks("all", parallel) == list(range(8))
+    assert select_ranks("5,1,5", parallel) == [1, 5]
+    for bad in ("8", "x", "-1", ""):
+        with pytest.raises(UserInputError, match="--ranks"):
+            select_ranks(bad, parallel)
+
+
+def test_bad_input_is_one_error_line_before_any_compile(tmp_path):
+    for args, message in (((TINY, "--ranks", "9"), "--ranks '9'"),
+                          ((TINY, "--set", "model.nope=1"), "model.nope"),
+                          ((tmp_path / "missing.yaml",), "missing.yaml"),
+                          ((TINY, "--jobs", "0"), "--jobs")):
+        result = run_cli("dryrun", *args)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0]
+    assert not os.listdir(tmp_path)
+
+
+def test_a_compile_past_its_timeout_is_reported():
+    config = load_plan_config(TINY, DP2_MP2)
+    result = run_dryrun(config, TINY, DP2_MP2, [0], timeout=0.5)
+    (rank,) = result.ranks
+    assert not rank.compiled and "did not finish within 0.5 s" in rank.error
+    assert not result.ok
+
+
+def test_a_wheel_without_the_gpu_plugin_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(cuda_stubs, "plugin_dir", lambda: tmp_path)
+    with pytest.raises(cuda_stubs.DryRunUnavailable, match="no GPU plugin"):
+        cuda_stubs.fake_cuda_home()
