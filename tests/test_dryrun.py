@@ -1,8 +1,8 @@
 """`model-zoo dryrun`: MindSpore's own semi-auto-parallel compiler on our layouts.
 
 Every shipped layout is compiled for the first rank of its first and last pipeline stage,
-at one block per stage (`reduced_overrides`), and MindSpore's parameter layouts are held
-against the plan's. The compiles are MindSpore's (its dry run on the wheel's GPU plugin);
+at one block per stage and one accumulation step (`reduced_overrides`), and MindSpore's
+parameter layouts are held against the plan's. The compiles are MindSpore's (its dry run on the wheel's GPU plugin);
 nothing here stands in for them.
 """
 
@@ -22,12 +22,6 @@ from model_zoo.plan.report import build_plan, load_plan_config
 
 TINY = "model_zoo/models/gpt2/configs/tiny.yaml"
 DP2_MP2 = ["parallel.data_parallel=2", "parallel.model_parallel=2"]
-# the test tier's bound on micro steps a step compiles (pipeline micro batches x
-# accumulation): above it, accumulation is lowered; the layout and its pipeline micro
-# batches stay (benchmarks/compile_time.py compiles the full configurations)
-MAX_MICRO_STEPS = 16
-
-
 def shipped_configs():
     """Every layout config and cluster config the models ship (not the CPU configs)."""
     cluster = []
@@ -41,17 +35,11 @@ def shipped_configs():
 
 
 def reduced_overrides(path: str) -> list:
-    """One block per pipeline stage, and at most MAX_MICRO_STEPS micro steps."""
+    """One block per pipeline stage and one accumulation step: the layout and its pipeline
+    micro batches stay (accumulation, not part of the layout, has its own test below;
+    benchmarks/compile_time.py compiles the full configurations)."""
     config = load_plan_config(path)
-    parallel, train = config.parallel, config.train
-    overrides = [f"model.num_layers={parallel.pipeline_stage}"]
-    micro = parallel.micro_batch_num if parallel.pipeline_stage > 1 else 1
-    accumulation = train.grad_accumulation
-    while accumulation > 1 and micro * accumulation > MAX_MICRO_STEPS:
-        accumulation //= 2
-    if accumulation != train.grad_accumulation:
-        overrides.append(f"train.grad_accumulation={accumulation}")
-    return overrides
+    return [f"model.num_layers={config.parallel.pipeline_stage}", "train.grad_accumulation=1"]
 
 
 def first_and_last_stage(config) -> list:
@@ -111,6 +99,20 @@ def test_tiny_dp2_mp2_json_interface(tmp_path):
             rank["collective_groups"]["AllReduce"].values())
         assert os.path.getsize(rank["strategy_file"]) > 0
         assert os.path.isfile(tmp_path / f"rank_{rank['rank']}" / "dryrun.log")
+
+
+def test_micro_steps_share_one_graph():
+    """gpt2-1024-d2m2p1 as shipped accumulates 32 micro batches: the model is one subgraph
+    that every micro step calls, so the compiled step holds as many collectives as with 2
+    (unrolled, each micro step would bring its own)."""
+    path = "model_zoo/models/gpt2/configs/plan/gpt2-1024-d2m2p1.yaml"
+    found = {}
+    for accumulation in (2, 32):
+        overrides = ["model.num_layers=2", f"train.grad_accumulation={accumulation}"]
+        result = run_dryrun(load_plan_config(path, overrides), path, overrides, [0])
+        assert result.ok, result.ranks[0].error
+        found[accumulation] = result.ranks[0].collectives
+    assert found[32] == found[2] and found[2]["AllReduce"] > 0
 
 
 def test_pipeline_with_optimizer_shard_compiles_on_every_stage():
