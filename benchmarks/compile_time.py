@@ -25,18 +25,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from model_zoo.plan.docs import MODELS_DIR, plan_config_files, shown_path  # noqa: E402
+from model_zoo.plan.docs import cluster_config_files, shown_path  # noqa: E402
 from model_zoo.plan.report import load_plan_config  # noqa: E402
-
-
-def cluster_configs():
-    found = []
-    for model in sorted(os.listdir(MODELS_DIR)):
-        folder = os.path.join(MODELS_DIR, model, "configs")
-        if os.path.isdir(folder):
-            found += [os.path.join(folder, name) for name in sorted(os.listdir(folder))
-                      if name.endswith(".yaml") and name not in ("tiny.yaml", "finetune.yaml")]
-    return found + plan_config_files()
 
 
 def measure(path: str, blocks_per_stage: int, timeout: float) -> dict:
@@ -91,7 +81,7 @@ def main():
                         help="seconds a rank may compile (default 3600)")
     parser.add_argument("--output", default=os.path.join(HERE, "results", "compile_time.json"))
     args = parser.parse_args()
-    configs = args.configs or cluster_configs()
+    configs = args.configs or cluster_config_files()
     print(f"{'config':58s} {'devs':>5s} {'lays':>4s} {'micro':>6s} {'wall s':>7s}  "
           f"per rank: MindSpore's compile, peak memory", flush=True)
     entries = []

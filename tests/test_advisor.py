@@ -99,6 +99,11 @@ def test_advise_ranks_layouts_and_writes_the_best(tmp_path):
     text = run_cli("advise", TINY, "--device-num", "8", "--device", "a100", "--top", "2")
     assert text.returncode == 0 and "why the best wins: against #2" in text.stdout
 
+    # the best layout compiles with MindSpore's own parallel pass, as the plan saw it
+    compiled = run_cli("dryrun", written, "--json", timeout=900)
+    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    assert json.loads(compiled.stdout)["ok"]
+
 
 def test_advise_says_when_nothing_fits():
     result = run_cli("advise", "model_zoo/gpt2/configs/plan/gpt-10b-d1m8p2.yaml",

@@ -16,24 +16,12 @@ from conftest import run_cli
 from model_zoo.errors import UserInputError
 from model_zoo.parallel.strategy_file import parameter_layout
 from model_zoo.plan import cuda_stubs
-from model_zoo.plan.docs import MODELS_DIR, plan_config_files
+from model_zoo.plan.docs import MODELS_DIR, cluster_config_files
 from model_zoo.plan.dryrun import compare_layouts, run_dryrun, select_ranks
 from model_zoo.plan.report import build_plan, load_plan_config
 
 TINY = "model_zoo/models/gpt2/configs/tiny.yaml"
 DP2_MP2 = ["parallel.data_parallel=2", "parallel.model_parallel=2"]
-def shipped_configs():
-    """Every layout config and cluster config the models ship (not the CPU configs)."""
-    cluster = []
-    for model in sorted(os.listdir(MODELS_DIR)):
-        folder = os.path.join(MODELS_DIR, model, "configs")
-        if os.path.isdir(folder):
-            cluster += [os.path.join(folder, name) for name in sorted(os.listdir(folder))
-                        if name.endswith(".yaml") and name not in ("tiny.yaml",
-                                                                   "finetune.yaml")]
-    return cluster + plan_config_files()
-
-
 def reduced_overrides(path: str) -> list:
     """One block per pipeline stage and one accumulation step: the layout and its pipeline
     micro batches stay (accumulation, not part of the layout, has its own test below;
@@ -53,19 +41,18 @@ def shipped_dryruns(request):
     selected = [item.callspec.params["path"] for item in request.session.items
                 if item.originalname == "test_every_shipped_layout_compiles"]
     pool = ThreadPoolExecutor(max_workers=2)
-
-    def dryrun(path):
+    futures = {}
+    for path in selected:   # plans here, one at a time; the compiles two at a time
         overrides = reduced_overrides(path)
         config = load_plan_config(path, overrides)
-        return run_dryrun(config, path, overrides, first_and_last_stage(config), jobs=1,
-                          timeout=900)
-
-    futures = {path: pool.submit(dryrun, path) for path in selected}
+        futures[path] = pool.submit(run_dryrun, config, path, overrides,
+                                    first_and_last_stage(config), jobs=1, timeout=900,
+                                    plan=build_plan(config, path))
     yield futures
     pool.shutdown(cancel_futures=True)
 
 
-@pytest.mark.parametrize("path", shipped_configs(),
+@pytest.mark.parametrize("path", cluster_config_files(),
                          ids=lambda path: os.path.relpath(path, MODELS_DIR))
 def test_every_shipped_layout_compiles(path, shipped_dryruns):
     result = shipped_dryruns[path].result()

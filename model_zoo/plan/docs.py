@@ -162,6 +162,19 @@ def plan_config_files() -> List[str]:
     return sorted(glob.glob(os.path.join(MODELS_DIR, "*", "configs", "plan", "*.yaml")))
 
 
+CPU_CONFIGS = ("tiny.yaml", "finetune.yaml")   # the configs each model trains on a CPU
+
+
+def cluster_config_files() -> List[str]:
+    """Every shipped config meant for a cluster: model_zoo/models/<model>/configs/*.yaml
+    but the CPU ones, then the layout configs (`plan_config_files`)."""
+    import glob
+    found = sorted(path for path in glob.glob(os.path.join(MODELS_DIR, "*", "configs",
+                                                           "*.yaml"))
+                   if os.path.basename(path) not in CPU_CONFIGS)
+    return found + plan_config_files()
+
+
 def shown_path(path: str) -> str:
     """A shipped config's path as the docs show it: model_zoo/models/<model>/configs/..."""
     return os.path.relpath(path, os.path.dirname(os.path.dirname(MODELS_DIR)))

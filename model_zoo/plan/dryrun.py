@@ -94,16 +94,19 @@ def select_ranks(spec: str, parallel) -> List[int]:
 
 def run_dryrun(config, config_path: str, overrides, ranks: List[int],
                output_dir: Optional[str] = None, jobs: int = 2,
-               timeout: float = DEFAULT_TIMEOUT, progress=None) -> DryRun:
+               timeout: float = DEFAULT_TIMEOUT, progress=None, plan=None) -> DryRun:
     """Compile `ranks` of `config`'s layout, `jobs` processes at a time, and hold their
-    parameter layouts against the plan's. `progress(message)` hears each rank finish."""
+    parameter layouts against the plan's (`plan`, built here unless given: its recording
+    patches MindSpore's primitives, so plans are built one at a time, never from two
+    threads). `progress(message)` hears each rank finish."""
     from model_zoo.parallel.replication import stage_of_rank
     from model_zoo.plan import cuda_stubs
     from model_zoo.plan.report import build_plan
 
     cuda_home = cuda_stubs.fake_cuda_home()     # before any work: the one machine check
     parallel = config.parallel
-    plan = build_plan(config, config_path)
+    if plan is None:
+        plan = build_plan(config, config_path)
     plan_params = plan.recording.params if plan.recording is not None else {}
     work = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="model-zoo-dryrun-"))
     try:
