@@ -94,11 +94,15 @@ def select_ranks(spec: str, parallel) -> List[int]:
 
 def run_dryrun(config, config_path: str, overrides, ranks: List[int],
                output_dir: Optional[str] = None, jobs: int = 2,
-               timeout: float = DEFAULT_TIMEOUT, progress=None, plan=None) -> DryRun:
+               timeout: float = DEFAULT_TIMEOUT, progress=None, plan=None,
+               load: Optional[str] = None, export: bool = False) -> DryRun:
     """Compile `ranks` of `config`'s layout, `jobs` processes at a time, and hold their
     parameter layouts against the plan's (`plan`, built here unless given: its recording
     patches MindSpore's primitives, so plans are built one at a time, never from two
-    threads). `progress(message)` hears each rank finish."""
+    threads). `progress(message)` hears each rank finish. `load`: a checkpoint of whole
+    values the compiled step starts from; `export`: write each rank's compiled step as
+    `rank_<r>/step.mindir` under `output_dir` (what `tests/test_dryrun.py` runs on CPU
+    ranks)."""
     from model_zoo.parallel.replication import stage_of_rank
     from model_zoo.plan import cuda_stubs
     from model_zoo.plan.report import build_plan
@@ -108,9 +112,11 @@ def run_dryrun(config, config_path: str, overrides, ranks: List[int],
     if plan is None:
         plan = build_plan(config, config_path)
     plan_params = plan.recording.params if plan.recording is not None else {}
-    work = Path(output_dir) if output_dir else Path(tempfile.mkdtemp(prefix="model-zoo-dryrun-"))
+    work = (Path(output_dir) if output_dir else
+            Path(tempfile.mkdtemp(prefix="model-zoo-dryrun-"))).resolve()
     try:
-        pending = [(rank, _request(work, config_path, overrides, rank)) for rank in ranks]
+        pending = [(rank, _request(work, config_path, overrides, rank, load, export))
+                   for rank in ranks]
         running, results = [], {}
         while pending or running:
             while pending and len(running) < max(1, jobs):
@@ -144,14 +150,17 @@ def run_dryrun(config, config_path: str, overrides, ranks: List[int],
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _request(work: Path, config_path: str, overrides, rank: int) -> Path:
+def _request(work: Path, config_path: str, overrides, rank: int, load=None,
+             export=False) -> Path:
     folder = work / f"rank_{rank}"
     folder.mkdir(parents=True, exist_ok=True)
-    for stale in ("result.json", "error.txt", "strategy.ckpt"):
+    for stale in ("result.json", "error.txt", "strategy.ckpt", "step.mindir"):
         (folder / stale).unlink(missing_ok=True)
     request = folder / "request.json"
     request.write_text(json.dumps({"config": os.path.abspath(config_path),
-                                   "overrides": list(overrides or []), "rank": rank}))
+                                   "overrides": list(overrides or []), "rank": rank,
+                                   "load": os.path.abspath(load) if load else None,
+                                   "export": export}))
     return request
 
 

@@ -70,6 +70,11 @@ def compile_rank(request: dict, folder: Path, result: dict):
     context = RunContext("Ascend", rank=get_rank(), device_num=get_group_size())
     ms.set_seed(config.train.seed)
     _, step_cell = build_model(module, config, context)
+    if request.get("load"):   # whole values, cut into this rank's slices by the compile
+        missing, _ = ms.load_param_into_net(step_cell, ms.load_checkpoint(request["load"]))
+        trainable = {param.name for param in step_cell.trainable_params()}
+        if trainable & set(missing):
+            raise ValueError(f"{request['load']} lacks {sorted(trainable & set(missing))[:3]}")
     runnable = wrap_train_step(step_cell, config.parallel, context,
                                str(folder / "strategy.ckpt"))
     shard = data_shard(config.parallel, context.rank, config.train.global_batch_size)
@@ -85,8 +90,10 @@ def compile_rank(request: dict, folder: Path, result: dict):
     result["collectives"], result["collective_groups"] = collectives(graph,
                                                                      context.device_num)
     names = set(step_cell.parameters_dict())
-    result["layouts"] = {name: layout_of(value) for name, value
+    result["layouts"] = {name: layout_of(value, context.device_num) for name, value
                          in runnable.parameter_layout_dict.items() if name in names}
+    if request.get("export"):   # this rank's compiled step, to run on CPU ranks
+        ms.export(runnable, *inputs, file_name=str(folder / "step"), file_format="MINDIR")
 
 
 def collectives(graph_proto: bytes, device_num: int):
@@ -115,9 +122,9 @@ def group_size(primitive, device_num: int) -> int:
     """Ranks of a collective's group: its rank list, else the world, else the size MindSpore
     puts in front of a sub-group's name ("<size>-<hash>"); Send/Receive pairs are 2."""
     attributes = {attribute.name: attribute for attribute in primitive.attribute}
-    ranks = attributes.get("group_rank_ids")
-    if ranks is not None and len(ranks.ints) > 0:
-        return len(ranks.ints)
+    ranks = group_ranks(primitive)
+    if ranks:
+        return len(ranks)
     group = attributes["group"].s.decode() if "group" in attributes else ""
     if group in WORLD_GROUPS:
         return device_num
@@ -127,18 +134,30 @@ def group_size(primitive, device_num: int) -> int:
     return 2 if primitive.op_type in ("Send", "Receive") else 0
 
 
-def layout_of(layout) -> dict:
+def group_ranks(primitive) -> list:
+    """The global ranks of a MindIR collective's group (its `group_rank_ids` tuple), or []
+    when it does not list them."""
+    for attribute in primitive.attribute:
+        if attribute.name == "group_rank_ids":
+            return [int(value.ints[0]) for value in attribute.values if len(value.ints)]
+    return []
+
+
+def layout_of(layout, device_num: int) -> dict:
     """A `parameter_layout_dict` entry as plain values: device matrix, tensor map, the
-    slice this rank holds, the whole shape, and the optimizer shard's group size (1 without
-    it). Entry fields: MindSpore's `parallel/_tensor.py` (`_load_tensor_by_layout`)."""
-    dev_matrix, tensor_map, slice_shape = list(layout[0]), list(layout[1]), list(layout[2])
-    group, full_shape = layout[5], list(layout[6])
+    model-parallel slice this rank holds, the whole shape, and the optimizer shard's group
+    size (1 without it), read from the group's name: the world group, or "<size>-<hash>".
+    Entry fields: MindSpore's `parallel/_tensor.py` (`_load_tensor_by_layout`)."""
+    group = layout[5]
     shard = 1
-    if group:
+    if group in WORLD_GROUPS:
+        shard = device_num
+    elif group:
         match = re.match(r"(\d+)-", group)
         shard = int(match.group(1)) if match else 0
-    return {"dev_matrix": dev_matrix, "tensor_map": tensor_map, "slice_shape": slice_shape,
-            "full_shape": full_shape, "optimizer_shard": shard}
+    return {"dev_matrix": list(layout[0]), "tensor_map": list(layout[1]),
+            "slice_shape": list(layout[2]), "full_shape": list(layout[6]),
+            "optimizer_shard": shard}
 
 
 def one_line(err: BaseException) -> str:
