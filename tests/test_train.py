@@ -324,12 +324,12 @@ def test_skipping_adamw_leaves_everything_on_a_non_finite_step():
             optimizer((bad,), Tensor(1.0, ms.float32), Tensor(False))
             assert np.array_equal(param.asnumpy(), values)
             assert not optimizer.moments1[0].asnumpy().any()
-            assert int(optimizer.global_step.asnumpy()) == 0
+            assert optimizer.global_step.asnumpy().item() == 0
             optimizer((grad * 2,), Tensor(0.5, ms.float32), Tensor(True))
         else:
             optimizer((grad,))
         updated.append((param.asnumpy(), optimizer.moments2[0].asnumpy(),
-                        int(optimizer.global_step.asnumpy())))
+                        optimizer.global_step.asnumpy().item()))
     (found, found_v, found_step), (reference, reference_v, reference_step) = updated
     np.testing.assert_allclose(found, reference, rtol=1e-6)
     np.testing.assert_allclose(found_v, reference_v, rtol=1e-6)

@@ -181,14 +181,19 @@ def micro_batch_network(loss_network, batching: MicroBatching):
     """The loss network wrapped in the MindSpore cell that makes the micro batches, if any.
 
     Inside such a cell the network is compiled once and called per micro batch
-    (`ReusedPerMicroBatch`), not inlined once per micro batch."""
+    (`ReusedPerMicroBatch`), not inlined once per micro batch; not on CPU, whose backend
+    refuses a reused subgraph ("Input[0] must be a Primitive ValueNode": MindSpore
+    documents lazy_inline for Ascend) and where these cells only run stand-alone, in tests.
+    """
+    if not batching.wrapper:
+        return loss_network
+    if ms.get_context("device_target") != "CPU":
+        loss_network = ReusedPerMicroBatch(loss_network)
     if batching.wrapper == "pipeline":
         from mindspore.parallel.nn import Pipeline
-        return Pipeline(ReusedPerMicroBatch(loss_network), batching.micro_batches)
-    if batching.wrapper == "accumulation":
-        from mindspore.parallel.nn import GradAccumulation
-        return GradAccumulation(ReusedPerMicroBatch(loss_network), batching.micro_batches)
-    return loss_network
+        return Pipeline(loss_network, batching.micro_batches)
+    from mindspore.parallel.nn import GradAccumulation
+    return GradAccumulation(loss_network, batching.micro_batches)
 
 
 class ReusedPerMicroBatch(nn.Cell):
