@@ -85,8 +85,11 @@ def imported_symbols(files: list) -> dict:
     readelf = _tool("readelf")
     wanted = defaultdict(set)
     for path in files:
-        table = subprocess.run([readelf, "--dyn-syms", "-W", str(path)], capture_output=True,
-                               text=True, check=True).stdout
+        found = subprocess.run([readelf, "--dyn-syms", "-W", str(path)], capture_output=True,
+                               text=True)
+        if found.returncode:
+            raise DryRunUnavailable(f"readelf cannot read {path}: {found.stderr.strip()[-200:]}")
+        table = found.stdout
         for line in table.splitlines():
             fields = line.split()
             # Num: Value Size Type Bind Vis Ndx Name[@version (n)]
@@ -128,9 +131,15 @@ def fake_cuda_home() -> Path:
         return target
     gcc = _tool("gcc")
     wanted = imported_symbols(files)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # built beside the target and renamed: dry runs starting together never see half a folder
-    staging = Path(tempfile.mkdtemp(dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # built beside the target and renamed: dry runs starting together never see half
+        # a folder
+        staging = Path(tempfile.mkdtemp(dir=target.parent))
+    except OSError as err:
+        raise DryRunUnavailable(f"cannot build the stand-in CUDA libraries in "
+                                f"{target.parent}: {err.strerror}; set MODEL_ZOO_KERNEL_CACHE "
+                                f"to a writable folder")
     try:
         (staging / "bin").mkdir()
         (staging / "lib").mkdir()

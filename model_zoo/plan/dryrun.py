@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
+from model_zoo.config import shipped_config
 from model_zoo.errors import UserInputError
 
 DEFAULT_TIMEOUT = 3600
@@ -61,7 +62,7 @@ class DryRun:
 
     @property
     def ok(self) -> bool:
-        return all(r.compiled and not r.layout_mismatches for r in self.ranks)
+        return all(r.compiled and not r.error and not r.layout_mismatches for r in self.ranks)
 
     def to_dict(self) -> dict:
         ranks = []
@@ -114,10 +115,11 @@ def run_dryrun(config, config_path: str, overrides, ranks: List[int],
     plan_params = plan.recording.params if plan.recording is not None else {}
     work = (Path(output_dir) if output_dir else
             Path(tempfile.mkdtemp(prefix="model-zoo-dryrun-"))).resolve()
+    running = []
     try:
         pending = [(rank, _request(work, config_path, overrides, rank, load, export))
                    for rank in ranks]
-        running, results = [], {}
+        results = {}
         while pending or running:
             while pending and len(running) < max(1, jobs):
                 rank, request = pending.pop(0)
@@ -126,10 +128,11 @@ def run_dryrun(config, config_path: str, overrides, ranks: List[int],
             time.sleep(0.2)
             for item in list(running):
                 rank, request, process, started = item
-                timed_out = time.monotonic() - started > timeout
-                if process.poll() is None and not timed_out:
-                    continue
-                if timed_out and process.poll() is None:
+                timed_out = False
+                if process.poll() is None:
+                    if time.monotonic() - started <= timeout:
+                        continue
+                    timed_out = True
                     process.kill()
                     process.wait()
                 running.remove(item)
@@ -145,7 +148,11 @@ def run_dryrun(config, config_path: str, overrides, ranks: List[int],
         violations = [f"{v.rule}: {v.message}" for v in plan.violations]
         return DryRun(config_path, parallel.device_num, [results[r] for r in ranks],
                       violations)
-    finally:
+    finally:   # an error or Ctrl-C here leaves no compile running
+        for _, _, process, _ in running:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
         if not output_dir:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -157,8 +164,9 @@ def _request(work: Path, config_path: str, overrides, rank: int, load=None,
     for stale in ("result.json", "error.txt", "strategy.ckpt", "step.mindir"):
         (folder / stale).unlink(missing_ok=True)
     request = folder / "request.json"
-    request.write_text(json.dumps({"config": os.path.abspath(config_path),
+    request.write_text(json.dumps({"config": os.path.abspath(shipped_config(config_path)),
                                    "overrides": list(overrides or []), "rank": rank,
+                                   "cwd": os.getcwd(),
                                    "load": os.path.abspath(load) if load else None,
                                    "export": export}))
     return request
@@ -241,10 +249,10 @@ def compare_layouts(layouts: dict, plan_params: dict, parallel, stage: int) -> l
     `layouts` are MindSpore's (`dryrun_rank.layout_of`, by checkpoint name); each names a
     parameter or its training state (`adam_m.<p>`, `adam_v.<p>`, `accu_grads.<p>`), laid
     out like the parameter. Compared: the split of every dimension, the optimizer shard's
-    group, and for trainable parameters the gradient-norm weight the train step gives the
-    slice (`replication.norm_weights`) against the one MindSpore's layout implies. Scalars
-    (step counters, the loss scale) are in neither. A parameter of this stage that
-    MindSpore did not lay out is reported too."""
+    group, the whole shape and the stage; a differing trainable parameter also carries the
+    gradient-norm weight the train step gives its slice (`replication.norm_weights`) and
+    the one MindSpore's layout implies. Scalars (step counters, the loss scale) are in
+    neither. A parameter of this stage that MindSpore did not lay out is reported too."""
     from model_zoo.parallel.replication import norm_weights, split_of
     from model_zoo.parallel.strategy_file import entry_layout, laid_out_names
 

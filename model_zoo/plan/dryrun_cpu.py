@@ -18,6 +18,7 @@ mccl_world_group on CPU"), so a layout whose compiled step all-gathers within a 
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -55,8 +56,9 @@ def main(folder: str, batch_files) -> int:
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     init()
     rank, size = get_rank(), get_group_size()
-    rank_dir = Path(folder) / f"rank_{rank}"
+    rank_dir = Path(folder).resolve() / f"rank_{rank}"
     request = json.loads((rank_dir / "request.json").read_text())
+    os.chdir(request["cwd"])   # the config's own relative paths are those of the dry run
     config = load_plan_config(request["config"], request["overrides"])
     graph, groups = cpu_graph(rank_dir / "step.mindir", size)
     for name, ranks in sorted(groups.items()):

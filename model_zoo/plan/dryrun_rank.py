@@ -62,7 +62,12 @@ def compile_rank(request: dict, folder: Path, result: dict):
     from model_zoo.plan.report import load_plan_config
     from model_zoo.train.trainer import build_model
 
-    config = load_plan_config(request["config"], request["overrides"])
+    here = os.getcwd()
+    os.chdir(request["cwd"])   # the config's own relative paths are the user's
+    try:
+        config = load_plan_config(request["config"], request["overrides"])
+    finally:
+        os.chdir(here)         # MindSpore writes its failure reports beside the result
     module = import_model(config.model.name)
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("GPU")   # MindSpore's parallel pass refuses the CPU target
@@ -84,7 +89,6 @@ def compile_rank(request: dict, folder: Path, result: dict):
     started = time.perf_counter()
     runnable.compile(*inputs)
     result["compile_s"] = round(time.perf_counter() - started, 2)
-    result["compiled"] = True
     graph = ms.common.api._cell_graph_executor._get_func_graph_proto(  # pylint: disable=W0212
         runnable, runnable.compile_phase, "mind_ir")
     result["collectives"], result["collective_groups"] = collectives(graph,
@@ -94,6 +98,7 @@ def compile_rank(request: dict, folder: Path, result: dict):
                          in runnable.parameter_layout_dict.items() if name in names}
     if request.get("export"):   # this rank's compiled step, to run on CPU ranks
         ms.export(runnable, *inputs, file_name=str(folder / "step"), file_format="MINDIR")
+    result["compiled"] = True   # and its collectives, layouts and export read
 
 
 def collectives(graph_proto: bytes, device_num: int):
