@@ -136,12 +136,13 @@ def run_dryrun(config, config_path: str, overrides, ranks: List[int],
                     process.kill()
                     process.wait()
                 running.remove(item)
-                result = _collect(request, rank, stage_of_rank(rank, parallel), process,
-                                  timeout if timed_out else None, keep=bool(output_dir))
+                result, layouts = _collect(request, rank, stage_of_rank(rank, parallel),
+                                           process, timeout if timed_out else None,
+                                           keep=bool(output_dir))
                 # one device: a stand-alone compile, no layout to compare
                 if result.compiled and plan_params and parallel.device_num > 1:
-                    result.layout_mismatches = compare_layouts(
-                        _read_layouts(request), plan_params, parallel, result.stage)
+                    result.layout_mismatches = compare_layouts(layouts, plan_params,
+                                                               parallel, result.stage)
                 results[rank] = result
                 if progress is not None:
                     progress(rank_line(result))
@@ -198,7 +199,8 @@ def _start(request: Path, rank: int, device_num: int, cuda_home: Path) -> subpro
 
 
 def _collect(request: Path, rank: int, stage: int, process, timed_out: Optional[float],
-             keep: bool) -> RankResult:
+             keep: bool):
+    """(RankResult, MindSpore's layouts by name) of a finished or stopped compile."""
     folder = request.parent
     result = RankResult(rank=rank, stage=stage)
     if keep:
@@ -206,13 +208,13 @@ def _collect(request: Path, rank: int, stage: int, process, timed_out: Optional[
     path = folder / "result.json"
     if timed_out:
         result.error = f"the compile did not finish within {timed_out:g} s (--timeout)"
-        return result
+        return result, {}
     if not path.is_file():
         how = (f"was killed by signal {-process.returncode}" if process.returncode < 0
                else f"exited with status {process.returncode}")
         tail = _log_tail(folder / "dryrun.log")
         result.error = f"the compile process {how}" + (f": {tail}" if tail else "")
-        return result
+        return result, {}
     found = json.loads(path.read_text())
     for key in ("compiled", "compile_s", "peak_rss_mb", "collectives", "collective_groups",
                 "error"):
@@ -220,11 +222,7 @@ def _collect(request: Path, rank: int, stage: int, process, timed_out: Optional[
     strategy = folder / "strategy.ckpt"
     if keep and strategy.is_file():
         result.strategy_file = str(strategy)
-    return result
-
-
-def _read_layouts(request: Path) -> dict:
-    return json.loads((request.parent / "result.json").read_text())["layouts"]
+    return result, found["layouts"]
 
 
 def _log_tail(path: Path) -> str:

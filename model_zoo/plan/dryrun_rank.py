@@ -131,12 +131,19 @@ def group_size(primitive, device_num: int) -> int:
     if ranks:
         return len(ranks)
     group = attributes["group"].s.decode() if "group" in attributes else ""
+    size = named_group_size(group, device_num)
+    if size:
+        return size
+    return 2 if primitive.op_type in ("Send", "Receive") else 0
+
+
+def named_group_size(group: str, device_num: int) -> int:
+    """Ranks of a group known by its name alone: the world group's, or the size MindSpore
+    puts in front of a sub-group's name ("<size>-<hash>"); 0 when the name does not say."""
     if group in WORLD_GROUPS:
         return device_num
     match = re.match(r"(\d+)-", group)
-    if match:
-        return int(match.group(1))
-    return 2 if primitive.op_type in ("Send", "Receive") else 0
+    return int(match.group(1)) if match else 0
 
 
 def group_ranks(primitive) -> list:
@@ -151,18 +158,12 @@ def group_ranks(primitive) -> list:
 def layout_of(layout, device_num: int) -> dict:
     """A `parameter_layout_dict` entry as plain values: device matrix, tensor map, the
     model-parallel slice this rank holds, the whole shape, and the optimizer shard's group
-    size (1 without it), read from the group's name: the world group, or "<size>-<hash>".
+    size (1 without it), read from the group's name (`named_group_size`).
     Entry fields: MindSpore's `parallel/_tensor.py` (`_load_tensor_by_layout`)."""
     group = layout[5]
-    shard = 1
-    if group in WORLD_GROUPS:
-        shard = device_num
-    elif group:
-        match = re.match(r"(\d+)-", group)
-        shard = int(match.group(1)) if match else 0
     return {"dev_matrix": list(layout[0]), "tensor_map": list(layout[1]),
             "slice_shape": list(layout[2]), "full_shape": list(layout[6]),
-            "optimizer_shard": shard}
+            "optimizer_shard": named_group_size(group, device_num) if group else 1}
 
 
 def one_line(err: BaseException) -> str:
