@@ -198,12 +198,16 @@ def test_a_wheel_without_the_gpu_plugin_is_one_clear_error(tmp_path, monkeypatch
 
 PARITY_BASE = ["model.num_layers=2", "model.dropout=0.0", "model.attention_dropout=0.0",
                "train.global_batch_size=8", "train.grad_clip=0.5"]
-# Layouts whose compiled steps MindSpore 2.10 can run on CPU ranks. Not these, for want
-# of CPU kernels (docs/ascend.md): dp2 x mp2 (an AllGather within a sub-group: "AllGather
-# only support mccl_world_group on CPU"), the optimizer shard and sequence parallel
-# ("Unsupported op [ReduceScatter] on CPU"), pipeline stages ("Unsupported op [Send]").
+# Layouts whose compiled steps run on CPU ranks (sub-group all-gathers and reduce-scatters
+# as all-reduces: dryrun_cpu.as_all_reduces). Not pipeline stages, for want of CPU
+# Send/Receive kernels ("Unsupported op [Send] on CPU").
 PARITY_LAYOUTS = {"dp2": ["parallel.data_parallel=2"],
                   "mp2": ["parallel.model_parallel=2"],
+                  "dp2mp2": ["parallel.data_parallel=2", "parallel.model_parallel=2"],
+                  "mp2-optimizer-shard": ["parallel.model_parallel=2",
+                                          "parallel.optimizer_shard=true"],
+                  "mp2-sequence-parallel": ["parallel.model_parallel=2",
+                                            "parallel.sequence_parallel=true"],
                   "mp4": ["parallel.model_parallel=4"]}
 
 
