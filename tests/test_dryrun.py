@@ -209,6 +209,7 @@ PARITY_LAYOUTS = {"dp2": ["parallel.data_parallel=2"],
                   "mp2-sequence-parallel": ["parallel.model_parallel=2",
                                             "parallel.sequence_parallel=true"],
                   "mp4": ["parallel.model_parallel=4"]}
+SAME_ON_CPU = ("dp2", "mp2", "mp4")   # layouts whose collectives the CPU runs as compiled
 
 
 def one_device_steps(config, batches, checkpoint):
@@ -273,6 +274,9 @@ def test_the_partitioned_step_gives_one_devices_numbers(layout, tmp_path):
             assert float(found[f"grad_norm_{index}"]) == pytest.approx(norm, rel=1e-5)
             assert bool(found[f"finite_{index}"]) is finite is True
         assert expected[0][2] > 0.5   # clipped: the norm's value matters
+        # dp2 x mp2 all-gathers within sub-groups; the optimizer shard and sequence
+        # parallel reduce-scatter: both run as all-reduces on CPU
+        assert (int(found["collectives_as_all_reduces"]) > 0) == (layout not in SAME_ON_CPU)
         sliced = laid_out_names(params, found.files)
         for name, value in after.items():
             if name not in found.files:

@@ -35,7 +35,7 @@ FUNCTION_PRIMITIVES = ("Cast", "Concat", "Split")
 def cpu_graph(path: Path, rank: int, world_size: int):
     """Rank `rank`'s MindIR at `path` made runnable on CPU ranks: its groups made CPU
     groups and the collectives the CPU lacks rewritten (`as_all_reduces`). Returns
-    (serialized bytes, {sub-group name: ranks})."""
+    (serialized bytes, {sub-group name: ranks}, collectives rewritten)."""
     from mindspore.train import mind_ir_pb2
     from model_zoo.plan.dryrun_rank import WORLD_GROUPS, group_ranks
     model = mind_ir_pb2.ModelProto()
@@ -50,8 +50,8 @@ def cpu_graph(path: Path, rank: int, world_size: int):
                 attribute.s = WORLD_GROUP.encode()
             else:
                 groups[attribute.s.decode()] = ranks
-    as_all_reduces(model, rank)
-    return model.SerializeToString(), groups
+    rewritten = as_all_reduces(model, rank)
+    return model.SerializeToString(), groups, rewritten
 
 
 def as_all_reduces(model, rank: int) -> int:
@@ -215,7 +215,8 @@ def main(folder: str, batch_files) -> int:
     request = json.loads((rank_dir / "request.json").read_text())
     os.chdir(request["cwd"])   # the config's own relative paths are those of the dry run
     config = load_plan_config(request["config"], request["overrides"])
-    graph, groups = cpu_graph(rank_dir / "step.mindir", rank, size)
+    graph, groups, rewritten = cpu_graph(rank_dir / "step.mindir", rank, size)
+    print(f"rank {rank}: {rewritten} collectives run as all-reduces", flush=True)
     for name, ranks in sorted(groups.items()):
         create_group(name, ranks)
     cpu_path = rank_dir / "cpu_step.mindir"
@@ -233,7 +234,8 @@ def main(folder: str, batch_files) -> int:
               f"{float(norm.asnumpy()):.6f}, finite {bool(finite.asnumpy())}", flush=True)
     parameters = {name.split(":")[-1]: value.asnumpy()
                   for name, value in step.parameters_dict().items()}
-    np.savez(rank_dir / "cpu_step.npz", **outputs, **parameters)
+    np.savez(rank_dir / "cpu_step.npz", **outputs, **parameters,
+             collectives_as_all_reduces=rewritten)
     return 0
 
 
