@@ -71,9 +71,7 @@ def as_all_reduces(model, rank: int) -> int:
         for node in nodes:
             primitive = primitives.get(node.op_type.removeprefix("REF::"))
             kind = primitive.op_type if primitive is not None else None
-            group = next((a.s.decode() for a in primitive.attribute if a.name == "group"),
-                         None) if primitive is not None else None
-            if kind == "AllGather" and group != WORLD_GROUP:
+            if kind == "AllGather" and text_attribute(primitive, "group") != WORLD_GROUP:
                 graph.node.extend(edit.all_gather(node, primitive, rank))
             elif kind == "ReduceScatter":
                 graph.node.extend(edit.reduce_scatter(node, primitive, rank))
@@ -82,6 +80,11 @@ def as_all_reduces(model, rank: int) -> int:
                 continue
             rewritten += 1
     return rewritten
+
+
+def text_attribute(primitive, name: str):
+    """A MindIR primitive's string attribute `name`, or None."""
+    return next((a.s.decode() for a in primitive.attribute if a.name == name), None)
 
 
 class GraphEdit:
@@ -179,7 +182,7 @@ class GraphEdit:
     def reduce_scatter(self, node, collective, rank: int):
         from model_zoo.plan.dryrun_rank import group_ranks
         ranks = group_ranks(collective)
-        reduce = next(a.s.decode() for a in collective.attribute if a.name == "op")
+        reduce = text_attribute(collective, "op")
         (out,) = node.attribute[0].tensors       # this rank's rows: (rows / k, ...)
         dims, data_type = list(out.dims), out.data_type
         if reduce != "sum" or data_type != FLOAT32:
