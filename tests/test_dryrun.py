@@ -285,3 +285,46 @@ def test_the_partitioned_step_gives_one_devices_numbers(layout, tmp_path):
                 if name in sliced else ...
             np.testing.assert_allclose(found[name], value[piece], rtol=1e-5, atol=1e-6,
                                        err_msg=f"rank {rank}: {name}")
+
+
+def test_mindspores_strategy_file_carries_the_optimizer_state_to_another_layout(tmp_path):
+    """A resume on another layout cuts each rank's slices with the strategy file MindSpore
+    wrote when it compiled the step (`restore_sliced`). That file lists the AdamW moments
+    with their weights' layouts, so every rank's slice of a checkpoint saved under mp4
+    (random values in every entry) is the plan's slice for dp2 x mp2 with the optimizer
+    shard, moments included."""
+    import mindspore as ms
+    import numpy as np
+    from model_zoo.parallel.checkpoints import rank_slices, split, strategy_names
+    from model_zoo.parallel.replication import device_piece
+    from model_zoo.parallel.strategy_file import laid_out_names
+    source = load_plan_config(TINY, PARITY_BASE + ["parallel.model_parallel=4"])
+    target_overrides = PARITY_BASE + DP2_MP2 + ["parallel.optimizer_shard=true"]
+    target = load_plan_config(TINY, target_overrides)
+    _, _ = one_device_steps(source, [], tmp_path / "init.ckpt")
+    rng = np.random.default_rng(3)
+    full = {name: rng.standard_normal(value.shape).astype(np.float32)
+            if value.dtype == ms.float32 else value.asnumpy()
+            for name, value in ms.load_checkpoint(str(tmp_path / "init.ckpt")).items()}
+    ms.save_checkpoint([{"name": name, "data": ms.Tensor(value)}
+                        for name, value in full.items()], str(tmp_path / "full.ckpt"))
+    split(source, str(tmp_path / "full.ckpt"), str(tmp_path / "mp4"))
+
+    ranks = [0, 3]
+    compiled = run_dryrun(target, TINY, target_overrides, ranks,
+                          output_dir=str(tmp_path / "dry"))
+    assert compiled.ok, [rank.error for rank in compiled.ranks]
+    params = build_plan(target, TINY).recording.params
+    moments = {f"adam_{kind}.{name}" for name, param in params.items()
+               if param.requires_grad for kind in "mv"}
+    for rank in compiled.ranks:
+        assert moments <= strategy_names(rank.strategy_file)
+        got = ms.load_checkpoint(rank_slices(str(tmp_path / "mp4"), rank.rank,
+                                             rank.strategy_file,
+                                             str(tmp_path / f"cut_{rank.rank}.ckpt")))
+        sliced = laid_out_names(params, got)
+        assert moments <= set(sliced)
+        for name, base in sliced.items():
+            piece = device_piece(params[base], target.parallel, rank.rank)
+            np.testing.assert_array_equal(got[name].asnumpy(), full[name][piece],
+                                          err_msg=f"rank {rank.rank}: {name}")

@@ -269,6 +269,13 @@ def wrap_train_step(train_step, parallel: ParallelConfig, context: RunContext,
         parallel_step.hsdp()
     os.makedirs(os.path.dirname(strategy_file), exist_ok=True)
     parallel_step.save_param_strategy_file(strategy_file)
+    # list every parameter, not only those that require gradients (AutoParallel's
+    # default): a resume on another layout cuts every entry with this file, and
+    # `transform_checkpoint_by_rank` copies an unlisted entry unchanged from another rank.
+    # AdamW's moments and the gradient buffers are clones of the weights (requires_grad
+    # too) and are listed either way; this keeps any other state listed, as MindFormers
+    # does (`only_trainable_params: False`)
+    parallel_step.disable_strategy_file_only_for_trainable_params()
     return parallel_step
 
 
