@@ -376,3 +376,29 @@ def test_fused_adamw_split_over_threads_matches_across_tensor_boundaries():
     for fused, reference, before in zip(*found, values):
         np.testing.assert_allclose(fused, reference, rtol=1e-5, atol=1e-6)
         assert not np.allclose(fused, before)
+
+
+def test_checkpoints_leave_out_the_gradient_buffers_and_still_resume(tmp_path):
+    """A cluster step's gradient buffers (`accu_grads.*`, summed over the micro batches and
+    cleared after each step) are zeros at every save: checkpoints leave them out, and a
+    step loads its checkpoint back (weights, moments, step) with the buffers at zero."""
+    from model_zoo.train.checkpoint import load_weights, save_checkpoint
+    network = MeanOfLinear()
+    schedule = WarmupCosineSchedule(1e-2, 1e-3, 0, 100)
+    step = TrainStep(network, build_optimizer(network, TrainConfig(), schedule), schedule,
+                     accumulated_by_compiler=True)
+    run_step(step, Tensor(np.ones((2, 4), np.float32)))
+    path = save_checkpoint(step, str(tmp_path), step=1, keep=1)
+    saved = read_checkpoint(path)
+    assert not [name for name in saved if name.startswith("accu_grads")]
+    assert {"weight", "adam_m.weight", "adam_v.weight", "train_step"} <= set(saved)
+    assert len(step.accu_grads) == len(step.weights)
+
+    fresh_network = MeanOfLinear()
+    fresh = TrainStep(fresh_network, build_optimizer(fresh_network, TrainConfig(), schedule),
+                      schedule, accumulated_by_compiler=True)
+    assert load_weights(fresh, path) == []
+    for name, value in params_of(step).items():
+        if not name.startswith("accu_grads"):
+            np.testing.assert_array_equal(params_of(fresh)[name], value, err_msg=name)
+    assert all(not buffer.asnumpy().any() for buffer in fresh.accu_grads)

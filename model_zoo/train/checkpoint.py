@@ -1,7 +1,8 @@
 """Checkpoints: atomic saves, keeping the last few, finding the newest, loading weights.
 
-A training checkpoint holds every parameter of the train step: the model, the optimizer
-moments, the loss scale and the step, so `--resume` restarts exactly where a run stopped.
+A training checkpoint holds every parameter of the train step (the model, the optimizer
+moments, the loss scale and the step) but the buffers that are zeros between steps
+(`step.saved_in_checkpoints`), so `--resume` restarts exactly where a run stopped.
 """
 
 import contextlib
@@ -17,7 +18,7 @@ from model_zoo.config import import_model
 from model_zoo.errors import CheckpointError, DataError, DiskError
 from model_zoo.files import check_file
 from model_zoo.nn.layers import dtype_of
-from model_zoo.train.step import STEP_COUNTER, STOP_FLAG
+from model_zoo.train.step import STEP_COUNTER, saved_in_checkpoints
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)\.(ckpt|safetensors)$")
 
@@ -60,7 +61,7 @@ def save_checkpoint(cell, output_dir: str, step: int, keep: int, sliced: bool = 
         # reported below as one line, without MindSpore's CRITICAL log of it
         with silent_logging():
             ms.save_checkpoint(cell, partial_path(path), integrated_save=not sliced,
-                               choice_func=lambda name: name != STOP_FLAG, format=file_format)
+                               choice_func=saved_in_checkpoints, format=file_format)
         os.replace(partial_path(path), path)
     except OSError as err:
         remove_partial_checkpoints(output_dir)
@@ -137,7 +138,7 @@ def load_weights(network, path: str, strict: bool = True) -> list:
     # keyed like the file: by each parameter's own name, which is not its attribute path
     # for cells built with auto_prefix=False (the train step's optimizer and loss-scale state)
     expected = {param.name: param for param in network.get_parameters()
-                if param.name != STOP_FLAG}
+                if saved_in_checkpoints(param.name)}
     missing = [name for name in expected if name not in values]
     if strict and missing:
         raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "

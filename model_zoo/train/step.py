@@ -17,6 +17,14 @@ from model_zoo.nn.layers import DROPOUT_STEP, use_cpu_kernels
 
 STOP_FLAG = "stop_requested"  # the StopVote parameter; not saved in checkpoints
 STEP_COUNTER = "train_step"   # the TrainStep's count of steps run
+GRADIENT_BUFFERS = "accu_grads"   # prefix of the micro batches' gradient sums: zeros
+                                  # between steps, so not saved in checkpoints
+
+
+def saved_in_checkpoints(name: str) -> bool:
+    """Whether a train step's parameter `name` is saved in (and needed from) checkpoints:
+    all but the stop vote and the gradient buffers, both zeros between steps."""
+    return name != STOP_FLAG and not name.startswith(GRADIENT_BUFFERS + ".")
 
 
 class StopVote(nn.Cell):
@@ -205,7 +213,7 @@ class TrainStep(nn.Cell):
         self.accumulated_by_compiler = accumulated_by_compiler
         self.optimizer_shard = optimizer_shard
         if accumulated_by_compiler:
-            self.accu_grads = self.weights.clone(prefix="accu_grads", init="zeros")
+            self.accu_grads = self.weights.clone(prefix=GRADIENT_BUFFERS, init="zeros")
         self.step = Parameter(Tensor(0, ms.int32), name=STEP_COUNTER, requires_grad=False)
         self.keyed_dropout = use_cpu_kernels()   # the masks follow DROPOUT_STEP
         # these optimizers unscale and clip the gradients as they read them, and skip a

@@ -27,8 +27,8 @@ from model_zoo.train.checkpoint import (list_checkpoints, load_weights, read_che
 from model_zoo.train.interrupt import StopRequests, TrainingInterrupted
 from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line, read_metrics
 from model_zoo.train.schedule import build_schedule
-from model_zoo.train.step import (STOP_FLAG, GradientNorm, StopVote, TrainStep,
-                                  build_optimizer, uses_float_status)
+from model_zoo.train.step import (GradientNorm, StopVote, TrainStep, build_optimizer,
+                                  saved_in_checkpoints, uses_float_status)
 
 
 def default_output_dir(config_path: str) -> str:
@@ -281,7 +281,7 @@ def restore_sliced(runnable, step_cell, network, first_batch, config, rank: int,
     not_loaded, _ = ms.load_param_into_net(target, values, strict_load=False)
     # scalars (the step, the loss scale) are in no strategy file, yet every rank has them
     parameters = target.parameters_dict()
-    missing = [name for name in not_loaded if name != STOP_FLAG
+    missing = [name for name in not_loaded if saved_in_checkpoints(name)
                and (name in held or math.prod(parameters[name].shape) <= 1)]
     if target is step_cell and missing:
         raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "
