@@ -196,3 +196,40 @@ def test_a_data_parallel_run_resumes_on_more_ranks(tmp_path, write_config):
         for other in final[1:]:
             np.testing.assert_array_equal(final[0][name], other[name], err_msg=name)
     assert int(final[0]["train_step"]) == 6
+
+
+def test_servers_with_their_own_disks_resume_from_the_step_they_all_saved(tmp_path,
+                                                                          write_config):
+    """Two "servers": each rank writes under its own output root and sees no other rank's
+    folder. A kill between the ranks' saves leaves rank 0 a step ahead; on --resume the
+    ranks tell each other their steps (one all-gather) and both resume from step 2,
+    repeating the losses the first run logged."""
+    import shlex
+    config = write_config({"train.steps": 4, "train.save_steps": 2, "train.log_steps": 1,
+                           "train.global_batch_size": 8, "parallel.data_parallel": 2})
+    root = tmp_path / "server"   # rank r's outputs: server_r/rank_r
+
+    def launch(*extra):
+        train = shlex.join([sys.executable, "-m", "model_zoo", "train", config, *extra])
+        return subprocess.run(
+            [sys.executable, "-m", "model_zoo.launch", "--workers", "2", "--output-dir",
+             str(tmp_path / "logs"), "--", "sh", "-c",
+             f'exec {train} --output-dir "{root}_$RANK_ID"'],
+            capture_output=True, text=True, timeout=300, env=dict(os.environ, GLOG_v="3"))
+
+    def losses(rank):
+        path = tmp_path / f"server_{rank}" / f"rank_{rank}" / "metrics.jsonl"
+        return {entry["step"]: entry["loss"] for entry in map(json.loads,
+                                                              path.read_text().splitlines())
+                if "loss" in entry}
+
+    first = launch()
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert not (tmp_path / "server_0" / "rank_1").exists()
+    logged = losses(0)
+    (tmp_path / "server_1" / "rank_1" / "checkpoints" / "step_00000004.ckpt").unlink()
+    resumed = launch("--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    log = (tmp_path / "logs" / "rank_0" / "train.log").read_text()
+    assert "resuming from step 2, the newest step every rank saved" in log
+    assert losses(0) == logged and sorted(logged) == [1, 2, 3, 4]

@@ -336,18 +336,3 @@ def test_a_signal_during_the_last_step_stops_before_the_evaluation():
         with pytest.raises(TrainingInterrupted) as stopped:
             stop.steps_done(10, "step_00000010.ckpt")
     assert stopped.value.exit_status == 143 and stopped.value.step == 10
-
-
-def test_ranks_resume_from_the_newest_step_they_all_saved(tmp_path):
-    """A kill between two ranks' saves leaves rank 0 a step ahead: both resume at step 2."""
-    from model_zoo.parallel.context import RunContext
-    from model_zoo.train.trainer import resumable_checkpoints
-    for rank, steps in ((0, (2, 4)), (1, (2,))):
-        folder = tmp_path / f"rank_{rank}" / "checkpoints"
-        folder.mkdir(parents=True)
-        for step in steps:
-            (folder / f"step_{step:08d}.ckpt").write_bytes(b"x")
-    found = resumable_checkpoints(str(tmp_path / "rank_0"), RunContext("CPU", 0, 2))
-    assert [step for step, _ in found] == [2]
-    alone = resumable_checkpoints(str(tmp_path / "rank_0"), RunContext("CPU", 0, 1))
-    assert [step for step, _ in alone] == [2, 4]

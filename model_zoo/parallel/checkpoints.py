@@ -291,12 +291,19 @@ def collect(run_dir: str, output_dir: str, step: int = 0, config=None) -> Layout
     return layout
 
 
-def newest_common_step(run_dir: str, device_num: int, after: int = -1) -> int:
+def steps_in_folders(run_dir: str, device_num: int) -> list:
+    """The checkpoint steps in each of the rank folders 0..device_num-1 of a run (all
+    visible here: one server or shared storage), one set per rank."""
+    return [{step for step, _ in list_checkpoints(os.path.join(run_dir, f"rank_{rank}"))}
+            for rank in range(device_num)]
+
+
+def newest_common_step(run_dir: str, device_num: int, after: int = -1, saved=None) -> int:
     """The newest checkpoint step after `after` that ranks 0..device_num-1 of a run all
-    saved."""
-    common = set.intersection(*({step for step, _ in list_checkpoints(
-        os.path.join(run_dir, f"rank_{rank}")) if step > after}
-        for rank in range(device_num)))
+    saved; `saved`: the steps of each rank (default: read from their folders)."""
+    if saved is None:
+        saved = steps_in_folders(run_dir, device_num)
+    common = set.intersection(*({step for step in steps if step > after} for steps in saved))
     if not common:
         raise CheckpointError(f"the {device_num} rank folders of {run_dir} share no "
                               f"checkpoint step")

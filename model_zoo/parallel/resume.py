@@ -19,7 +19,10 @@ saved under another layout than its config now asks for, it:
 MindFormers' auto_trans_ckpt does the same on shared storage
 (mindformers/tools/ckpt_transform/transform_checkpoint.py), with ranks waiting on each
 other's marker files; here each rank cuts only its own slices, so none waits for another.
-As there, every rank folder must be visible to every rank (one server or shared storage).
+As there, a change of layout needs every rank folder visible to every rank (one server
+or shared storage). A resume on the same layout does not: the ranks tell each other which
+steps they hold (`gathered_steps`, one all-gather), so servers with their own local disks
+resume from the newest step they all saved.
 Only a cluster runs the sharded path; the tests run steps 1-3 on the files of a cluster run.
 """
 
@@ -31,6 +34,7 @@ from model_zoo.parallel import checkpoints
 from model_zoo.train.checkpoint import list_checkpoints, saved_step
 
 SNAPSHOTS = "earlier_layouts"
+RESUME_CANDIDATES = 64   # newest checkpoint steps each rank tells the others it holds
 
 
 @dataclasses.dataclass
@@ -59,7 +63,20 @@ def same_layout(a: checkpoints.Layout, b: checkpoints.Layout) -> bool:
             == strategy_map(b.params, b.parallel, names).SerializeToString())
 
 
-def resume_point(output_dir: str, config, log) -> ResumePoint:
+def gathered_steps(own_steps, device_num: int) -> list:
+    """The checkpoint steps each rank of the job holds (its newest RESUME_CANDIDATES), one
+    set per rank, exchanged in one all-gather over all ranks: each rank reads only its own
+    folder. Every rank must call it at the same point."""
+    import numpy as np
+    from mindspore import Tensor, ops
+    offered = np.full(RESUME_CANDIDATES, -1, np.int32)   # -1: no step
+    newest = sorted(own_steps)[-RESUME_CANDIDATES:]
+    offered[:len(newest)] = newest
+    rows = ops.AllGather()(Tensor(offered)).asnumpy().reshape(device_num, RESUME_CANDIDATES)
+    return [{int(step) for step in row if step >= 0} for row in rows]
+
+
+def resume_point(output_dir: str, config, log, saved=None) -> ResumePoint:
     """Where the rank whose folder is `output_dir` resumes a sharded run with `config`'s
     layout, after steps 1 and 2 of the module docstring when the layout changed. Every rank
     comes to the same step by the same rules:
@@ -70,8 +87,9 @@ def resume_point(output_dir: str, config, log) -> ResumePoint:
       without checkpoints, rank 0's (read before listing rank 0's checkpoints: rank 0
       rewrites it only after setting its own aside, so a config of the new layout comes
       with an empty folder);
-    - on the same layout, the newest step every rank saved; if the ranks share none (one
-      was stopped before its first save), the newest snapshot."""
+    - on the same layout, the newest step every rank saved (`saved`: each rank's steps,
+      from `gathered_steps`; default: read from the rank folders); if the ranks share none
+      (one was stopped before its first save), the newest snapshot."""
     run_dir = os.path.dirname(output_dir)
     snapshot = _newest_snapshot(run_dir)
     after = snapshot[0] if snapshot else -1
@@ -86,7 +104,7 @@ def resume_point(output_dir: str, config, log) -> ResumePoint:
     current, earlier = checkpoints.plan_layout(config), checkpoints.plan_layout(recorded)
     if same_layout(earlier, current):
         try:
-            step = checkpoints.newest_common_step(run_dir, current.device_num, after)
+            step = checkpoints.newest_common_step(run_dir, current.device_num, after, saved)
         except CheckpointError as err:
             if snapshot is None:
                 raise CheckpointError(f"--resume: {err}") from None

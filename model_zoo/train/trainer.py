@@ -20,7 +20,7 @@ from model_zoo.parallel.context import (data_shard, gradient_reducer, init_paral
 from model_zoo.nn.attention import check_flash_attention_device
 from model_zoo.nn.layers import dtype_of, kernels_for
 from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
-from model_zoo.parallel.resume import resume_point
+from model_zoo.parallel.resume import gathered_steps, resume_point
 from model_zoo.train.checkpoint import (list_checkpoints, load_weights, read_checkpoint,
                                         remove_partial_checkpoints, save_checkpoint,
                                         saved_step)
@@ -78,32 +78,36 @@ def keep_schedule_length(config: Config, saved_train: dict):
 
 def resumable_checkpoints(output_dir: str, context) -> list:
     """(step, path) of the checkpoints this rank may resume from, oldest first (sharded
-    runs: `parallel.resume`). With several ranks whose folders are visible here (one
-    machine, or shared storage), only up to the newest step every rank that saved any has:
-    a kill or a full disk between two ranks' saves leaves them a step apart, and ranks that
-    resumed apart would wait for each other forever. A data-parallel rank the run did not
-    have yet resumes from another rank's checkpoints (data-parallel ranks hold the same
-    state)."""
+    runs: `parallel.resume`). With several ranks, only up to the newest step every rank
+    that saved any has: a kill or a full disk between two ranks' saves leaves them a step
+    apart, and ranks that resumed apart would wait for each other forever. The ranks tell
+    each other their steps (`gathered_steps`), so each reads only its own folder, and
+    servers with local disks agree too. A data-parallel rank the run did not have yet
+    resumes from another rank's checkpoints (data-parallel ranks hold the same state),
+    which it must see: one server or shared storage."""
     own = list_checkpoints(output_dir)
     if not context.distributed:
         return own
-    parent = os.path.dirname(output_dir)
-    saved = {}
-    for rank in range(context.device_num):
-        steps = dict(list_checkpoints(os.path.join(parent, f"rank_{rank}")))
-        if steps:
-            saved[rank] = steps
+    saved = [steps for steps in gathered_steps([step for step, _ in own], context.device_num)
+             if steps]
     if not saved:
-        raise CheckpointError(f"--resume: no checkpoint in the rank folders of {parent}")
-    common = set.intersection(*(set(steps) for steps in saved.values()))
+        raise CheckpointError(f"--resume: none of the {context.device_num} ranks has a "
+                              f"checkpoint (this rank's folder: {output_dir})")
+    common = set.intersection(*saved)
     if not common:
-        raise CheckpointError(f"--resume: the {len(saved)} rank folders in {parent} share no "
-                              f"checkpoint step")
+        raise CheckpointError(f"--resume: the {len(saved)} ranks that saved checkpoints "
+                              f"share no checkpoint step")
     if not own:
-        lender = min(saved)
-        own = sorted(saved[lender].items())
+        parent = os.path.dirname(output_dir)
+        lenders = [rank for rank in range(context.device_num) if list_checkpoints(
+            os.path.join(parent, f"rank_{rank}"))]
+        if not lenders:
+            raise CheckpointError(f"--resume: this rank has no checkpoint of its own and sees "
+                                  f"no other rank's in {parent}: a resume on more ranks needs "
+                                  f"the run's rank folders on one server or shared storage")
+        own = list_checkpoints(os.path.join(parent, f"rank_{lenders[0]}"))
         log(f"this rank has no checkpoint of its own (the run had {len(saved)} ranks): it "
-            f"resumes from rank {lender}'s, as data-parallel ranks hold the same state")
+            f"resumes from rank {lenders[0]}'s, as data-parallel ranks hold the same state")
     if max(common) < own[-1][0]:
         log(f"resuming from step {max(common)}, the newest step every rank saved")
     return [(step, path) for step, path in own if step <= max(common)]
@@ -177,7 +181,9 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
     start_step = 0
     resume_path = resharded_from = None
     if context.semi_auto and resume:   # loaded once the step is compiled (restore_sliced)
-        point = resume_point(output_dir, config, log)
+        saved = gathered_steps([step for step, _ in list_checkpoints(output_dir)],
+                               context.device_num)
+        point = resume_point(output_dir, config, log, saved)
         if point.cut:
             resharded_from, start_step = point.path, point.step
         else:
