@@ -174,7 +174,7 @@ def run(args) -> int:
         from model_zoo.train.trainer import default_output_dir, train
         if args.train_url and args.output_dir:
             raise UserInputError("give --output-dir or --train-url, not both")
-        from model_zoo.train.interrupt import TrainingInterrupted
+        from model_zoo.train.interrupt import TooManyBadSteps, TrainingInterrupted
         storage = CloudStorage(args.data_url, args.train_url)
         output_dir = storage.prepare(config, args.output_dir or default_output_dir(args.config),
                                      args.resume)
@@ -183,8 +183,10 @@ def run(args) -> int:
                   verify_data=args.verify_data)
         except TrainingInterrupted as stopped:
             overrides = "".join(f" --set {override}" for override in args.overrides)
-            print(f"{stopped}; continue with: model-zoo train {args.config}{overrides} "
-                  f"--output-dir {output_dir} --resume", flush=True)
+            failed = isinstance(stopped, TooManyBadSteps)
+            print(f"{'error: ' if failed else ''}{stopped}; continue with: model-zoo train "
+                  f"{args.config}{overrides} --output-dir {output_dir} --resume",
+                  file=sys.stderr if failed else sys.stdout, flush=True)
             return stopped.exit_status
     elif args.command == "export":
         from model_zoo.train.export import export_checkpoint

@@ -75,6 +75,12 @@ class TrainConfig:
     run at the floor learning rate instead of re-stretching the cosine (the lr would jump).
     checkpoint_format: "ckpt" (MindSpore's protobuf) or "safetensors" (which MindSpore 2.10
     reads and writes too, and which MindFormers is moving to); --resume reads either.
+    max_bad_steps: how many bad steps in a row are skipped (not applied) before the run
+    stops with a checkpoint to resume from: a non-finite loss or gradient (fp16 overflows
+    excepted: the loss scale absorbs them), or a loss spike.
+    loss_spike_factor: a step whose loss is above this many times the running average of
+    the applied steps' losses is a spike (0: no spike check), as MindFormers skips steps by
+    global norm (`use_skip_data_by_global_norm`).
     """
 
     steps: int = 100
@@ -101,6 +107,8 @@ class TrainConfig:
     init_checkpoint: str = ""
     lr_schedule_steps: int = 0
     checkpoint_format: str = "ckpt"
+    max_bad_steps: int = 10
+    loss_spike_factor: float = 0.0
 
     @property
     def schedule_steps(self) -> int:
@@ -115,9 +123,12 @@ class TrainConfig:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key} must be > 0, got {getattr(self, key)}")
         for key in ("min_lr", "warmup_steps", "weight_decay", "grad_clip", "lr_schedule_steps",
-                    "eval_steps"):
+                    "eval_steps", "max_bad_steps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key} must be >= 0, got {getattr(self, key)}")
+        if self.loss_spike_factor != 0 and not self.loss_spike_factor > 1:
+            raise ConfigError(f"train.loss_spike_factor must be 0 (off) or above 1, got "
+                              f"{self.loss_spike_factor}")
         if self.min_lr > self.lr:
             raise ConfigError(f"train.min_lr={self.min_lr} is above train.lr={self.lr}")
         _check_choice(self, "train", "precision", ("fp32", "fp16"))

@@ -49,9 +49,11 @@ def test_two_cpu_workers_train_data_parallel(tmp_path, write_config):
     for name in final[0]:
         np.testing.assert_array_equal(final[0][name], final[1][name], err_msg=name)
 
-    losses = [json.loads(line)["loss"]
-              for line in (out / "rank_0" / "metrics.jsonl").read_text().splitlines()]
-    assert losses[-1] < losses[0] - 0.2
+    losses = [[json.loads(line)["loss"] for line in
+               (out / f"rank_{r}" / "metrics.jsonl").read_text().splitlines()] for r in (0, 1)]
+    assert losses[-1][-1] < losses[0][0] - 0.2
+    # every rank logs the global batch's loss (the mean of the ranks' slices, StopVote)
+    assert losses[0] == losses[1]
 
 
 def test_a_killed_worker_ends_the_job_naming_its_rank(tmp_path, write_config):
@@ -233,3 +235,31 @@ def test_servers_with_their_own_disks_resume_from_the_step_they_all_saved(tmp_pa
     log = (tmp_path / "logs" / "rank_0" / "train.log").read_text()
     assert "resuming from step 2, the newest step every rank saved" in log
     assert losses(0) == logged and sorted(logged) == [1, 2, 3, 4]
+
+
+def test_bad_steps_are_skipped_on_every_rank_then_the_run_stops_to_resume(tmp_path,
+                                                                          write_config):
+    """A diverging run (train.lr=1e30): from step 2 the loss is not finite; both ranks skip
+    steps 2-4 together (the step's losses and decisions are all-reduced), then stop after
+    train.max_bad_steps=2 in a row with the step 4 checkpoint (every value finite: the bad
+    steps changed nothing) and an `error:` line giving the --resume command."""
+    config = write_config({"train.steps": 50, "train.save_steps": 50, "train.log_steps": 1,
+                           "train.global_batch_size": 8, "parallel.data_parallel": 2,
+                           "train.lr": 1e30, "train.max_bad_steps": 2})
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "model_zoo.launch", "--workers", "2", "--output-dir", str(out),
+         "--", sys.executable, "-m", "model_zoo", "train", config, "--output-dir", str(out)],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, GLOG_v="3"))
+    assert result.returncode == 1, result.stderr[-2000:]
+    for rank in (0, 1):
+        log = (out / f"rank_{rank}" / "train.log").read_text()
+        for step in (2, 3, 4):
+            assert f"step {step} skipped: the loss is" in log
+        assert "step 5" not in log
+        assert re.search(r"error: 3 steps in a row were skipped .*; stopped after step 4, "
+                         r"saved \S+step_00000004.ckpt; continue with: model-zoo train "
+                         r"\S+ --output-dir \S+ --resume", log)
+        saved = read_checkpoint(out / f"rank_{rank}" / "checkpoints" / "step_00000004.ckpt")
+        assert int(saved["train_step"]) == 4
+        assert all(np.all(np.isfinite(value)) for value in saved.values())

@@ -402,3 +402,26 @@ def test_checkpoints_leave_out_the_gradient_buffers_and_still_resume(tmp_path):
         if not name.startswith("accu_grads"):
             np.testing.assert_array_equal(params_of(fresh)[name], value, err_msg=name)
     assert all(not buffer.asnumpy().any() for buffer in fresh.accu_grads)
+
+
+def test_a_loss_spike_is_skipped_and_the_average_follows_the_applied_steps():
+    """train.loss_spike_factor: a step whose loss is above 3 x the running average of the
+    applied steps' losses changes nothing (weights, moments, optimizer step, the average);
+    the average starts at the first step's loss and moves by 0.1 of each applied one."""
+    network = MeanOfLinear()
+    schedule = WarmupCosineSchedule(1e-2, 1e-3, 0, 100)
+    step = TrainStep(network, build_optimizer(network, TrainConfig(), schedule), schedule,
+                     loss_spike_factor=3.0)
+    ones = Tensor(np.ones((2, 4), np.float32))
+    first, applied, *_ = run_step(step, ones)
+    assert applied and float(step.loss_average.asnumpy()) == pytest.approx(first)
+    before = params_of(step)
+    spike, applied, *_ = run_step(step, ones * 10)
+    assert not applied and spike > 3 * first
+    after = params_of(step)
+    assert after.pop("train_step") == before.pop("train_step") + 1
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
+    third, applied, *_ = run_step(step, ones)
+    assert applied and third < first
+    assert float(step.loss_average.asnumpy()) == pytest.approx(0.9 * first + 0.1 * third)

@@ -18,7 +18,7 @@ from model_zoo.config import import_model
 from model_zoo.errors import CheckpointError, DataError, DiskError
 from model_zoo.files import check_file
 from model_zoo.nn.layers import dtype_of
-from model_zoo.train.step import STEP_COUNTER, saved_in_checkpoints
+from model_zoo.train.step import STEP_COUNTER, needed_from_checkpoints, saved_in_checkpoints
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)\.(ckpt|safetensors)$")
 
@@ -139,7 +139,7 @@ def load_weights(network, path: str, strict: bool = True) -> list:
     # for cells built with auto_prefix=False (the train step's optimizer and loss-scale state)
     expected = {param.name: param for param in network.get_parameters()
                 if saved_in_checkpoints(param.name)}
-    missing = [name for name in expected if name not in values]
+    missing = [name for name in expected if name not in values and needed_from_checkpoints(name)]
     if strict and missing:
         raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "
                               f"{len(missing)} parameters, e.g. {missing[0]!r}")

@@ -29,6 +29,19 @@ class TrainingInterrupted(Exception):
         return 128 + (self.signum or signal.SIGTERM)
 
 
+class TooManyBadSteps(TrainingInterrupted):
+    """Raised by the loop after `train.max_bad_steps` bad steps in a row were skipped, once
+    the checkpoint of the last step is saved (its weights are those before the bad steps)."""
+
+    def __init__(self, reason: str, step: int, checkpoint: str):
+        Exception.__init__(self, f"{reason}; stopped after step {step}, saved {checkpoint}")
+        self.signum, self.step, self.checkpoint = None, step, checkpoint
+
+    @property
+    def exit_status(self) -> int:
+        return 1
+
+
 class StopRequests:
     """While active, SIGINT and SIGTERM set `signum` instead of ending the process; the loop
     checks `requested` after each step. A second signal exits at once. Once the steps are

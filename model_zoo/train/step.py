@@ -17,41 +17,74 @@ from model_zoo.nn.layers import DROPOUT_STEP, use_cpu_kernels
 
 STOP_FLAG = "stop_requested"  # the StopVote parameter; not saved in checkpoints
 STEP_COUNTER = "train_step"   # the TrainStep's count of steps run
+LOSS_AVERAGE = "loss_average"   # running average of the applied steps' losses (spikes)
 GRADIENT_BUFFERS = "accu_grads"   # prefix of the micro batches' gradient sums: zeros
                                   # between steps, so not saved in checkpoints
 
 
 def saved_in_checkpoints(name: str) -> bool:
-    """Whether a train step's parameter `name` is saved in (and needed from) checkpoints:
-    all but the stop vote and the gradient buffers, both zeros between steps."""
+    """Whether a train step's parameter `name` is saved in checkpoints: all but the stop
+    vote and the gradient buffers, both zeros between steps."""
     return name != STOP_FLAG and not name.startswith(GRADIENT_BUFFERS + ".")
 
 
-class StopVote(nn.Cell):
-    """Whether any rank was asked to stop (a signal): each rank's flag (0 or 1), summed over
-    all ranks inside the step, so that all of them stop after the same step and save the
-    same state. MindSpore's own graceful exit reduces its flag inside TrainOneStepCell the
-    same way (`mindspore/utils/utils.py` ExitByRequest); a collective outside the step would
-    add a launch per step. Stand-alone runs return the local flag.
+def needed_from_checkpoints(name: str) -> bool:
+    """Whether a resume needs `name` from the checkpoint: what is saved, but the spike
+    check's running average, which checkpoints of earlier versions lack (it starts over)."""
+    return saved_in_checkpoints(name) and name != LOSS_AVERAGE
 
+
+class StopVote(nn.Cell):
+    """What all ranks decide together in each step: whether any rank was asked to stop (a
+    signal), and the step's loss, the same on every rank. One all-reduce over all ranks
+    sums each rank's stop flag (0 or 1) and its loss times `loss_weight`:
+    - CPU data parallel: each rank's loss is the mean over its own slice of the batch, and
+      weight 1 / ranks gives the global batch's mean;
+    - semi-auto parallel: every rank of the last pipeline stage holds the global batch's
+      loss (MindSpore all-reduces the loss's reductions over dp), earlier stages hold none:
+      weight 1 / devices per stage on the last stage, 0 elsewhere (`loss_weight_of`).
+    So all ranks stop after the same step and save the same state, log the same loss and
+    take the same bad-step decisions. MindSpore's own graceful exit reduces its flag inside
+    TrainOneStepCell the same way (`mindspore/utils/utils.py` ExitByRequest); a collective
+    outside the step would add a launch per step. Stand-alone runs return their own.
+
+    Inputs:
+        loss: the rank's loss, a scalar.
     Outputs:
-        float32 (1,): > 0 if some rank asked to stop (a float sum: MindSpore's CPU
-        AllReduce takes neither integers nor MAX).
+        (stop, loss): float32 (1,), > 0 if some rank asked to stop (a float sum: MindSpore's
+        CPU AllReduce takes neither integers nor MAX); the float32 scalar loss.
     """
 
-    def __init__(self, distributed: bool = False):
+    def __init__(self, distributed: bool = False, loss_weight: float = 1.0):
         super().__init__()
         self.flag = Parameter(Tensor([0.0], ms.float32), name=STOP_FLAG, requires_grad=False)
         self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM) if distributed else None
+        self.loss_weight = float(loss_weight)
 
     def request(self):
         """Ask to stop after the next step (the flag is read when that step runs)."""
         self.flag.set_data(Tensor([1.0], ms.float32))
 
-    def construct(self):
+    def construct(self, loss):
+        loss = ops.cast(loss, ms.float32)
         if self.all_reduce is None:
-            return self.flag * 1
-        return self.all_reduce(self.flag)
+            return self.flag * 1, loss
+        if self.loss_weight > 0:
+            weighted = ops.reshape(loss * self.loss_weight, (1,))
+        else:   # an earlier pipeline stage: its loss output is not the model's loss
+            weighted = ops.zeros((1,), ms.float32)
+        both = self.all_reduce(ops.concat((self.flag, weighted)))
+        return both[0:1], both[1]
+
+
+def loss_weight_of(rank: int, device_num: int, parallel=None) -> float:
+    """StopVote's weight of `rank`'s loss: 1 / device_num (CPU data parallel, or `parallel`
+    None); with a semi-auto `parallel` layout, 1 / devices per stage on the last stage and 0
+    on the others."""
+    if parallel is None:
+        return 1.0 / device_num
+    last_stage = rank // parallel.devices_per_stage == parallel.pipeline_stage - 1
+    return 1.0 / parallel.devices_per_stage if last_stage else 0.0
 
 
 class GradientNorm(nn.Cell):
@@ -180,20 +213,24 @@ class TrainStep(nn.Cell):
             and MindFormers' `MFPipelineWithLossScaleCell` do.
         optimizer_shard: the parallel optimizer is on (see accumulated_by_compiler).
         gradient_norm: the GradientNorm cell (default: whole gradients, no communication).
-        stop_vote: the StopVote cell (default: this rank's flag only).
+        stop_vote: the StopVote cell (default: this rank's flag and loss only).
+        loss_spike_factor: skip the update of a step whose loss is above this many times
+            the running average of the applied steps' losses (`loss_average`; 0: never).
 
     Inputs:
         *batch: the dataset's columns, batch along dimension 0.
     Outputs:
-        (loss, finite, loss_scale, grad_norm, lr, stop): loss averaged over micro batches,
-        whether the update was applied, the scale used, the unclipped gradient norm, the lr
-        used, and whether some rank asked to stop (StopVote).
+        (loss, applied, loss_scale, grad_norm, lr, stop): the loss averaged over micro
+        batches, the same on every rank (StopVote), whether the update was applied (the
+        gradients were finite and the loss no spike), the scale used, the unclipped
+        gradient norm, the lr used, and whether some rank asked to stop (StopVote).
     """
 
     def __init__(self, network, optimizer, lr_schedule, *, grad_reducer=None,
                  dynamic_loss_scale=False, loss_scale=65536.0, scale_window=1000,
                  grad_clip=1.0, accumulation=1, micro_batches=1, accumulated_by_compiler=False,
-                 optimizer_shard=False, gradient_norm=None, stop_vote=None):
+                 optimizer_shard=False, gradient_norm=None, stop_vote=None,
+                 loss_spike_factor=0.0):
         super().__init__(auto_prefix=False)
         self.network = network
         self.optimizer = optimizer
@@ -215,6 +252,9 @@ class TrainStep(nn.Cell):
         if accumulated_by_compiler:
             self.accu_grads = self.weights.clone(prefix=GRADIENT_BUFFERS, init="zeros")
         self.step = Parameter(Tensor(0, ms.int32), name=STEP_COUNTER, requires_grad=False)
+        self.loss_spike_factor = float(loss_spike_factor)
+        self.loss_average = Parameter(Tensor(0.0, ms.float32), name=LOSS_AVERAGE,
+                                      requires_grad=False)
         self.keyed_dropout = use_cpu_kernels()   # the masks follow DROPOUT_STEP
         # these optimizers unscale and clip the gradients as they read them, and skip a
         # step that is not finite themselves
@@ -282,9 +322,10 @@ class TrainStep(nn.Cell):
         # a copy: returning the Parameter itself would report its value after this step's
         # adjustment instead of the scale this step used
         scale = self.loss_scale * 1.0
-        stop = self.stop_vote()  # before any branch: every rank runs this collective
         lr = self.lr_schedule(self.optimizer.global_step)
         loss, grads = self._gradients(batch, scale)
+        # before any branch: every rank runs this collective
+        stop, loss = self.stop_vote(loss)
         if self.grad_reducer is not None:
             grads = self.grad_reducer(grads)
         if self.accumulated_by_compiler and not self.optimizer_shard:
@@ -294,6 +335,7 @@ class TrainStep(nn.Cell):
         # step can be applied (cheaper than testing every gradient element).
         divisor = scale * self.accumulation
         norm, finite = self.gradient_norm(grads)
+        applied = self._not_a_spike(finite, loss)
         grad_norm = norm / divisor
         factor = 1.0 / divisor
         if self.grad_clip > 0:
@@ -307,13 +349,25 @@ class TrainStep(nn.Cell):
             # of the graph costs MindSpore on CPU about 1 ms a step, which GPT-2 tiny's
             # 27 ms step spent switching between its subgraphs, and made the parallel
             # compile of a model reused per micro batch exponential: SkippingAdamWeightDecay)
-            loss = ops.depend(loss, self.optimizer(grads, factor, finite))
-        elif finite:
+            loss = ops.depend(loss, self.optimizer(grads, factor, applied))
+        elif applied:
             loss = ops.depend(loss, self.optimizer(grads))
         if self.accumulated_by_compiler:
             loss = ops.depend(loss, self.hyper_map(_clear_accumulated, self.accu_grads, grads))
         loss = ops.depend(loss, ops.assign_add(self.step, Tensor(1, ms.int32)))
-        return loss, finite, scale, grad_norm, lr, stop
+        return loss, applied, scale, grad_norm, lr, stop
+
+    def _not_a_spike(self, finite, loss):
+        """`finite`, and False when the loss is a spike (loss_spike_factor); the running
+        average then follows the loss of every applied step (it starts at the first)."""
+        if self.loss_spike_factor <= 0:
+            return finite
+        average = self.loss_average * 1.0
+        spike = ops.logical_and(average > 0.0, loss > average * self.loss_spike_factor)
+        applied = ops.logical_and(finite, ops.logical_not(spike))
+        followed = ops.select(average > 0.0, average * 0.9 + loss * 0.1, loss)
+        ops.assign(self.loss_average, ops.select(applied, followed, average))
+        return applied
 
     def _adjust_loss_scale(self, finite):
         good = ops.select(finite, self.good_steps + 1, ops.zeros_like(self.good_steps))

@@ -24,11 +24,11 @@ from model_zoo.parallel.resume import gathered_steps, resume_point
 from model_zoo.train.checkpoint import (list_checkpoints, load_weights, read_checkpoint,
                                         remove_partial_checkpoints, save_checkpoint,
                                         saved_step)
-from model_zoo.train.interrupt import StopRequests, TrainingInterrupted
+from model_zoo.train.interrupt import StopRequests, TooManyBadSteps, TrainingInterrupted
 from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line, read_metrics
 from model_zoo.train.schedule import build_schedule
 from model_zoo.train.step import (GradientNorm, StopVote, TrainStep, build_optimizer,
-                                  saved_in_checkpoints, uses_float_status)
+                                  loss_weight_of, needed_from_checkpoints, uses_float_status)
 
 
 def default_output_dir(config_path: str) -> str:
@@ -287,7 +287,7 @@ def restore_sliced(runnable, step_cell, network, first_batch, config, rank: int,
     not_loaded, _ = ms.load_param_into_net(target, values, strict_load=False)
     # scalars (the step, the loss scale) are in no strategy file, yet every rank has them
     parameters = target.parameters_dict()
-    missing = [name for name in not_loaded if saved_in_checkpoints(name)
+    missing = [name for name in not_loaded if needed_from_checkpoints(name)
                and (name in held or math.prod(parameters[name].shape) <= 1)]
     if target is step_cell and missing:
         raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "
@@ -319,7 +319,9 @@ def build_train_step(config: Config, network, context) -> TrainStep:
         accumulated_by_compiler=bool(batching.wrapper),  # wrappers exist on semi-auto only
         optimizer_shard=parallel.optimizer_shard,
         gradient_norm=gradient_norm(config, network, optimizer, context),
-        stop_vote=StopVote(distributed=context.distributed))
+        stop_vote=StopVote(distributed=context.distributed, loss_weight=loss_weight_of(
+            context.rank, context.device_num, parallel if context.semi_auto else None)),
+        loss_spike_factor=train.loss_spike_factor)
 
 
 def gradient_norm(config: Config, network, optimizer, context) -> GradientNorm:
@@ -350,17 +352,24 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
     train = config.train
     step_cell.set_train(True)
     interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
-    interval_tokens = interval_in_step = 0
+    interval_tokens = interval_in_step = skipped = bad_in_row = 0
     path = None
     for step in range(start_step + 1, train.steps + 1):
         batch = next(batches)
         if stop is not None and stop.requested:
             step_cell.stop_vote.request()
         started = time.perf_counter()
-        loss, finite, scale, grad_norm, lr, stop_voted = runnable(*batch)
+        loss, applied, scale, grad_norm, lr, stop_voted = runnable(*batch)
         loss_value = loss.asnumpy().item()
         in_step = time.perf_counter() - started   # the step's call and its loss read
-        interval_losses.append(loss_value)
+        bad = bad_step(train, loss_value, bool(applied.asnumpy()), grad_norm.asnumpy().item())
+        bad_in_row = bad_in_row + 1 if bad else 0
+        if bad:
+            skipped += 1
+            log(f"step {step} skipped: {bad} ({bad_in_row} in a row; the run stops after "
+                f"{train.max_bad_steps})")
+        else:
+            interval_losses.append(loss_value)
         if step == start_step + 1:
             log(f"compiled and ran the first step in {in_step:.1f} s")
             if stop is not None:
@@ -370,8 +379,6 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
             interval_steps += 1
             interval_tokens += tokens_of(batch)
             interval_in_step += in_step
-        if not np.isfinite(loss_value) and train.precision == "fp32":
-            raise RuntimeError(f"loss became {loss_value} at step {step}; lower train.lr")
         if step % train.log_steps == 0 or step == train.steps:
             if interval_steps == 0:  # only the first step so far: time it alone
                 interval_start, interval_steps, interval_tokens = started, 1, tokens_of(batch)
@@ -379,11 +386,13 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
             now = time.perf_counter()
             elapsed = max(now - interval_start, 1e-9)
             samples_per_s = interval_steps * train.global_batch_size / elapsed
-            entry = {"step": step, "loss": float(np.mean(interval_losses)),
+            entry = {"step": step,
+                     "loss": float(np.mean(interval_losses or [loss_value])),
                      "lr": lr.asnumpy().item(),
                      "loss_scale": scale.asnumpy().item(),
                      "grad_norm": grad_norm.asnumpy().item(),
-                     "finite": bool(finite.asnumpy().item()),
+                     "finite": bool(applied.asnumpy().item()),
+                     **({"skipped_steps": skipped} if skipped else {}),
                      "samples_per_s": samples_per_s,
                      "tokens_per_s": interval_tokens / elapsed,
                      **step_times(elapsed, interval_in_step, interval_steps)}
@@ -392,7 +401,7 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
             # the next interval starts where this one was timed: the reads and the line
             # above count in it, so a progress line every step shows what it costs
             interval_start, interval_steps, interval_losses = now, 0, []
-            interval_tokens = interval_in_step = 0
+            interval_tokens = interval_in_step = skipped = 0
         if evaluate is not None and train.eval_steps and step % train.eval_steps == 0 \
                 and step < train.steps:
             evaluated_at = time.perf_counter()
@@ -404,16 +413,36 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
                 f"({time.perf_counter() - evaluated_at:.1f} s): {json.dumps(result)}")
             interval_start += time.perf_counter() - evaluated_at   # not training time
         stopping = bool(stop_voted.asnumpy()[0] > 0)
-        if step % train.save_steps == 0 or step == train.steps or stopping:
+        failing = bad_in_row > train.max_bad_steps
+        if step % train.save_steps == 0 or step == train.steps or stopping or failing:
             path = save_checkpoint(step_cell, output_dir, step, train.keep_checkpoints,
                                    sliced=sliced_checkpoints,
                                    file_format=train.checkpoint_format)
             log(f"saved {path}")
             if on_save is not None:
                 on_save(output_dir)
+            if failing:
+                raise TooManyBadSteps(f"{bad_in_row} steps in a row were skipped (the last: "
+                                      f"{bad}); lower train.lr or check the data of "
+                                      f"these steps", step, path)
             if stopping:
                 raise TrainingInterrupted(stop.signum if stop is not None else None, step, path)
     return path
+
+
+def bad_step(train, loss: float, applied: bool, grad_norm: float) -> str:
+    """Why a step whose update was not `applied` is bad ('' when it is not): a non-finite
+    loss or gradient, or a loss spike. An fp16 step whose gradients overflowed is not: the
+    loss scale is lowered and the step retried with the next batch, by design. Every rank
+    sees the same values (StopVote, GradientNorm), so all of them decide alike."""
+    if applied:
+        return ""
+    if not math.isfinite(loss):
+        return f"the loss is {loss}"
+    if not math.isfinite(grad_norm):
+        return "" if train.precision == "fp16" else f"the gradient norm is {grad_norm}"
+    return (f"the loss {loss:.4g} is a spike (above {train.loss_spike_factor:g} x the "
+            f"running average)")
 
 
 def step_times(elapsed: float, in_step: float, steps: int) -> dict:
