@@ -152,3 +152,16 @@ def test_100b_train_step_builds_without_allocating():
     # bias each), plus the token and position embeddings on the first stage and the final
     # layer norm on the last
     assert report["selected"] == {"0": 5 * 12 + 2, "127": 5 * 12 + 2}
+
+
+def test_every_rank_reports_the_last_stages_loss():
+    """StopVote's loss weights: the last stage's ranks each hold the global batch's loss,
+    so their weights sum to 1 and the other stages' are 0; on CPU data parallel every rank
+    holds its slice's mean and weighs 1 / ranks."""
+    from model_zoo.parallel.config import ParallelConfig
+    from model_zoo.train.step import loss_weight_of
+    layout = ParallelConfig(data_parallel=2, model_parallel=2, pipeline_stage=2,
+                            micro_batch_num=2)
+    weights = [loss_weight_of(rank, 8, layout) for rank in range(8)]
+    assert weights == [0.0] * 4 + [0.25] * 4
+    assert [loss_weight_of(rank, 4) for rank in range(4)] == [0.25] * 4
