@@ -10,15 +10,19 @@
 #            model_zoo/models/gpt2/configs/gpt2-small.yaml --output-dir outputs/small
 #
 # Ascend: the rank table is validated first; each of this server's devices gets a working
-# folder OUTPUT_DIR/rank_<RANK_ID>/ with env.txt and train.log, and its process starts in
-# the background. Several servers: run the script on each; this server's devices are found
-# from its address in the table, or set SERVER_IP or RANK_START (the first rank id of this
-# server).
+# folder OUTPUT_DIR/rank_<RANK_ID>/ with env.txt and train.log, and a launcher in the
+# background starts one process per device and watches them: when one fails it stops the
+# others within FAILURE_GRACE_SECONDS and names it in OUTPUT_DIR/launcher.log; a SIGTERM to
+# the launcher's pid makes every rank save a checkpoint and stop. Several servers: run the
+# script on each; this server's devices are found from its address in the table, or set
+# SERVER_IP or RANK_START (the first rank id of this server).
 # CPU (no Ascend, or DEVICE_TARGET=CPU): DEVICE_NUM data-parallel workers on this machine
 # through MindSpore's dynamic cluster; the script waits, and fails naming the rank if one
 # fails, within FAILURE_GRACE_SECONDS (default 10).
 # Environment: DEVICE_TARGET=CPU|Ascend, SERVER_IP, RANK_START, HCCL_CONNECT_TIMEOUT
-# (default 1200), FAILURE_GRACE_SECONDS, JOB_TIMEOUT_SECONDS (CPU, default none), PYTHON.
+# (seconds the ranks wait for each other to connect, default 1200: big graphs compile
+# first), HCCL_EXEC_TIMEOUT (seconds a collective waits for its peers, default 1800),
+# FAILURE_GRACE_SECONDS (default 10), JOB_TIMEOUT_SECONDS (default none), PYTHON.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
@@ -50,7 +54,7 @@ if [ "$TARGET" != "Ascend" ]; then
         "$PYTHON" -m model_zoo train "$CONFIG" --set "parallel.data_parallel=$DEVICE_NUM" "$@"
 fi
 
-# Ascend: one background process per device of this server.
+# Ascend: one process per device of this server, started and watched by the launcher.
 locate=()
 [ -n "${SERVER_IP:-}" ] && locate+=(--server-ip "$SERVER_IP")
 [ -n "${RANK_START:-}" ] && locate+=(--rank-start "$RANK_START")
@@ -60,14 +64,20 @@ export RANK_TABLE_FILE
 RANK_TABLE_FILE=$(cd "$(dirname "$RANK_TABLE")" && pwd)/$(basename "$RANK_TABLE")
 export RANK_SIZE=$DEVICE_NUM
 export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}
+export HCCL_EXEC_TIMEOUT=${HCCL_EXEC_TIMEOUT:-1800}
 export DEVICE_TARGET=Ascend
+pairs=""
 while read -r device_id rank_id; do
     rank_dir="$OUTPUT_DIR/rank_$rank_id"
     mkdir -p "$rank_dir"
-    export DEVICE_ID=$device_id RANK_ID=$rank_id
-    { echo "=== rank $rank_id (device $device_id) $(date '+%Y-%m-%d %H:%M:%S')"; env | sort; } >> "$rank_dir/env.txt"
-    echo "=== rank $rank_id (device $device_id) started $(date '+%Y-%m-%d %H:%M:%S')" >> "$rank_dir/train.log"
-    nohup "$PYTHON" -m model_zoo train "$CONFIG" "$@" >> "$rank_dir/train.log" 2>&1 &
-    echo "rank $rank_id on device $device_id: pid $!, log $rank_dir/train.log"
+    { echo "=== rank $rank_id (device $device_id) $(date '+%Y-%m-%d %H:%M:%S')";
+      env DEVICE_ID="$device_id" RANK_ID="$rank_id" | sort; } >> "$rank_dir/env.txt"
+    pairs="${pairs:+$pairs,}$device_id:$rank_id"
+    echo "rank $rank_id on device $device_id: log $rank_dir/train.log"
 done <<< "$DEVICES"
-echo "started; follow a rank with: tail -f $OUTPUT_DIR/rank_<RANK_ID>/train.log"
+nohup "$PYTHON" -m model_zoo.launch --devices "$pairs" --output-dir "$OUTPUT_DIR" \
+    --grace "${FAILURE_GRACE_SECONDS:-10}" --timeout "${JOB_TIMEOUT_SECONDS:-0}" -- \
+    "$PYTHON" -m model_zoo train "$CONFIG" "$@" >> "$OUTPUT_DIR/launcher.log" 2>&1 &
+echo "started; the launcher (pid $!) stops every rank if one fails, and a 'kill -TERM $!'"
+echo "makes them save a checkpoint and stop; its log: $OUTPUT_DIR/launcher.log"
+echo "follow a rank with: tail -f $OUTPUT_DIR/rank_<RANK_ID>/train.log"

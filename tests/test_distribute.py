@@ -116,9 +116,39 @@ def test_ascend_launch_prepares_one_folder_per_rank(tmp_path, write_config):
         assert env["RANK_SIZE"] == "2" and env["DEVICE_TARGET"] == "Ascend"
         assert env["HCCL_CONNECT_TIMEOUT"] == "900"
         assert env["RANK_TABLE_FILE"] == TABLE_2P
-        assert (out / f"rank_{rank}" / "train.log").exists()
-    # Without Ascend software the background ranks fail at once; let them end.
-    time.sleep(1)
+        assert env["HCCL_EXEC_TIMEOUT"] == "1800"
+    # Without Ascend software the ranks the background launcher started refuse the device
+    # at once: the launcher names the first one and ends the job
+    launcher_log = out / "launcher.log"
+    deadline = time.monotonic() + 120
+    while "failed" not in (launcher_log.read_text() if launcher_log.exists() else ""):
+        assert time.monotonic() < deadline, "the launcher did not end the job"
+        time.sleep(0.5)
+    text = launcher_log.read_text()
+    assert "rank 0 on device 0: pid" in text and "rank 1 on device 1: pid" in text
+    assert re.search(r"rank \d \(device \d\) failed \(exited with code \d+\)", text)
+    for rank in (0, 1):
+        assert "=== rank" in (out / f"rank_{rank}" / "train.log").read_text()
+
+
+def test_a_dead_ascend_rank_ends_the_job_within_the_grace_period(tmp_path):
+    """`--devices` (the Ascend launch of run_distribute_train.sh), with a stand-in rank
+    command: rank 1 dies after a second while rank 0 would wait for it for minutes (as in
+    an HCCL collective); the launcher stops rank 0 within --grace and names rank 1."""
+    stand_in = ("import os, sys, time\n"
+                "if os.environ['RANK_ID'] == '1':\n"
+                "    time.sleep(1); sys.exit(3)\n"
+                "time.sleep(300)\n")
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "model_zoo.launch", "--devices", "4:0,5:1", "--output-dir",
+         str(tmp_path), "--grace", "2", "--", sys.executable, "-c", stand_in],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert time.monotonic() - started < 30
+    assert "rank 1 (device 5) exited with code 3; stopping the job within 2 s" in result.stderr
+    assert "rank 0 on device 4: pid" in result.stdout
+    assert (tmp_path / "rank_0" / "train.log").exists()
 
 
 def test_rank_table_mismatch_stops_before_anything_starts(tmp_path, write_config):

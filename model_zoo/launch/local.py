@@ -1,7 +1,13 @@
-"""Start a multi-process job on one machine through MindSpore's dynamic cluster, and watch it.
+"""Start a multi-process job on one machine, and watch it.
 
     python3 -m model_zoo.launch --workers 2 --output-dir OUT -- \\
         python3 -m model_zoo train CONFIG --output-dir OUT
+    python3 -m model_zoo.launch --devices 0:0,1:1 --output-dir OUT -- \\
+        python3 -m model_zoo train CONFIG --output-dir OUT
+
+`--devices DEVICE:RANK,...` (Ascend, an HCCL rank table in RANK_TABLE_FILE): one process
+per listed device of this server, told its DEVICE_ID and RANK_ID, without a scheduler
+(`scripts/run_distribute_train.sh` starts it on each server). The rest is the same.
 
 One scheduler and `--workers` workers run the same command on loopback, told their roles
 by MindSpore's dynamic-cluster variables (MS_ROLE, MS_SCHED_HOST, MS_SCHED_PORT,
@@ -155,14 +161,16 @@ class ForwardedSignals:
 
 def watch(workers, scheduler, grace: float, timeout: float, stop_timeout: float = 600.0,
           signals=None) -> int:
-    """Wait for the job; returns the exit status of the whole job. A rank that stops on a
-    signal (or a signal to the launcher, `signals`) gives the others `stop_timeout` seconds
-    to save, and so does a rank that ends successfully (the others should follow soon; ranks
-    that wait for one that has left would wait forever); a rank that fails gives them
-    `grace`. After a signal to the launcher every exit counts as stopping."""
+    """Wait for the job (`scheduler`: None without one); returns the exit status of the
+    whole job. A rank that stops on a signal (or a signal to the launcher, `signals`) gives
+    the others `stop_timeout` seconds to save, and so does a rank that ends successfully
+    (the others should follow soon; ranks that wait for one that has left would wait
+    forever); a rank that fails gives them `grace`. After a signal to the launcher every
+    exit counts as stopping."""
     started = time.monotonic()
     failed = None
     stopping_since = None
+    helpers = [scheduler] if scheduler is not None else []
     while True:
         codes = [w.popen.poll() for w in workers]
         signalled = signals is not None and signals.signum
@@ -173,7 +181,8 @@ def watch(workers, scheduler, grace: float, timeout: float, stop_timeout: float 
                 print(f"the ranks are saving a checkpoint and stopping (waiting up to "
                       f"{stop_timeout:g} s)", file=sys.stderr, flush=True)
         if failed is None and not signalled:
-            for worker, code in zip(workers + [scheduler], codes + [scheduler.popen.poll()]):
+            for worker in workers + helpers:
+                code = worker.popen.poll()
                 if code not in (None, 0, *STOPPED_STATUSES):
                     failed, failed_at = worker, time.monotonic()
                     print(f"{worker.name} {describe_exit(code)}; stopping the job "
@@ -190,12 +199,12 @@ def watch(workers, scheduler, grace: float, timeout: float, stop_timeout: float 
         if timeout and time.monotonic() - started >= timeout:
             print(f"the job ran longer than --timeout {timeout:g} s; stopping it",
                   file=sys.stderr, flush=True)
-            stop(workers + [scheduler])
+            stop(workers + helpers)
             return 1
         time.sleep(POLL_SECONDS)
-    if failed is None:
+    if failed is None and scheduler is not None:
         _wait(scheduler, STOP_SECONDS)
-    stop(workers + [scheduler])
+    stop(workers + helpers)
     return job_status(workers, failed, signals)
 
 
@@ -242,11 +251,47 @@ def launch(command, workers: int, output_dir: str, grace: float = 10.0,
             stop(processes)
 
 
+def launch_devices(command, devices, output_dir: str, grace: float = 10.0,
+                   timeout: float = 0.0, stop_timeout: float = 600.0) -> int:
+    """Run `command` once per (device id, rank id) of `devices` on this server, each told
+    its DEVICE_ID and RANK_ID (Ascend with a rank table: HCCL connects the ranks, no
+    scheduler), and watch them as `launch` does; returns the exit status."""
+    ranks = []
+    with ForwardedSignals(ranks) as signals:
+        try:
+            for device, rank in devices:
+                env = dict(os.environ, DEVICE_ID=str(device), RANK_ID=str(rank))
+                ranks.append(start(command, env, rank_log_path(output_dir, rank),
+                                   f"rank {rank} (device {device})", rank))
+                print(f"rank {rank} on device {device}: pid {ranks[-1].popen.pid}, log "
+                      f"{ranks[-1].log_path}", flush=True)
+            return watch(ranks, None, grace, timeout, stop_timeout, signals)
+        finally:
+            stop(ranks)
+
+
+def device_list(text: str):
+    """'0:0,1:1' -> [(0, 0), (1, 1)]: (device id, rank id) pairs."""
+    try:
+        pairs = [tuple(int(part) for part in item.split(":")) for item in text.split(",")]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(pair) != 2 or min(pair) < 0 for pair in pairs):
+        raise argparse.ArgumentTypeError(f"expected DEVICE:RANK pairs such as 0:0,1:1, got "
+                                         f"{text!r}")
+    return pairs
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m model_zoo.launch",
-        description="Run a command as a MindSpore dynamic cluster on this machine.")
-    parser.add_argument("--workers", type=int, required=True, help="number of ranks")
+        description="Run a command as one process per rank on this machine, and stop them all "
+                    "when one fails.")
+    ranks = parser.add_mutually_exclusive_group(required=True)
+    ranks.add_argument("--workers", type=int,
+                       help="number of ranks of a MindSpore dynamic cluster (CPU)")
+    ranks.add_argument("--devices", type=device_list, metavar="DEVICE:RANK,...",
+                       help="this server's devices and their ranks (Ascend, rank table)")
     parser.add_argument("--output-dir", required=True,
                         help="logs go to OUTPUT_DIR/rank_<i>/train.log and scheduler.log")
     parser.add_argument("--grace", type=float, default=10.0,
@@ -265,6 +310,9 @@ def main(argv=None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --")
+    if args.devices:
+        return launch_devices(command, args.devices, args.output_dir, args.grace,
+                              args.timeout, args.stop_timeout)
     if args.workers < 1:
         parser.error("--workers must be >= 1")
     return launch(command, args.workers, args.output_dir, args.grace, args.cluster_timeout,
