@@ -257,6 +257,8 @@ def launch_devices(command, devices, output_dir: str, grace: float = 10.0,
     its DEVICE_ID and RANK_ID (Ascend with a rank table: HCCL connects the ranks, no
     scheduler), and watch them as `launch` does; returns the exit status."""
     ranks = []
+    print(f"launcher: pid {os.getpid()} (kill -TERM it to make every rank save a checkpoint "
+          f"and stop)", flush=True)
     with ForwardedSignals(ranks) as signals:
         try:
             for device, rank in devices:
