@@ -61,6 +61,7 @@ def test_every_shipped_layout_compiles(path, shipped_dryruns):
     for rank in result.ranks:
         assert rank.compiled, f"rank {rank.rank}: {rank.error}"
         assert not rank.layout_mismatches, rank.layout_mismatches[:3]
+        assert rank.eval_compile_s is not None   # the held-out evaluation network too
     assert result.ok
     if result.device_num > 1:   # a parallel layout: MindSpore inserted its communication
         assert any(rank.collectives for rank in result.ranks)

@@ -165,3 +165,28 @@ def test_every_rank_reports_the_last_stages_loss():
     weights = [loss_weight_of(rank, 8, layout) for rank in range(8)]
     assert weights == [0.0] * 4 + [0.25] * 4
     assert [loss_weight_of(rank, 4) for rank in range(4)] == [0.25] * 4
+
+
+def test_the_sharded_evaluation_is_the_models_held_out_loss(tiny_dataset):
+    """A semi-auto run evaluates through `sharded_evaluation`: the held-out batches of
+    `create_heldout_dataset` through the eval network (`wrap_eval_network`, which on a
+    stand-alone run is the loss network itself). Its loss equals GPT-2's own evaluation
+    of the same network; and the eval network's micro batches (pipeline stages) average
+    to the whole batch's loss."""
+    from model_zoo.parallel.context import HeldoutLoss, data_shard
+    from model_zoo.train.trainer import sharded_evaluation
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    config = typed_config(tiny_config_dict(tiny_dataset), "tiny")
+    module = import_model("gpt2")
+    ms.set_seed(1)
+    network = module.build_train_network(config, ms.float32)
+    network.set_train(False)
+    shard = data_shard(config.parallel, 0, config.train.global_batch_size)
+    found = sharded_evaluation(module, config, network, RunContext("CPU"), shard)()
+    expected = module.evaluate(config, network)
+    assert found["batches"] > 1 and found["samples"] == expected["samples"]
+    assert found["loss"] == pytest.approx(expected["loss"], abs=1e-4)
+
+    (ids,) = next(module.create_heldout_dataset(config, shard).create_tuple_iterator())
+    assert float(HeldoutLoss(network, 2)(ids).asnumpy()) == pytest.approx(
+        float(network(ids).asnumpy()), rel=1e-6)

@@ -60,6 +60,9 @@ OPTIONAL_HOOKS = {
     "batch_tokens": "batch_tokens(batch) -> int: real (unpadded) tokens of a batch, for the "
                     "throughput line (default: every position)",
     "sample_text": "sample_text(config, network) -> str: a sample printed after training",
+    "create_heldout_dataset": "create_heldout_dataset(config, shard): this rank's held-out "
+                              "batches in the training network's inputs, whole batches once; "
+                              "a sharded run's evaluation (its held-out loss)",
     "inference_graphs": "inference_graphs(config, network, batch_size) -> {name: (cell, "
                         "example inputs)}: what `model-zoo export` writes as MindIR",
     "run_data_command": "run_data_command(args): `model-zoo data <name>`",
@@ -73,7 +76,7 @@ OPTIONAL_HOOKS = {
 STANDARD_LOCATIONS = {
     **{name: "tasks" for name in ("build_train_network", "create_train_dataset",
                                   "prepare_data", "dataset_ready", "evaluate", "plan_inputs",
-                                  "sample_text", "inference_graphs")},
+                                  "sample_text", "inference_graphs", "create_heldout_dataset")},
     "add_commands": "commands", "add_data_arguments": "data", "run_data_command": "data",
 }
 

@@ -279,6 +279,56 @@ def wrap_train_step(train_step, parallel: ParallelConfig, context: RunContext,
     return parallel_step
 
 
+class HeldoutLoss(nn.Cell):
+    """The training network's loss without a backward pass, as the mean over `micro_batches`
+    slices of the batch (pipeline stages take their input micro batch by micro batch, as
+    MindSpore's pipeline inference tutorial cuts it, `PipelineCellInference`).
+
+    Inputs:
+        *batch: the training network's inputs, batch along dimension 0.
+    Outputs:
+        the mean loss, a scalar.
+    """
+
+    def __init__(self, network, micro_batches: int = 1):
+        super().__init__(auto_prefix=False)
+        self.network = network
+        self.micro_batches = micro_batches
+
+    def construct(self, *batch):
+        if self.micro_batches == 1:
+            return self.network(*batch)
+        size = batch[0].shape[0] // self.micro_batches
+        total = 0.0
+        for index in range(self.micro_batches):
+            total = total + self.network(*[column[index * size:(index + 1) * size]
+                                           for column in batch])
+        return total / self.micro_batches
+
+
+def wrap_eval_network(network, parallel: ParallelConfig, context: RunContext):
+    """The held-out loss of `network` (HeldoutLoss), compiled on Ascend under the same
+    semi-auto settings and dataset strategy as the train step, so that every rank runs on
+    its slices of the weights and its shard of the batch, as PanGu-alpha evaluates through
+    an eval network compiled in the parallel context. With pipeline stages the batch goes
+    through in micro_batch_num micro batches and the last stage's loss is broadcast to the
+    others (`pipeline(output_broadcast=True)`, MindSpore's pipeline inference). Elsewhere
+    the loss network as it is."""
+    if not context.semi_auto:
+        return network
+    from mindspore.parallel.auto_parallel import AutoParallel
+    held_out = HeldoutLoss(network, parallel.micro_batch_num if parallel.pipeline_stage > 1
+                           else 1)
+    held_out.set_train(False)
+    parallel_eval = AutoParallel(held_out, parallel_mode="semi_auto")
+    parallel_eval.dataset_strategy("full_batch" if parallel.full_batch else "data_parallel")
+    if parallel.pipeline_stage > 1:
+        parallel_eval.pipeline(stages=parallel.pipeline_stage, output_broadcast=True)
+    if parallel.optimizer_shard:
+        parallel_eval.hsdp()
+    return parallel_eval
+
+
 def gradient_reducer(parameters, context: RunContext):
     """The cell that combines gradients across ranks inside a hand-written train step.
 

@@ -42,6 +42,8 @@ class RankResult:
     stage: int
     compiled: bool = False
     compile_s: Optional[float] = None
+    eval_compile_s: Optional[float] = None   # the held-out evaluation network's compile
+    eval_collectives: dict = field(default_factory=dict)    # and its collectives
     peak_rss_mb: Optional[int] = None
     collectives: dict = field(default_factory=dict)         # kind -> count
     collective_groups: dict = field(default_factory=dict)   # kind -> {group size: count}
@@ -216,8 +218,8 @@ def _collect(request: Path, rank: int, stage: int, process, timed_out: Optional[
         result.error = f"the compile process {how}" + (f": {tail}" if tail else "")
         return result, {}
     found = json.loads(path.read_text())
-    for key in ("compiled", "compile_s", "peak_rss_mb", "collectives", "collective_groups",
-                "error"):
+    for key in ("compiled", "compile_s", "eval_compile_s", "eval_collectives", "peak_rss_mb",
+                "collectives", "collective_groups", "error"):
         setattr(result, key, found[key])
     strategy = folder / "strategy.ckpt"
     if keep and strategy.is_file():
@@ -308,7 +310,8 @@ def rank_line(result: RankResult) -> str:
     if not result.compiled:
         return head + f"FAILED: {result.error}"
     comm = ", ".join(f"{kind} {count}" for kind, count in sorted(result.collectives.items()))
-    line = (head + f"compiled in {result.compile_s:.1f} s, peak {result.peak_rss_mb} MB; "
+    line = (head + f"compiled in {result.compile_s:.1f} s (evaluation network "
+            f"{result.eval_compile_s:.1f} s), peak {result.peak_rss_mb} MB; "
             f"collectives: {comm or 'none'}")
     if result.layout_mismatches:
         line += f"; {len(result.layout_mismatches)} layouts differ from the plan"

@@ -7,14 +7,16 @@ It builds the train step exactly as `model-zoo train` does on a distributed Asce
 (`trainer.build_model`: the model folder's network, the optimizer, loss scale, micro-batch
 cells and gradient norm, no weights allocated; `wrap_train_step`: AutoParallel with the
 layout's pipeline, optimizer shard, dataset strategy and strategy file), then lets
-MindSpore compile it for this rank. A dry-run process runs no operator (level 0 stops
+MindSpore compile it for this rank, and then the held-out evaluation network the trainer
+evaluates through (`wrap_eval_network`, on the same parameters). A dry-run process runs no operator (level 0 stops
 before any kernel launch), so it only compiles; that is why each rank has its own process.
 MindSpore compiles for its GPU target here (its parallel pass refuses CPU); the model is
 built as for Ascend (`RunContext("Ascend")`: the operators and strategies an Ascend run
 uses).
 
-It writes `result.json` beside the request: whether it compiled, MindSpore's error, compile
-seconds, peak memory, the collectives in the compiled graph and every parameter's layout.
+It writes `result.json` beside the request: whether both compiled, MindSpore's error,
+compile seconds, peak memory, the collectives in the compiled graphs and every parameter's
+layout.
 """
 
 import json
@@ -41,7 +43,7 @@ def main(request_path: str) -> int:
     from model_zoo.plan import cuda_stubs
     cuda_stubs.load(Path(os.environ["CUDA_HOME"]))   # before MindSpore loads its GPU plugin
     result = {"rank": request["rank"], "compiled": False, "compile_s": None,
-              "peak_rss_mb": None, "collectives": {}, "collective_groups": {},
+              "eval_compile_s": None, "eval_collectives": {}, "peak_rss_mb": None, "collectives": {}, "collective_groups": {},
               "layouts": {}, "error": None}
     try:
         compile_rank(request, folder, result)
@@ -58,7 +60,8 @@ def compile_rank(request: dict, folder: Path, result: dict):
     import mindspore as ms
     from mindspore.communication import get_group_size, get_rank, init
     from model_zoo.config import import_model
-    from model_zoo.parallel.context import RunContext, data_shard, wrap_train_step
+    from model_zoo.parallel.context import (RunContext, data_shard, wrap_eval_network,
+                                            wrap_train_step)
     from model_zoo.plan.report import load_plan_config
     from model_zoo.train.trainer import build_model
 
@@ -74,7 +77,7 @@ def compile_rank(request: dict, folder: Path, result: dict):
     init()                 # dummy collectives of RANK_SIZE ranks (MS_SIMULATION_LEVEL=0)
     context = RunContext("Ascend", rank=get_rank(), device_num=get_group_size())
     ms.set_seed(config.train.seed)
-    _, step_cell = build_model(module, config, context)
+    network, step_cell = build_model(module, config, context)
     if request.get("load"):   # whole values, cut into this rank's slices by the compile
         missing, _ = ms.load_param_into_net(step_cell, ms.load_checkpoint(request["load"]))
         trainable = {param.name for param in step_cell.trainable_params()}
@@ -98,7 +101,17 @@ def compile_rank(request: dict, folder: Path, result: dict):
                          in runnable.parameter_layout_dict.items() if name in names}
     if request.get("export"):   # this rank's compiled step, to run on CPU ranks
         ms.export(runnable, *inputs, file_name=str(folder / "step"), file_format="MINDIR")
-    result["compiled"] = True   # and its collectives, layouts and export read
+    held_out = wrap_eval_network(network, config.parallel, context)   # as the trainer does
+    started = time.perf_counter()
+    try:
+        held_out.compile(*inputs)
+    except Exception as err:  # noqa: BLE001 - MindSpore's refusal, said of the eval network
+        raise RuntimeError(f"the held-out evaluation network: {one_line(err)}") from err
+    result["eval_compile_s"] = round(time.perf_counter() - started, 2)
+    result["eval_collectives"], _ = collectives(
+        ms.common.api._cell_graph_executor._get_func_graph_proto(  # pylint: disable=W0212
+            held_out, held_out.compile_phase, "mind_ir"), context.device_num)
+    result["compiled"] = True   # both networks, and the step's collectives, layouts, export
 
 
 def collectives(graph_proto: bytes, device_num: int):

@@ -16,7 +16,7 @@ from model_zoo.data.manifest import building, verify_dataset
 from model_zoo.files import directory_in_use
 from model_zoo.parallel.context import (data_shard, gradient_reducer, init_parallel,
                                         is_ascend_910b, micro_batch_network, micro_batching,
-                                        parameter_init, wrap_train_step)
+                                        parameter_init, wrap_eval_network, wrap_train_step)
 from model_zoo.nn.attention import check_flash_attention_device
 from model_zoo.nn.layers import dtype_of, kernels_for
 from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
@@ -211,27 +211,60 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
                        output_dir, strategy_file, resume_path, resharded_from)
 
     metrics = MetricsLog(os.path.join(output_dir, "metrics.jsonl"), resume_step=start_step)
+    if context.semi_auto:
+        sharded = evaluate = sharded_evaluation(module, config, network, context, shard)
+    else:
+        sharded, evaluate = None, lambda: module.evaluate(config, network)
     with StopRequests() as stop:
         final_checkpoint = run_loop(config, runnable, step_cell,
                                     itertools.chain([first_batch], batches), metrics, output_dir,
                                     start_step, on_save, tokens_counter(module, config, shard),
                                     stop, sliced_checkpoints=context.semi_auto,
-                                    evaluate=lambda: module.evaluate(config, network))
+                                    evaluate=evaluate)
         stop.steps_done(config.train.steps,
                         final_checkpoint or list_checkpoints(output_dir)[-1][1])
-        return evaluate_run(module, config, network, output_dir, on_save, metrics)
+        return evaluate_run(module, config, network, output_dir, on_save, metrics,
+                            semi_auto=context.semi_auto, sharded=sharded)
+
+
+def sharded_evaluation(module, config: Config, network, context, shard):
+    """A semi-auto run's held-out evaluation: the mean loss of the model's held-out batches
+    (`create_heldout_dataset`, this rank's shard) through the network compiled in the
+    parallel context (`wrap_eval_network`: this rank's slices, the last stage's loss on
+    every rank). The model's own `evaluate` would run the whole network on slices. A
+    callable returning the metrics; None when the model folder has no held-out batches."""
+    heldout_dataset = getattr(module, "create_heldout_dataset", None)
+    if heldout_dataset is None:
+        return None
+    held_out = wrap_eval_network(network, config.parallel, context)
+
+    def evaluate() -> dict:
+        losses = [float(held_out(*batch).asnumpy())
+                  for batch in heldout_dataset(config, shard).create_tuple_iterator()]
+        return {"split": "heldout", "batches": len(losses),
+                "samples": len(losses) * config.train.global_batch_size,
+                "loss": round(float(np.mean(losses)), 4) if losses else None}
+    return evaluate
 
 
 def evaluate_run(module, config: Config, network, output_dir: str, on_save,
-                 metrics=None) -> dict:
+                 metrics=None, semi_auto=False, sharded=None) -> dict:
     """After the last step: held-out metrics (also in metrics.jsonl with train.eval_steps),
-    loss curve, a sample of the model's output."""
+    loss curve, a sample of the model's output. A semi-auto run evaluates with `sharded`
+    (`sharded_evaluation`; the whole model exists on no rank, so no sample), or not at all
+    when the model folder gives no held-out batches."""
     metrics_path = os.path.join(output_dir, "metrics.jsonl")
     network.set_train(False)
-    # evaluate as `model-zoo eval` does, op by op: in graph mode the decoders (beam search,
-    # sampling) compiled a graph per decoding step and ran out of memory
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    result = module.evaluate(config, network)
+    if semi_auto:
+        result = sharded() if sharded is not None else {"split": "heldout", "loss": None}
+        if sharded is None:
+            log("no held-out evaluation on a sharded run of a model folder without "
+                "create_heldout_dataset: collect and merge the checkpoint, then model-zoo eval")
+    else:
+        # evaluate as `model-zoo eval` does, op by op: in graph mode the decoders (beam
+        # search, sampling) compiled a graph per decoding step and ran out of memory
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        result = module.evaluate(config, network)
     if config.train.eval_steps and metrics is not None and not any(
             "heldout" in entry and entry["step"] == config.train.steps
             for entry in read_metrics(metrics_path)):   # a resumed finished run has it
@@ -241,7 +274,7 @@ def evaluate_run(module, config: Config, network, output_dir: str, on_save,
     log(f"loss curve: {png}")
     log("held-out evaluation: " + json.dumps(result))
     sample = getattr(module, "sample_text", None)
-    if sample is not None:
+    if sample is not None and not semi_auto:
         log("sample: " + sample(config, network))
     if on_save is not None:
         on_save(output_dir)

@@ -138,6 +138,14 @@ def create_train_dataset(config: Config, shard, skip_batches: int = 0):
                           seed=config.train.seed, skip_batches=skip_batches)
 
 
+def create_heldout_dataset(config: Config, shard):
+    """This rank's batches of the held-out split (pretraining) or the dev split
+    (fine-tuning), once, in order (whole batches only)."""
+    path, columns = _split(config, "heldout" if _pretraining(config) else "dev")
+    return create_dataset(path, columns, shard.batch_size, num_shards=shard.num_shards,
+                          shard_id=shard.shard_id, shuffle=False, repeat=False)
+
+
 def _batches(config: Config, split: str):
     """Every example of a held-out split once, in order (the last short batch included)."""
     path, columns = _split(config, split)

@@ -86,6 +86,13 @@ def create_train_dataset(config: Config, shard, skip_batches: int = 0):
                           skip_batches=skip_batches)
 
 
+def create_heldout_dataset(config: Config, shard):
+    """This rank's batches of the held-out split, once, in order (whole batches only)."""
+    return create_dataset(split_files(config.data.dataset_dir, "heldout"), ["input_ids"],
+                          shard.batch_size, num_shards=shard.num_shards,
+                          shard_id=shard.shard_id, shuffle=False, repeat=False)
+
+
 def evaluate(config: Config, network) -> dict:
     """Mean next-token loss and perplexity of `network` (a GPT2ForTraining) on held-out data."""
     path = split_files(config.data.dataset_dir, "heldout")

@@ -115,6 +115,14 @@ def create_train_dataset(config: Config, shard, skip_batches: int = 0):
         shuffle=config.data.shuffle, skip_batches=skip_batches)
 
 
+def create_heldout_dataset(config: Config, shard):
+    """This rank's length-bucketed batches of the dev split, once, in order (whole batches
+    only)."""
+    return create_translation_dataset(
+        config.data.dataset_dir, "dev", shard.batch_size, num_shards=shard.num_shards,
+        shard_id=shard.shard_id, seed=config.train.seed, shuffle=False, repeat=False)
+
+
 def batch_tokens(batch) -> int:
     """Real (unpadded) source plus target tokens of one batch."""
     source_mask, decoder_mask = batch[1], batch[3]
