@@ -425,3 +425,30 @@ def test_a_loss_spike_is_skipped_and_the_average_follows_the_applied_steps():
     third, applied, *_ = run_step(step, ones)
     assert applied and third < first
     assert float(step.loss_average.asnumpy()) == pytest.approx(0.9 * first + 0.1 * third)
+
+
+def test_reading_the_outputs_once_per_log_interval_trains_the_same(write_config, tmp_path,
+                                                                   monkeypatch):
+    """On Ascend the loop reads the steps' outputs once per log interval
+    (`outputs_read_every`), the host queueing the steps between. Forced on CPU (reads
+    every 4 steps, logs every 4, a save at 6), a run logs the same losses and norms and
+    saves the same checkpoints as one that reads every step."""
+    from model_zoo.train import trainer
+    config_path = write_config({"train.steps": 8, "train.log_steps": 4,
+                                "train.save_steps": 6, "train.keep_checkpoints": 3})
+    run_train(config_path, tmp_path / "every")
+    monkeypatch.setattr(trainer, "outputs_read_every",
+                        lambda config, context: config.train.log_steps)
+    run_train(config_path, tmp_path / "interval")
+    timing = {"samples_per_s", "tokens_per_s", "step_ms", "outside_step_ms"}
+    logged = [[{key: value for key, value in entry.items() if key not in timing}
+               for entry in read_metrics(tmp_path / run / "metrics.jsonl")]
+              for run in ("every", "interval")]
+    assert logged[0] == logged[1] and [e["step"] for e in logged[0] if "loss" in e] == [4, 8]
+    for step in (6, 8):
+        name = f"step_{step:08d}.ckpt"
+        saved = [read_checkpoint(str(tmp_path / run / "checkpoints" / name))
+                 for run in ("every", "interval")]
+        for key, value in saved[0].items():
+            np.testing.assert_array_equal(saved[1][key].asnumpy(), value.asnumpy(),
+                                          err_msg=key)

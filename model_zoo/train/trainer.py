@@ -220,7 +220,8 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
                                     itertools.chain([first_batch], batches), metrics, output_dir,
                                     start_step, on_save, tokens_counter(module, config, shard),
                                     stop, sliced_checkpoints=context.semi_auto,
-                                    evaluate=evaluate)
+                                    evaluate=evaluate,
+                                    read_every=outputs_read_every(config, context))
         stop.steps_done(config.train.steps,
                         final_checkpoint or list_checkpoints(output_dir)[-1][1])
         return evaluate_run(module, config, network, output_dir, on_save, metrics,
@@ -376,46 +377,66 @@ def gradient_norm(config: Config, network, optimizer, context) -> GradientNorm:
 
 
 def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_step, on_save,
-             tokens_of, stop=None, sliced_checkpoints=False, evaluate=None):
+             tokens_of, stop=None, sliced_checkpoints=False, evaluate=None, read_every=1):
     """The steps; returns the last checkpoint saved. `tokens_of(batch)` counts the tokens a
     global step trains on. When `stop` (StopRequests) is requested on any rank, every rank
     saves a checkpoint after the same step (the train step's StopVote) and raises
-    TrainingInterrupted. Every train.eval_steps steps before the last, `evaluate()` gives
-    the held-out metrics logged in `metrics` (the last step's are evaluate_run's)."""
+    TrainingInterrupted; after more than train.max_bad_steps bad steps in a row (skipped
+    by the step itself) TooManyBadSteps. Every train.eval_steps steps before the last,
+    `evaluate()` gives the held-out metrics logged in `metrics` (the last step's are
+    evaluate_run's).
+
+    The steps' outputs are read, which waits for the device, only every `read_every`
+    steps (`outputs_read_every`) and at log, evaluation and save steps and the last one;
+    in between the host queues the next steps. The stop vote and the bad steps are acted
+    on there, after the same step on every rank."""
     train = config.train
     step_cell.set_train(True)
     interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
     interval_tokens = interval_in_step = skipped = bad_in_row = 0
+    pending = []   # (step, outputs) of the steps run since the last read
     path = None
     for step in range(start_step + 1, train.steps + 1):
         batch = next(batches)
         if stop is not None and stop.requested:
             step_cell.stop_vote.request()
         started = time.perf_counter()
-        loss, applied, scale, grad_norm, lr, stop_voted = runnable(*batch)
-        loss_value = loss.asnumpy().item()
-        in_step = time.perf_counter() - started   # the step's call and its loss read
-        bad = bad_step(train, loss_value, bool(applied.asnumpy()), grad_norm.asnumpy().item())
-        bad_in_row = bad_in_row + 1 if bad else 0
-        if bad:
-            skipped += 1
-            log(f"step {step} skipped: {bad} ({bad_in_row} in a row; the run stops after "
-                f"{train.max_bad_steps})")
-        else:
-            interval_losses.append(loss_value)
+        pending.append((step, runnable(*batch)))
         if step == start_step + 1:
-            log(f"compiled and ran the first step in {in_step:.1f} s")
+            pending[-1][1][0].asnumpy()   # the compile, timed alone
+            log(f"compiled and ran the first step in {time.perf_counter() - started:.1f} s")
             if stop is not None:
                 stop.install()
             interval_start, interval_steps, interval_tokens = time.perf_counter(), 0, 0
+            first = (started, time.perf_counter() - started, tokens_of(batch))
         else:
             interval_steps += 1
             interval_tokens += tokens_of(batch)
-            interval_in_step += in_step
-        if step % train.log_steps == 0 or step == train.steps:
+            interval_in_step += time.perf_counter() - started   # the call (and its wait)
+        logging_now = step % train.log_steps == 0 or step == train.steps
+        evaluating = evaluate is not None and train.eval_steps and \
+            step % train.eval_steps == 0 and step < train.steps
+        saving = step % train.save_steps == 0 or step == train.steps
+        if not (logging_now or evaluating or saving or step % read_every == 0):
+            continue
+        stopping = False
+        for done, (loss, applied, scale, grad_norm, lr, stop_voted) in pending:
+            loss_value = loss.asnumpy().item()
+            bad = bad_step(train, loss_value, bool(applied.asnumpy()),
+                           grad_norm.asnumpy().item())
+            bad_in_row = bad_in_row + 1 if bad else 0
+            if bad:
+                skipped += 1
+                log(f"step {done} skipped: {bad} ({bad_in_row} in a row; the run stops after "
+                    f"{train.max_bad_steps})")
+            else:
+                interval_losses.append(loss_value)
+            stopping = stopping or bool(stop_voted.asnumpy()[0] > 0)
+        pending = []
+        if logging_now:
             if interval_steps == 0:  # only the first step so far: time it alone
-                interval_start, interval_steps, interval_tokens = started, 1, tokens_of(batch)
-                interval_in_step = in_step
+                interval_start, interval_in_step, interval_tokens = first
+                interval_steps = 1
             now = time.perf_counter()
             elapsed = max(now - interval_start, 1e-9)
             samples_per_s = interval_steps * train.global_batch_size / elapsed
@@ -435,8 +456,7 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
             # above count in it, so a progress line every step shows what it costs
             interval_start, interval_steps, interval_losses = now, 0, []
             interval_tokens = interval_in_step = skipped = 0
-        if evaluate is not None and train.eval_steps and step % train.eval_steps == 0 \
-                and step < train.steps:
+        if evaluating:
             evaluated_at = time.perf_counter()
             step_cell.set_train(False)
             result = evaluate()
@@ -445,9 +465,8 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
             log(f"held-out evaluation at step {step} "
                 f"({time.perf_counter() - evaluated_at:.1f} s): {json.dumps(result)}")
             interval_start += time.perf_counter() - evaluated_at   # not training time
-        stopping = bool(stop_voted.asnumpy()[0] > 0)
         failing = bad_in_row > train.max_bad_steps
-        if step % train.save_steps == 0 or step == train.steps or stopping or failing:
+        if saving or stopping or failing:
             path = save_checkpoint(step_cell, output_dir, step, train.keep_checkpoints,
                                    sliced=sliced_checkpoints,
                                    file_format=train.checkpoint_format)
@@ -461,6 +480,14 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
             if stopping:
                 raise TrainingInterrupted(stop.signum if stop is not None else None, step, path)
     return path
+
+
+def outputs_read_every(config: Config, context) -> int:
+    """How often the loop reads the steps' outputs: every step on CPU, whose steps run as
+    they are called; elsewhere once per log interval, so the host does not wait for the
+    device after every step (PanGu-alpha and MindFormers read the loss once per sink of
+    steps)."""
+    return 1 if context.device_target == "CPU" else config.train.log_steps
 
 
 def bad_step(train, loss: float, applied: bool, grad_norm: float) -> str:
