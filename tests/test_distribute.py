@@ -137,7 +137,7 @@ def test_a_dead_ascend_rank_ends_the_job_within_the_grace_period(tmp_path):
     an HCCL collective); the launcher stops rank 0 within --grace and names rank 1."""
     stand_in = ("import os, sys, time\n"
                 "if os.environ['RANK_ID'] == '1':\n"
-                "    time.sleep(1); sys.exit(3)\n"
+                "    time.sleep(1); sys.exit(5)\n"
                 "time.sleep(300)\n")
     started = time.monotonic()
     result = subprocess.run(
@@ -146,7 +146,7 @@ def test_a_dead_ascend_rank_ends_the_job_within_the_grace_period(tmp_path):
         capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr
     assert time.monotonic() - started < 30
-    assert "rank 1 (device 5) exited with code 3; stopping the job within 2 s" in result.stderr
+    assert "rank 1 (device 5) exited with code 5; stopping the job within 2 s" in result.stderr
     assert "rank 0 on device 4: pid" in result.stdout
     assert (tmp_path / "rank_0" / "train.log").exists()
 
@@ -272,7 +272,8 @@ def test_bad_steps_are_skipped_on_every_rank_then_the_run_stops_to_resume(tmp_pa
     """A diverging run (train.lr=1e30): from step 2 the loss is not finite; both ranks skip
     steps 2-4 together (the step's losses and decisions are all-reduced), then stop after
     train.max_bad_steps=2 in a row with the step 4 checkpoint (every value finite: the bad
-    steps changed nothing) and an `error:` line giving the --resume command."""
+    steps changed nothing), an `error:` line giving the --resume command and exit status
+    3, which the launcher passes on."""
     config = write_config({"train.steps": 50, "train.save_steps": 50, "train.log_steps": 1,
                            "train.global_batch_size": 8, "parallel.data_parallel": 2,
                            "train.lr": 1e30, "train.max_bad_steps": 2})
@@ -281,13 +282,15 @@ def test_bad_steps_are_skipped_on_every_rank_then_the_run_stops_to_resume(tmp_pa
         [sys.executable, "-m", "model_zoo.launch", "--workers", "2", "--output-dir", str(out),
          "--", sys.executable, "-m", "model_zoo", "train", config, "--output-dir", str(out)],
         capture_output=True, text=True, timeout=300, env=dict(os.environ, GLOG_v="3"))
-    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "the ranks stopped after too many bad steps" in result.stderr
     for rank in (0, 1):
         log = (out / f"rank_{rank}" / "train.log").read_text()
         for step in (2, 3, 4):
             assert f"step {step} skipped: the loss is" in log
         assert "step 5" not in log
-        assert re.search(r"error: 3 steps in a row were skipped .*; stopped after step 4, "
+        assert re.search(r"error: more than 2 steps in a row were skipped .*; stopped after "
+                         r"step 4, "
                          r"saved \S+step_00000004.ckpt; continue with: model-zoo train "
                          r"\S+ --output-dir \S+ --resume", log)
         saved = read_checkpoint(out / f"rank_{rank}" / "checkpoints" / "step_00000004.ckpt")

@@ -227,7 +227,7 @@ def one_device_steps(config, batches, checkpoint):
     step.set_train(True)
     outputs = []
     for batch in batches:
-        loss, finite, _, norm, _, _ = step(ms.Tensor(batch))
+        loss, finite, _, norm, _, _, _ = step(ms.Tensor(batch))
         outputs.append((float(loss.asnumpy()), bool(finite.asnumpy()), float(norm.asnumpy())))
     return outputs, {name: value.asnumpy() for name, value in step.parameters_dict().items()}
 

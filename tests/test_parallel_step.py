@@ -67,7 +67,7 @@ def test_micro_batch_wrappers_train_like_the_plain_network(wrapper, tmp_path):
         step = TrainStep(micro_batch_network(network, MicroBatching(name, micro)),
                          build_optimizer(network, config.train, schedule), schedule,
                          micro_batches=micro, grad_clip=config.train.grad_clip)
-        loss, finite, _, norm, _, _ = step(ids)
+        loss, finite, _, norm, _, _, _ = step(ids)
         assert bool(finite.asnumpy())
         results[name] = (float(loss.asnumpy()), float(norm.asnumpy()),
                          [p.asnumpy().copy() for p in network.trainable_params()])

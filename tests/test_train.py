@@ -153,7 +153,7 @@ def params_of(cell):
 
 
 def run_step(step, *batch):
-    loss, finite, scale, grad_norm, lr, _ = step(*batch)
+    loss, finite, scale, grad_norm, lr, _, _ = step(*batch)
     return (loss.asnumpy().item(), bool(finite.asnumpy()), scale.asnumpy().item(),
             grad_norm.asnumpy().item(), lr.asnumpy().item())
 

@@ -37,8 +37,10 @@ import time
 from dataclasses import dataclass
 
 POLL_SECONDS = 0.5
-STOPPED_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGTERM)  # a rank that saved and stopped
 BAD_INPUT_STATUS = 2
+BAD_STEPS_STATUS = 3   # a rank that saved and stopped after too many bad steps (interrupt.py)
+# a rank that saved and stopped: the others get --stop-timeout to do the same
+STOPPED_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGTERM, BAD_STEPS_STATUS)
 STOP_SECONDS = 5.0
 LOG_TAIL_LINES = 20
 
@@ -209,8 +211,9 @@ def watch(workers, scheduler, grace: float, timeout: float, stop_timeout: float 
 
 
 def job_status(workers, failed, signals) -> int:
-    """0 if every rank succeeded; 128 + the signal if the ranks stopped on one; else the
-    status of a failed rank (2 for refused input, 1 otherwise), after printing its log."""
+    """0 if every rank succeeded; 128 + the signal if the ranks stopped on one; 3 if they
+    stopped after too many bad steps; else the status of a failed rank (2 for refused
+    input, 1 otherwise). A failure or a bad-steps stop prints the end of a rank's log."""
     if failed is None and signals is not None and signals.signum:
         return 128 + signals.signum
     if failed is None:
@@ -221,6 +224,12 @@ def job_status(workers, failed, signals) -> int:
               f"last lines of {failed.log_path}:\n{log_tail(failed.log_path)}",
               file=sys.stderr, flush=True)
         return BAD_INPUT_STATUS if failed.popen.returncode == BAD_INPUT_STATUS else 1
+    bad_steps = next((w for w in workers if w.popen.returncode == BAD_STEPS_STATUS), None)
+    if bad_steps is not None:
+        print(f"the ranks stopped after too many bad steps; last lines of "
+              f"{bad_steps.log_path}:\n{log_tail(bad_steps.log_path)}", file=sys.stderr,
+              flush=True)
+        return BAD_STEPS_STATUS
     stopped = [w.popen.returncode for w in workers if w.popen.returncode in STOPPED_STATUSES]
     return stopped[0] if stopped else 0
 

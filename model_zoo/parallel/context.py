@@ -306,19 +306,24 @@ class HeldoutLoss(nn.Cell):
         return total / self.micro_batches
 
 
-def wrap_eval_network(network, parallel: ParallelConfig, context: RunContext):
+def wrap_eval_network(network, parallel: ParallelConfig, context: RunContext,
+                      accumulation: int = 1):
     """The held-out loss of `network` (HeldoutLoss), compiled on Ascend under the same
     semi-auto settings and dataset strategy as the train step, so that every rank runs on
     its slices of the weights and its shard of the batch, as PanGu-alpha evaluates through
     an eval network compiled in the parallel context. With pipeline stages the batch goes
-    through in micro_batch_num micro batches and the last stage's loss is broadcast to the
-    others (`pipeline(output_broadcast=True)`, MindSpore's pipeline inference). Elsewhere
-    the loss network as it is."""
+    through in the train step's micro batches (`accumulation`: train.grad_accumulation)
+    and the last stage's loss is broadcast to the others (`pipeline(output_broadcast=True)`,
+    MindSpore's pipeline inference); parameters shared across stages must then be synced
+    before each evaluation (`sync_shared_parameters`). Elsewhere the loss network as it is."""
     if not context.semi_auto:
         return network
     from mindspore.parallel.auto_parallel import AutoParallel
-    held_out = HeldoutLoss(network, parallel.micro_batch_num if parallel.pipeline_stage > 1
-                           else 1)
+    # the train step's micro batches (and, as there, one subgraph that each of them calls)
+    micro_batches = micro_batching(parallel, context, accumulation).micro_batches \
+        if parallel.pipeline_stage > 1 else 1
+    held_out = HeldoutLoss(ReusedPerMicroBatch(network) if micro_batches > 1 else network,
+                           micro_batches)
     held_out.set_train(False)
     parallel_eval = AutoParallel(held_out, parallel_mode="semi_auto")
     parallel_eval.dataset_strategy("full_batch" if parallel.full_batch else "data_parallel")
@@ -327,6 +332,19 @@ def wrap_eval_network(network, parallel: ParallelConfig, context: RunContext):
     if parallel.optimizer_shard:
         parallel_eval.hsdp()
     return parallel_eval
+
+
+def sync_shared_parameters(eval_network, parallel: ParallelConfig, first_batch):
+    """Before a pipelined eval network runs: compile it (on `first_batch`) and copy the
+    parameters that stages share (GPT-2's tied embedding, which only the train step keeps
+    in step across stages) from the stage that trains them, as MindSpore's pipeline
+    inference tutorial does after compiling (`sync_pipeline_shared_parameters`). Every
+    rank must call it at the same point: it communicates."""
+    if parallel.pipeline_stage == 1:
+        return
+    from mindspore.parallel import sync_pipeline_shared_parameters
+    eval_network.compile(*first_batch)
+    sync_pipeline_shared_parameters(eval_network)
 
 
 def gradient_reducer(parameters, context: RunContext):

@@ -147,7 +147,11 @@ class GraphEdit:
         """Nodes casting `source` (of `data_type`) to the MindIR type `to`."""
         import mindspore as ms
         from mindspore._c_expression import typing
-        dtype = {FLOAT32: ms.float32, 6: ms.int32, 7: ms.int64}[to]   # MindIR type -> ms
+        dtypes = {FLOAT32: ms.float32, 6: ms.int32, 7: ms.int64}   # MindIR type -> ms
+        if to not in dtypes:
+            raise NotImplementedError(f"{name}: an all-gather of MindIR type {to} on CPU "
+                                      f"(float32, int32 and int64 only)")
+        dtype = dtypes[to]
         type_id = int(typing.type_to_type_id(dtype))
         return [self.constant(f"{name}_type", type_id),
                 self.apply(like, name, self.primitive("Cast"), [source, f"{name}_type"],
@@ -230,7 +234,7 @@ def main(folder: str, batch_files) -> int:
     outputs = {}
     for index, batch_file in enumerate(batch_files):
         batch = np.load(batch_file)[start:start + shard.batch_size]
-        loss, finite, _, norm, _, _ = step(Tensor(batch))
+        loss, finite, _, norm, _, _, _ = step(Tensor(batch))
         outputs.update({f"loss_{index}": loss.asnumpy(), f"finite_{index}": finite.asnumpy(),
                         f"grad_norm_{index}": norm.asnumpy()})
         print(f"rank {rank}: step {index}: loss {float(loss.asnumpy()):.6f}, grad norm "

@@ -60,8 +60,8 @@ def compile_rank(request: dict, folder: Path, result: dict):
     import mindspore as ms
     from mindspore.communication import get_group_size, get_rank, init
     from model_zoo.config import import_model
-    from model_zoo.parallel.context import (RunContext, data_shard, wrap_eval_network,
-                                            wrap_train_step)
+    from model_zoo.parallel.context import (RunContext, data_shard, sync_shared_parameters,
+                                            wrap_eval_network, wrap_train_step)
     from model_zoo.plan.report import load_plan_config
     from model_zoo.train.trainer import build_model
 
@@ -101,10 +101,12 @@ def compile_rank(request: dict, folder: Path, result: dict):
                          in runnable.parameter_layout_dict.items() if name in names}
     if request.get("export"):   # this rank's compiled step, to run on CPU ranks
         ms.export(runnable, *inputs, file_name=str(folder / "step"), file_format="MINDIR")
-    held_out = wrap_eval_network(network, config.parallel, context)   # as the trainer does
+    held_out = wrap_eval_network(network, config.parallel, context,   # as the trainer does
+                                 config.train.grad_accumulation)
     started = time.perf_counter()
     try:
         held_out.compile(*inputs)
+        sync_shared_parameters(held_out, config.parallel, inputs)
     except Exception as err:  # noqa: BLE001 - MindSpore's refusal, said of the eval network
         raise RuntimeError(f"the held-out evaluation network: {one_line(err)}") from err
     result["eval_compile_s"] = round(time.perf_counter() - started, 2)

@@ -13,6 +13,7 @@ import signal
 import sys
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+BAD_STEPS_STATUS = 3   # the exit status after TooManyBadSteps (the launcher's too)
 
 
 class TrainingInterrupted(Exception):
@@ -39,7 +40,7 @@ class TooManyBadSteps(TrainingInterrupted):
 
     @property
     def exit_status(self) -> int:
-        return 1
+        return BAD_STEPS_STATUS
 
 
 class StopRequests:

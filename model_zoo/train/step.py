@@ -220,10 +220,12 @@ class TrainStep(nn.Cell):
     Inputs:
         *batch: the dataset's columns, batch along dimension 0.
     Outputs:
-        (loss, applied, loss_scale, grad_norm, lr, stop): the loss averaged over micro
-        batches, the same on every rank (StopVote), whether the update was applied (the
-        gradients were finite and the loss no spike), the scale used, the unclipped
-        gradient norm, the lr used, and whether some rank asked to stop (StopVote).
+        (loss, applied, loss_scale, grad_norm, lr, stop, finite): the loss averaged over
+        micro batches, the same on every rank (StopVote), whether the update was applied
+        (the gradients were finite and the loss no spike), the scale used, the unclipped
+        gradient norm, the lr used, whether some rank asked to stop (StopVote), and
+        whether the gradients were finite (the overflow decision; on Ascend 910 an
+        overflow saturates, so the norm alone does not tell).
     """
 
     def __init__(self, network, optimizer, lr_schedule, *, grad_reducer=None,
@@ -324,8 +326,6 @@ class TrainStep(nn.Cell):
         scale = self.loss_scale * 1.0
         lr = self.lr_schedule(self.optimizer.global_step)
         loss, grads = self._gradients(batch, scale)
-        # before any branch: every rank runs this collective
-        stop, loss = self.stop_vote(loss)
         if self.grad_reducer is not None:
             grads = self.grad_reducer(grads)
         if self.accumulated_by_compiler and not self.optimizer_shard:
@@ -335,6 +335,11 @@ class TrainStep(nn.Cell):
         # step can be applied (cheaper than testing every gradient element).
         divisor = scale * self.accumulation
         norm, finite = self.gradient_norm(grads)
+        # before any branch, every rank runs this collective, and after the gradient norm's
+        # (it waits for the norm): two collectives over the same group without an order
+        # between them could be issued in different orders on different ranks (MindSpore's
+        # ExitByRequest and PanGu-alpha's overflow all-reduce also wait for the gradients)
+        stop, loss = self.stop_vote(ops.depend(loss, norm))
         applied = self._not_a_spike(finite, loss)
         grad_norm = norm / divisor
         factor = 1.0 / divisor
@@ -355,7 +360,7 @@ class TrainStep(nn.Cell):
         if self.accumulated_by_compiler:
             loss = ops.depend(loss, self.hyper_map(_clear_accumulated, self.accu_grads, grads))
         loss = ops.depend(loss, ops.assign_add(self.step, Tensor(1, ms.int32)))
-        return loss, applied, scale, grad_norm, lr, stop
+        return loss, applied, scale, grad_norm, lr, stop, finite
 
     def _not_a_spike(self, finite, loss):
         """`finite`, and False when the loss is a spike (loss_spike_factor); the running

@@ -16,7 +16,8 @@ from model_zoo.data.manifest import building, verify_dataset
 from model_zoo.files import directory_in_use
 from model_zoo.parallel.context import (data_shard, gradient_reducer, init_parallel,
                                         is_ascend_910b, micro_batch_network, micro_batching,
-                                        parameter_init, wrap_eval_network, wrap_train_step)
+                                        parameter_init, sync_shared_parameters,
+                                        wrap_eval_network, wrap_train_step)
 from model_zoo.nn.attention import check_flash_attention_device
 from model_zoo.nn.layers import dtype_of, kernels_for
 from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
@@ -237,11 +238,15 @@ def sharded_evaluation(module, config: Config, network, context, shard):
     heldout_dataset = getattr(module, "create_heldout_dataset", None)
     if heldout_dataset is None:
         return None
-    held_out = wrap_eval_network(network, config.parallel, context)
+    held_out = wrap_eval_network(network, config.parallel, context,
+                                 config.train.grad_accumulation)
 
     def evaluate() -> dict:
-        losses = [float(held_out(*batch).asnumpy())
-                  for batch in heldout_dataset(config, shard).create_tuple_iterator()]
+        losses = []
+        for batch in heldout_dataset(config, shard).create_tuple_iterator():
+            if not losses:
+                sync_shared_parameters(held_out, config.parallel, batch)
+            losses.append(float(held_out(*batch).asnumpy()))
         return {"split": "heldout", "batches": len(losses),
                 "samples": len(losses) * config.train.global_batch_size,
                 "loss": round(float(np.mean(losses)), 4) if losses else None}
@@ -395,6 +400,7 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
     interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
     interval_tokens = interval_in_step = skipped = bad_in_row = 0
     pending = []   # (step, outputs) of the steps run since the last read
+    last_bad = ""
     path = None
     for step in range(start_step + 1, train.steps + 1):
         batch = next(batches)
@@ -419,20 +425,22 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
         saving = step % train.save_steps == 0 or step == train.steps
         if not (logging_now or evaluating or saving or step % read_every == 0):
             continue
-        stopping = False
-        for done, (loss, applied, scale, grad_norm, lr, stop_voted) in pending:
+        stopping, failing, read_at = False, False, time.perf_counter()
+        for done, (loss, applied, scale, grad_norm, lr, stop_voted, finite) in pending:
             loss_value = loss.asnumpy().item()
-            bad = bad_step(train, loss_value, bool(applied.asnumpy()),
-                           grad_norm.asnumpy().item())
+            bad = bad_step(train, loss_value, bool(applied.asnumpy()), bool(finite.asnumpy()))
             bad_in_row = bad_in_row + 1 if bad else 0
+            failing = failing or bad_in_row > train.max_bad_steps
             if bad:
-                skipped += 1
+                skipped, last_bad = skipped + 1, bad
                 log(f"step {done} skipped: {bad} ({bad_in_row} in a row; the run stops after "
                     f"{train.max_bad_steps})")
             else:
                 interval_losses.append(loss_value)
             stopping = stopping or bool(stop_voted.asnumpy()[0] > 0)
         pending = []
+        # waiting here for steps the host queued is the device's time, not the loop's
+        interval_in_step += (time.perf_counter() - read_at) if step > start_step + 1 else 0.0
         if logging_now:
             if interval_steps == 0:  # only the first step so far: time it alone
                 interval_start, interval_in_step, interval_tokens = first
@@ -445,7 +453,7 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
                      "lr": lr.asnumpy().item(),
                      "loss_scale": scale.asnumpy().item(),
                      "grad_norm": grad_norm.asnumpy().item(),
-                     "finite": bool(applied.asnumpy().item()),
+                     "finite": bool(finite.asnumpy().item()),
                      **({"skipped_steps": skipped} if skipped else {}),
                      "samples_per_s": samples_per_s,
                      "tokens_per_s": interval_tokens / elapsed,
@@ -465,7 +473,6 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
             log(f"held-out evaluation at step {step} "
                 f"({time.perf_counter() - evaluated_at:.1f} s): {json.dumps(result)}")
             interval_start += time.perf_counter() - evaluated_at   # not training time
-        failing = bad_in_row > train.max_bad_steps
         if saving or stopping or failing:
             path = save_checkpoint(step_cell, output_dir, step, train.keep_checkpoints,
                                    sliced=sliced_checkpoints,
@@ -474,9 +481,9 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
             if on_save is not None:
                 on_save(output_dir)
             if failing:
-                raise TooManyBadSteps(f"{bad_in_row} steps in a row were skipped (the last: "
-                                      f"{bad}); lower train.lr or check the data of "
-                                      f"these steps", step, path)
+                raise TooManyBadSteps(f"more than {train.max_bad_steps} steps in a row were "
+                                      f"skipped (the last: {bad or last_bad}); lower train.lr "
+                                      f"or check the data of these steps", step, path)
             if stopping:
                 raise TrainingInterrupted(stop.signum if stop is not None else None, step, path)
     return path
@@ -490,17 +497,17 @@ def outputs_read_every(config: Config, context) -> int:
     return 1 if context.device_target == "CPU" else config.train.log_steps
 
 
-def bad_step(train, loss: float, applied: bool, grad_norm: float) -> str:
+def bad_step(train, loss: float, applied: bool, finite: bool) -> str:
     """Why a step whose update was not `applied` is bad ('' when it is not): a non-finite
-    loss or gradient, or a loss spike. An fp16 step whose gradients overflowed is not: the
+    loss or gradients, or a loss spike. An fp16 step whose gradients overflowed is not: the
     loss scale is lowered and the step retried with the next batch, by design. Every rank
     sees the same values (StopVote, GradientNorm), so all of them decide alike."""
     if applied:
         return ""
     if not math.isfinite(loss):
         return f"the loss is {loss}"
-    if not math.isfinite(grad_norm):
-        return "" if train.precision == "fp16" else f"the gradient norm is {grad_norm}"
+    if not finite:
+        return "" if train.precision == "fp16" else "the gradients are not finite"
     return (f"the loss {loss:.4g} is a spike (above {train.loss_spike_factor:g} x the "
             f"running average)")
 
