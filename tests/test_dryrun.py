@@ -16,6 +16,7 @@ import pytest
 
 from conftest import run_cli
 from model_zoo.errors import UserInputError
+from model_zoo.parallel.context import eval_network_compiles
 from model_zoo.parallel.strategy_file import parameter_layout
 from model_zoo.plan import cuda_stubs
 from model_zoo.plan.docs import MODELS_DIR, cluster_config_files
@@ -61,7 +62,12 @@ def test_every_shipped_layout_compiles(path, shipped_dryruns):
     for rank in result.ranks:
         assert rank.compiled, f"rank {rank.rank}: {rank.error}"
         assert not rank.layout_mismatches, rank.layout_mismatches[:3]
-        assert rank.eval_compile_s is not None   # the held-out evaluation network too
+        # the held-out evaluation network too, where the trainer evaluates through it; with
+        # pipeline stages and sequence parallel MindSpore 2.10 refuses it (docs/ascend.md)
+        if eval_network_compiles(load_plan_config(path).parallel):
+            assert rank.eval_error is None and rank.eval_compile_s is not None, rank.eval_error
+        else:
+            assert "Reshape op can't be a border" in rank.eval_error
     assert result.ok
     if result.device_num > 1:   # a parallel layout: MindSpore inserted its communication
         assert any(rank.collectives for rank in result.ranks)

@@ -44,6 +44,7 @@ class RankResult:
     compile_s: Optional[float] = None
     eval_compile_s: Optional[float] = None   # the held-out evaluation network's compile
     eval_collectives: dict = field(default_factory=dict)    # and its collectives
+    eval_error: Optional[str] = None         # MindSpore's refusal of it, in one line
     peak_rss_mb: Optional[int] = None
     collectives: dict = field(default_factory=dict)         # kind -> count
     collective_groups: dict = field(default_factory=dict)   # kind -> {group size: count}
@@ -218,8 +219,8 @@ def _collect(request: Path, rank: int, stage: int, process, timed_out: Optional[
         result.error = f"the compile process {how}" + (f": {tail}" if tail else "")
         return result, {}
     found = json.loads(path.read_text())
-    for key in ("compiled", "compile_s", "eval_compile_s", "eval_collectives", "peak_rss_mb",
-                "collectives", "collective_groups", "error"):
+    for key in ("compiled", "compile_s", "eval_compile_s", "eval_collectives", "eval_error",
+                "peak_rss_mb", "collectives", "collective_groups", "error"):
         setattr(result, key, found[key])
     strategy = folder / "strategy.ckpt"
     if keep and strategy.is_file():
@@ -310,9 +311,12 @@ def rank_line(result: RankResult) -> str:
     if not result.compiled:
         return head + f"FAILED: {result.error}"
     comm = ", ".join(f"{kind} {count}" for kind, count in sorted(result.collectives.items()))
-    line = (head + f"compiled in {result.compile_s:.1f} s (evaluation network "
-            f"{result.eval_compile_s:.1f} s), peak {result.peak_rss_mb} MB; "
-            f"collectives: {comm or 'none'}")
+    held_out = (f"evaluation network {result.eval_compile_s:.1f} s"
+                if result.eval_error is None else "evaluation network FAILED")
+    line = (head + f"compiled in {result.compile_s:.1f} s ({held_out}), peak "
+            f"{result.peak_rss_mb} MB; collectives: {comm or 'none'}")
+    if result.eval_error is not None:
+        line += f"\n      evaluation network: {result.eval_error}"
     if result.layout_mismatches:
         line += f"; {len(result.layout_mismatches)} layouts differ from the plan"
     return line

@@ -14,9 +14,9 @@ from model_zoo.config import Config, import_model, read_yaml, save_config
 from model_zoo.errors import CheckpointError, UserInputError
 from model_zoo.data.manifest import building, verify_dataset
 from model_zoo.files import directory_in_use
-from model_zoo.parallel.context import (data_shard, gradient_reducer, init_parallel,
-                                        is_ascend_910b, micro_batch_network, micro_batching,
-                                        parameter_init, sync_shared_parameters,
+from model_zoo.parallel.context import (data_shard, eval_network_compiles, gradient_reducer,
+                                        init_parallel, is_ascend_910b, micro_batch_network,
+                                        micro_batching, parameter_init, sync_shared_parameters,
                                         wrap_eval_network, wrap_train_step)
 from model_zoo.nn.attention import check_flash_attention_device
 from model_zoo.nn.layers import dtype_of, kernels_for
@@ -236,7 +236,7 @@ def sharded_evaluation(module, config: Config, network, context, shard):
     every rank). The model's own `evaluate` would run the whole network on slices. A
     callable returning the metrics; None when the model folder has no held-out batches."""
     heldout_dataset = getattr(module, "create_heldout_dataset", None)
-    if heldout_dataset is None:
+    if heldout_dataset is None or not eval_network_compiles(config.parallel):
         return None
     held_out = wrap_eval_network(network, config.parallel, context,
                                  config.train.grad_accumulation)
@@ -264,8 +264,10 @@ def evaluate_run(module, config: Config, network, output_dir: str, on_save,
     if semi_auto:
         result = sharded() if sharded is not None else {"split": "heldout", "loss": None}
         if sharded is None:
-            log("no held-out evaluation on a sharded run of a model folder without "
-                "create_heldout_dataset: collect and merge the checkpoint, then model-zoo eval")
+            log("no held-out evaluation on this sharded run (a model folder without "
+                "create_heldout_dataset, or pipeline stages with sequence parallel, whose "
+                "evaluation network MindSpore 2.10 does not compile): collect and merge the "
+                "checkpoint, then model-zoo eval")
     else:
         # evaluate as `model-zoo eval` does, op by op: in graph mode the decoders (beam
         # search, sampling) compiled a graph per decoding step and ran out of memory
