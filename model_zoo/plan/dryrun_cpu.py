@@ -143,16 +143,15 @@ class GraphEdit:
             shape.tensors.add(dims=dims, data_type=data_type)
         return node
 
-    def cast(self, like, name, source, dims, data_type, to):
-        """Nodes casting `source` (of `data_type`) to the MindIR type `to`."""
+    def cast(self, like, name, source, dims, to):
+        """Nodes casting `source` to the MindIR type `to`."""
         import mindspore as ms
         from mindspore._c_expression import typing
         dtypes = {FLOAT32: ms.float32, 6: ms.int32, 7: ms.int64}   # MindIR type -> ms
         if to not in dtypes:
             raise NotImplementedError(f"{name}: an all-gather of MindIR type {to} on CPU "
                                       f"(float32, int32 and int64 only)")
-        dtype = dtypes[to]
-        type_id = int(typing.type_to_type_id(dtype))
+        type_id = int(typing.type_to_type_id(dtypes[to]))
         return [self.constant(f"{name}_type", type_id),
                 self.apply(like, name, self.primitive("Cast"), [source, f"{name}_type"],
                            dims, to)]
@@ -165,7 +164,7 @@ class GraphEdit:
         piece = [dims[0] // len(ranks), *dims[1:]]
         name, source, nodes = node.name, node.input[0], []
         if data_type != FLOAT32:
-            nodes += self.cast(node, f"{name}_in", source, piece, data_type, FLOAT32)
+            nodes += self.cast(node, f"{name}_in", source, piece, FLOAT32)
             source = f"{name}_in"
         nodes.append(self.zeros(f"{name}_zeros", piece, FLOAT32))
         blocks = [source if index == ranks.index(rank) else f"{name}_zeros"
@@ -180,7 +179,7 @@ class GraphEdit:
         nodes.append(self.apply(node, summed, self.primitive("AllReduce", collective, op="sum"),
                                 [f"{name}_padded"], dims, FLOAT32))
         if data_type != FLOAT32:
-            nodes += self.cast(node, name, summed, dims, FLOAT32, data_type)
+            nodes += self.cast(node, name, summed, dims, data_type)
         return nodes
 
     def reduce_scatter(self, node, collective, rank: int):

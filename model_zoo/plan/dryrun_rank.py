@@ -8,15 +8,16 @@ It builds the train step exactly as `model-zoo train` does on a distributed Asce
 cells and gradient norm, no weights allocated; `wrap_train_step`: AutoParallel with the
 layout's pipeline, optimizer shard, dataset strategy and strategy file), then lets
 MindSpore compile it for this rank, and then the held-out evaluation network the trainer
-evaluates through (`wrap_eval_network`, on the same parameters). A dry-run process runs no operator (level 0 stops
-before any kernel launch), so it only compiles; that is why each rank has its own process.
+evaluates through (`wrap_eval_network`, on the same parameters). A dry-run process runs no
+operator (level 0 stops before any kernel launch), so it only compiles; that is why each
+rank has its own process.
 MindSpore compiles for its GPU target here (its parallel pass refuses CPU); the model is
 built as for Ascend (`RunContext("Ascend")`: the operators and strategies an Ascend run
 uses).
 
-It writes `result.json` beside the request: whether both compiled, MindSpore's error,
-compile seconds, peak memory, the collectives in the compiled graphs and every parameter's
-layout.
+It writes `result.json` beside the request: whether the step compiled, MindSpore's error,
+compile seconds, peak memory, the collectives in the compiled graph and every parameter's
+layout, then the same of the evaluation network (its refusal in `eval_error`).
 """
 
 import json

@@ -261,13 +261,14 @@ def evaluate_run(module, config: Config, network, output_dir: str, on_save,
     when the model folder gives no held-out batches."""
     metrics_path = os.path.join(output_dir, "metrics.jsonl")
     network.set_train(False)
-    if semi_auto:
-        result = sharded() if sharded is not None else {"split": "heldout", "loss": None}
-        if sharded is None:
-            log("no held-out evaluation on this sharded run (a model folder without "
-                "create_heldout_dataset, or pipeline stages with sequence parallel, whose "
-                "evaluation network MindSpore 2.10 does not compile): collect and merge the "
-                "checkpoint, then model-zoo eval")
+    if sharded is not None:
+        result = sharded()
+    elif semi_auto:
+        result = {"split": "heldout", "loss": None}
+        log("no held-out evaluation on this sharded run (a model folder without "
+            "create_heldout_dataset, or pipeline stages with sequence parallel, whose "
+            "evaluation network MindSpore 2.10 does not compile): collect and merge the "
+            "checkpoint, then model-zoo eval")
     else:
         # evaluate as `model-zoo eval` does, op by op: in graph mode the decoders (beam
         # search, sampling) compiled a graph per decoding step and ran out of memory
@@ -484,7 +485,7 @@ def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_st
                 on_save(output_dir)
             if failing:
                 raise TooManyBadSteps(f"more than {train.max_bad_steps} steps in a row were "
-                                      f"skipped (the last: {bad or last_bad}); lower train.lr "
+                                      f"skipped (the last: {last_bad}); lower train.lr "
                                       f"or check the data of these steps", step, path)
             if stopping:
                 raise TrainingInterrupted(stop.signum if stop is not None else None, step, path)
