@@ -81,6 +81,10 @@ class TrainConfig:
     loss_spike_factor: a step whose loss is above this many times the running average of
     the applied steps' losses is a spike (0: no spike check), as MindFormers skips steps by
     global norm (`use_skip_data_by_global_norm`).
+    dataset_sink: feed the batches through MindSpore's device data queue, a sink of steps
+    per call (dataset sink mode, as PanGu-alpha and MindFormers train on Ascend); null (the
+    default) sinks on Ascend and not on CPU, where MindSpore has no device queue (`true`
+    there runs the same Model.train path fed from the host). See `loop.sink_size_of`.
     """
 
     steps: int = 100
@@ -109,6 +113,7 @@ class TrainConfig:
     checkpoint_format: str = "ckpt"
     max_bad_steps: int = 10
     loss_spike_factor: float = 0.0
+    dataset_sink: Optional[bool] = None
 
     @property
     def schedule_steps(self) -> int:

@@ -13,7 +13,7 @@ from model_zoo.models.gpt2.model import GPT2Config, GPT2ForTraining
 from model_zoo.train.checkpoint import list_checkpoints, read_checkpoint
 from model_zoo.train.metrics import read_metrics
 from model_zoo.train.schedule import WarmupCosineSchedule
-from model_zoo.train.step import TrainStep, build_optimizer
+from model_zoo.train.step import TrainStep, build_optimizer, saved_in_checkpoints
 from model_zoo.train.trainer import train
 
 
@@ -399,7 +399,7 @@ def test_checkpoints_leave_out_the_gradient_buffers_and_still_resume(tmp_path):
                       schedule, accumulated_by_compiler=True)
     assert load_weights(fresh, path) == []
     for name, value in params_of(step).items():
-        if not name.startswith("accu_grads"):
+        if saved_in_checkpoints(name):
             np.testing.assert_array_equal(params_of(fresh)[name], value, err_msg=name)
     assert all(not buffer.asnumpy().any() for buffer in fresh.accu_grads)
 
@@ -420,11 +420,40 @@ def test_a_loss_spike_is_skipped_and_the_average_follows_the_applied_steps():
     assert not applied and spike > 3 * first
     after = params_of(step)
     assert after.pop("train_step") == before.pop("train_step") + 1
+    assert after.pop("step_tally")[2] == before.pop("step_tally")[2] + 1   # one bad step
     for name, value in before.items():
         np.testing.assert_array_equal(after[name], value, err_msg=name)
     third, applied, *_ = run_step(step, ones)
     assert applied and third < first
     assert float(step.loss_average.asnumpy()) == pytest.approx(0.9 * first + 0.1 * third)
+    # what the loop reads: the applied steps' losses, one bad step (a spike) now ended
+    tally = step.step_tally.take()
+    assert tally == {"loss_sum": pytest.approx(first + third), "applied": 2, "bad": 1,
+                     "bad_in_row": 0, "most_bad_in_row": 1, "last_bad": 3}
+    assert not step.step_tally.take()["most_bad_in_row"]   # zeroed by the read
+
+
+def test_the_step_tally_counts_what_the_steps_between_two_reads_did():
+    """StepTally, which the loop reads once per log interval or sink of steps: a run of
+    non-finite steps in a row spanning two reads, the longest run since the last read, and
+    an fp16 overflow that the loss scale absorbs, which is no bad step."""
+    from model_zoo.train.step import BAD_STEP_REASONS, StepTally
+    tally = StepTally()
+    true, false = Tensor(True), Tensor(False)
+    for loss, applied, finite in ((2.0, true, true), (np.nan, false, false),
+                                  (3.0, false, false), (1.0, true, true),
+                                  (np.inf, false, false), (5.0, false, false)):
+        tally(Tensor(loss, ms.float32), applied, finite)
+    read = tally.take()
+    assert read == {"loss_sum": 3.0, "applied": 2, "bad": 4, "bad_in_row": 2,
+                    "most_bad_in_row": 2, "last_bad": 2}
+    assert BAD_STEP_REASONS[2] == "the gradients are not finite"
+    tally(Tensor(np.nan, ms.float32), false, false)
+    assert tally.take()["most_bad_in_row"] == 3   # the run carries over the read
+    fp16 = StepTally(overflow_expected=True)
+    fp16(Tensor(4.0, ms.float32), false, false)
+    assert fp16.take() == {"loss_sum": 0, "applied": 0, "bad": 0, "bad_in_row": 0,
+                           "most_bad_in_row": 0, "last_bad": 0}
 
 
 def test_reading_the_outputs_once_per_log_interval_trains_the_same(write_config, tmp_path,
@@ -438,7 +467,7 @@ def test_reading_the_outputs_once_per_log_interval_trains_the_same(write_config,
                                 "train.save_steps": 6, "train.keep_checkpoints": 3})
     run_train(config_path, tmp_path / "every")
     monkeypatch.setattr(trainer, "outputs_read_every",
-                        lambda config, context: config.train.log_steps)
+                        lambda config, device_target: config.train.log_steps)
     run_train(config_path, tmp_path / "interval")
     timing = {"samples_per_s", "tokens_per_s", "step_ms", "outside_step_ms"}
     logged = [[{key: value for key, value in entry.items() if key not in timing}

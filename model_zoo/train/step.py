@@ -16,6 +16,7 @@ from model_zoo.nn.layers import DROPOUT_STEP, use_cpu_kernels
 
 
 STOP_FLAG = "stop_requested"  # the StopVote parameter; not saved in checkpoints
+STEP_TALLY = "step_tally"     # the StepTally parameter; not saved in checkpoints
 STEP_COUNTER = "train_step"   # the TrainStep's count of steps run
 LOSS_AVERAGE = "loss_average"   # running average of the applied steps' losses (spikes)
 GRADIENT_BUFFERS = "accu_grads"   # prefix of the micro batches' gradient sums: zeros
@@ -24,8 +25,8 @@ GRADIENT_BUFFERS = "accu_grads"   # prefix of the micro batches' gradient sums: 
 
 def saved_in_checkpoints(name: str) -> bool:
     """Whether a train step's parameter `name` is saved in checkpoints: all but the stop
-    vote and the gradient buffers, both zeros between steps."""
-    return name != STOP_FLAG and not name.startswith(GRADIENT_BUFFERS + ".")
+    vote, the tally the loop reads and the gradient buffers (zeros between steps)."""
+    return name not in (STOP_FLAG, STEP_TALLY) and not name.startswith(GRADIENT_BUFFERS + ".")
 
 
 def needed_from_checkpoints(name: str) -> bool:
@@ -75,6 +76,65 @@ class StopVote(nn.Cell):
             weighted = ops.zeros((1,), ms.float32)
         both = self.all_reduce(ops.concat((self.flag, weighted)))
         return both[0:1], both[1]
+
+
+# why StepTally counts a step as bad (0: it is not)
+BAD_STEP_REASONS = {1: "the loss is not finite", 2: "the gradients are not finite",
+                    3: "the loss is a spike"}
+
+
+class StepTally(nn.Cell):
+    """What the training loop learns about the steps run since its last read, kept on the
+    device: the loop reads it once per log interval, or per sink of steps (dataset sink
+    mode, where only a sink's last step's outputs come back to the host), and still sees
+    every step. One float32 vector, `FIELDS`: the sum and count of the applied steps'
+    losses (over a log interval), the bad steps, the bad steps in a row now and at most since the last read, and
+    the last bad step's reason (a key of BAD_STEP_REASONS).
+
+    A step is bad when its update was not applied (a non-finite loss or gradients, or a
+    loss spike), except an fp16 overflow with a finite loss (`overflow_expected`): the
+    dynamic loss scale absorbs those by design. Every rank holds the same loss (StopVote)
+    and the same finite decision (GradientNorm), so every rank counts alike.
+
+    Inputs:
+        loss: float32 scalar; applied, finite: bool scalars (TrainStep's).
+    Outputs:
+        the loss, made to wait for the tally's update.
+    """
+
+    FIELDS = ("loss_sum", "applied", "bad", "bad_in_row", "most_bad_in_row", "last_bad")
+
+    def __init__(self, overflow_expected: bool = False):
+        super().__init__()
+        self.tally = Parameter(Tensor(np.zeros(len(self.FIELDS), np.float32)), name=STEP_TALLY,
+                               requires_grad=False)
+        self.overflow_expected = overflow_expected
+
+    def construct(self, loss, applied, finite):
+        zero, one = ops.zeros((), ms.float32), ops.ones((), ms.float32)
+        gradients_bad = zero if self.overflow_expected else one * 2.0
+        reason = ops.select(ops.isfinite(loss),
+                            ops.select(finite, one * 3.0, gradients_bad), one)
+        reason = ops.select(applied, zero, reason)
+        bad = reason > 0.0
+        tally = self.tally * 1.0
+        in_row = ops.select(bad, tally[3] + 1.0, zero)
+        updated = ops.stack((tally[0] + ops.select(applied, loss, zero),
+                             tally[1] + ops.cast(applied, ms.float32),
+                             tally[2] + ops.cast(bad, ms.float32),
+                             in_row, ops.maximum(tally[4], in_row),
+                             ops.select(bad, reason, tally[5])))
+        return ops.depend(loss, ops.assign(self.tally, updated))
+
+    def take(self, interval_ends: bool = True) -> dict:
+        """The tally as a dict of FIELDS (waits for the steps queued so far), then zeroed
+        for the next read, but: the losses' sum and count run on until `interval_ends` (a
+        log interval's mean is then one float32 sum on the device however often it was
+        read), and the bad steps in a row carry over (a run of them may span reads)."""
+        values = self.tally.asnumpy()
+        kept = values[:2] * (not interval_ends)
+        self.tally.set_data(Tensor(np.array([*kept, 0, values[3], values[3], 0], np.float32)))
+        return {name: float(value) for name, value in zip(self.FIELDS, values)}
 
 
 def loss_weight_of(rank: int, device_num: int, parallel=None) -> float:
@@ -274,6 +334,7 @@ class TrainStep(nn.Cell):
             self.loss_and_grads = ops.value_and_grad(ScaledLoss(network), None, self.weights,
                                                      has_aux=True)
         self.stop_vote = stop_vote if stop_vote is not None else StopVote()
+        self.step_tally = StepTally(overflow_expected=dynamic_loss_scale)
 
     def _backward(self, micro, loss, scale, first=True):
         """Gradients of one (micro) batch, scaled by `scale` over the wrapper's micro batches;
@@ -341,6 +402,7 @@ class TrainStep(nn.Cell):
         # ExitByRequest and PanGu-alpha's overflow all-reduce also wait for the gradients)
         stop, loss = self.stop_vote(ops.depend(loss, norm))
         applied = self._not_a_spike(finite, loss)
+        loss = self.step_tally(loss, applied, finite)
         grad_norm = norm / divisor
         factor = 1.0 / divisor
         if self.grad_clip > 0:

@@ -23,10 +23,11 @@ from model_zoo.nn.layers import dtype_of, kernels_for
 from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
 from model_zoo.parallel.resume import gathered_steps, resume_point
 from model_zoo.train.checkpoint import (list_checkpoints, load_weights, read_checkpoint,
-                                        remove_partial_checkpoints, save_checkpoint,
-                                        saved_step)
-from model_zoo.train.interrupt import StopRequests, TooManyBadSteps, TrainingInterrupted
-from model_zoo.train.metrics import MetricsLog, plot_loss_curve, progress_line, read_metrics
+                                        remove_partial_checkpoints, saved_step)
+from model_zoo.train.interrupt import StopRequests
+from model_zoo.train.loop import (SinkFeed, TrainingLoop, log, outputs_read_every,
+                                  run_fed_steps, sink_size_of)
+from model_zoo.train.metrics import MetricsLog, plot_loss_curve, read_metrics
 from model_zoo.train.schedule import build_schedule
 from model_zoo.train.step import (GradientNorm, StopVote, TrainStep, build_optimizer,
                                   loss_weight_of, needed_from_checkpoints, uses_float_status)
@@ -207,22 +208,36 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
     batches = dataset.create_tuple_iterator(num_epochs=1)
     first_batch = next(batches)
     write_run_info(output_dir, config, context, shard, first_batch)
-    if context.semi_auto and (resume or config.train.init_checkpoint):
-        restore_sliced(runnable, step_cell, network, first_batch, config, context.rank,
-                       output_dir, strategy_file, resume_path, resharded_from)
 
     metrics = MetricsLog(os.path.join(output_dir, "metrics.jsonl"), resume_step=start_step)
     if context.semi_auto:
         sharded = evaluate = sharded_evaluation(module, config, network, context, shard)
     else:
         sharded, evaluate = None, lambda: module.evaluate(config, network)
+    tokens_of = tokens_counter(module, config, shard)
     with StopRequests() as stop:
-        final_checkpoint = run_loop(config, runnable, step_cell,
-                                    itertools.chain([first_batch], batches), metrics, output_dir,
-                                    start_step, on_save, tokens_counter(module, config, shard),
-                                    stop, sliced_checkpoints=context.semi_auto,
-                                    evaluate=evaluate,
-                                    read_every=outputs_read_every(config, context))
+        loop = TrainingLoop(config, step_cell, metrics, output_dir, start_step, on_save, stop,
+                            sliced_checkpoints=context.semi_auto, evaluate=evaluate)
+        step_cell.set_train(True)
+        sink_size = sink_size_of(config.train, context.device_target, start_step)
+        if sink_size:
+            feed = SinkFeed(runnable, module.create_train_dataset(config, shard, start_step),
+                            loop, sink_size, context.device_target, tokens_of)
+            log(f"dataset sink mode: {sink_size} steps a call"
+                + ("" if feed.sunk else " (on CPU MindSpore feeds them from the host)"))
+            compile_step = feed.compile
+        else:
+            compile_step = lambda: runnable.compile(*first_batch)   # noqa: E731
+        if context.semi_auto and (resume or config.train.init_checkpoint):
+            restore_sliced(compile_step, step_cell, network, config, context.rank, output_dir,
+                           strategy_file, resume_path, resharded_from)
+        if sink_size:
+            final_checkpoint = feed.run()
+        else:
+            final_checkpoint = run_fed_steps(loop, runnable,
+                                             itertools.chain([first_batch], batches),
+                                             tokens_of, outputs_read_every(
+                                                 config, context.device_target))
         stop.steps_done(config.train.steps,
                         final_checkpoint or list_checkpoints(output_dir)[-1][1])
         return evaluate_run(module, config, network, output_dir, on_save, metrics,
@@ -290,10 +305,10 @@ def evaluate_run(module, config: Config, network, output_dir: str, on_save,
     return result
 
 
-def restore_sliced(runnable, step_cell, network, first_batch, config, rank: int,
-                   output_dir: str, strategy_file: str, resume_path=None, resharded_from=None):
+def restore_sliced(compile_step, step_cell, network, config, rank: int, output_dir: str,
+                   strategy_file: str, resume_path=None, resharded_from=None):
     """Semi-auto runs: parameters are cut into this rank's slices only when the step is
-    compiled, so the step is compiled on the first batch (which writes the layout's
+    compiled, so the step is compiled first (`compile_step()`, which writes the layout's
     strategy file) and the slices are loaded then, as MindFormers does (build the model,
     then load). Three sources:
     - --resume on the same layout (`resume_path`): the rank's own checkpoint;
@@ -307,7 +322,7 @@ def restore_sliced(runnable, step_cell, network, first_batch, config, rank: int,
     parallel on CPU."""
     from model_zoo.parallel.checkpoints import (STRATEGY_FILE, rank_slices, stage_strategy,
                                                 strategy_names)
-    runnable.compile(*first_batch)
+    compile_step()
     held = strategy_names(strategy_file)
     if resume_path:
         path, target, values = resume_path, step_cell, read_checkpoint(resume_path)
@@ -384,146 +399,6 @@ def gradient_norm(config: Config, network, optimizer, context) -> GradientNorm:
     return GradientNorm(weights, all_reduce=True, float_status=float_status)
 
 
-def run_loop(config, runnable, step_cell, batches, metrics, output_dir, start_step, on_save,
-             tokens_of, stop=None, sliced_checkpoints=False, evaluate=None, read_every=1):
-    """The steps; returns the last checkpoint saved. `tokens_of(batch)` counts the tokens a
-    global step trains on. When `stop` (StopRequests) is requested on any rank, every rank
-    saves a checkpoint after the same step (the train step's StopVote) and raises
-    TrainingInterrupted; after more than train.max_bad_steps bad steps in a row (skipped
-    by the step itself) TooManyBadSteps. Every train.eval_steps steps before the last,
-    `evaluate()` gives the held-out metrics logged in `metrics` (the last step's are
-    evaluate_run's).
-
-    The steps' outputs are read, which waits for the device, only every `read_every`
-    steps (`outputs_read_every`) and at log, evaluation and save steps and the last one;
-    in between the host queues the next steps. The stop vote and the bad steps are acted
-    on there, after the same step on every rank."""
-    train = config.train
-    step_cell.set_train(True)
-    interval_start, interval_steps, interval_losses = time.perf_counter(), 0, []
-    interval_tokens = interval_in_step = skipped = bad_in_row = 0
-    pending = []   # (step, outputs) of the steps run since the last read
-    last_bad = ""
-    path = None
-    for step in range(start_step + 1, train.steps + 1):
-        batch = next(batches)
-        if stop is not None and stop.requested:
-            step_cell.stop_vote.request()
-        started = time.perf_counter()
-        pending.append((step, runnable(*batch)))
-        if step == start_step + 1:
-            pending[-1][1][0].asnumpy()   # the compile, timed alone
-            log(f"compiled and ran the first step in {time.perf_counter() - started:.1f} s")
-            if stop is not None:
-                stop.install()
-            interval_start, interval_steps, interval_tokens = time.perf_counter(), 0, 0
-            first = (started, time.perf_counter() - started, tokens_of(batch))
-        else:
-            interval_steps += 1
-            interval_tokens += tokens_of(batch)
-            interval_in_step += time.perf_counter() - started   # the call (and its wait)
-        logging_now = step % train.log_steps == 0 or step == train.steps
-        evaluating = evaluate is not None and train.eval_steps and \
-            step % train.eval_steps == 0 and step < train.steps
-        saving = step % train.save_steps == 0 or step == train.steps
-        if not (logging_now or evaluating or saving or step % read_every == 0):
-            continue
-        stopping, failing, read_at = False, False, time.perf_counter()
-        for done, (loss, applied, scale, grad_norm, lr, stop_voted, finite) in pending:
-            loss_value = loss.asnumpy().item()
-            bad = bad_step(train, loss_value, bool(applied.asnumpy()), bool(finite.asnumpy()))
-            bad_in_row = bad_in_row + 1 if bad else 0
-            failing = failing or bad_in_row > train.max_bad_steps
-            if bad:
-                skipped, last_bad = skipped + 1, bad
-                log(f"step {done} skipped: {bad} ({bad_in_row} in a row; the run stops after "
-                    f"{train.max_bad_steps})")
-            else:
-                interval_losses.append(loss_value)
-            stopping = stopping or bool(stop_voted.asnumpy()[0] > 0)
-        pending = []
-        # waiting here for steps the host queued is the device's time, not the loop's
-        interval_in_step += (time.perf_counter() - read_at) if step > start_step + 1 else 0.0
-        if logging_now:
-            if interval_steps == 0:  # only the first step so far: time it alone
-                interval_start, interval_in_step, interval_tokens = first
-                interval_steps = 1
-            now = time.perf_counter()
-            elapsed = max(now - interval_start, 1e-9)
-            samples_per_s = interval_steps * train.global_batch_size / elapsed
-            entry = {"step": step,
-                     "loss": float(np.mean(interval_losses or [loss_value])),
-                     "lr": lr.asnumpy().item(),
-                     "loss_scale": scale.asnumpy().item(),
-                     "grad_norm": grad_norm.asnumpy().item(),
-                     "finite": bool(finite.asnumpy().item()),
-                     **({"skipped_steps": skipped} if skipped else {}),
-                     "samples_per_s": samples_per_s,
-                     "tokens_per_s": interval_tokens / elapsed,
-                     **step_times(elapsed, interval_in_step, interval_steps)}
-            metrics.write(entry)
-            log(progress_line(entry, train.steps))
-            # the next interval starts where this one was timed: the reads and the line
-            # above count in it, so a progress line every step shows what it costs
-            interval_start, interval_steps, interval_losses = now, 0, []
-            interval_tokens = interval_in_step = skipped = 0
-        if evaluating:
-            evaluated_at = time.perf_counter()
-            step_cell.set_train(False)
-            result = evaluate()
-            step_cell.set_train(True)
-            metrics.write({"step": step, "heldout": result})
-            log(f"held-out evaluation at step {step} "
-                f"({time.perf_counter() - evaluated_at:.1f} s): {json.dumps(result)}")
-            interval_start += time.perf_counter() - evaluated_at   # not training time
-        if saving or stopping or failing:
-            path = save_checkpoint(step_cell, output_dir, step, train.keep_checkpoints,
-                                   sliced=sliced_checkpoints,
-                                   file_format=train.checkpoint_format)
-            log(f"saved {path}")
-            if on_save is not None:
-                on_save(output_dir)
-            if failing:
-                raise TooManyBadSteps(f"more than {train.max_bad_steps} steps in a row were "
-                                      f"skipped (the last: {last_bad}); lower train.lr "
-                                      f"or check the data of these steps", step, path)
-            if stopping:
-                raise TrainingInterrupted(stop.signum if stop is not None else None, step, path)
-    return path
-
-
-def outputs_read_every(config: Config, context) -> int:
-    """How often the loop reads the steps' outputs: every step on CPU, whose steps run as
-    they are called; elsewhere once per log interval, so the host does not wait for the
-    device after every step (PanGu-alpha and MindFormers read the loss once per sink of
-    steps)."""
-    return 1 if context.device_target == "CPU" else config.train.log_steps
-
-
-def bad_step(train, loss: float, applied: bool, finite: bool) -> str:
-    """Why a step whose update was not `applied` is bad ('' when it is not): a non-finite
-    loss or gradients, or a loss spike. An fp16 step whose gradients overflowed is not: the
-    loss scale is lowered and the step retried with the next batch, by design. Every rank
-    sees the same values (StopVote, GradientNorm), so all of them decide alike."""
-    if applied:
-        return ""
-    if not math.isfinite(loss):
-        return f"the loss is {loss}"
-    if not finite:
-        return "" if train.precision == "fp16" else "the gradients are not finite"
-    return (f"the loss {loss:.4g} is a spike (above {train.loss_spike_factor:g} x the "
-            f"running average)")
-
-
-def step_times(elapsed: float, in_step: float, steps: int) -> dict:
-    """An interval's wall time per step (`step_ms`) and the part of it outside the train
-    step's call (`outside_step_ms`: the next batch, reading the outputs, the progress line,
-    metrics.jsonl): what the training loop adds to the step itself, which a machine's drift
-    from run to run does not blur."""
-    return {"step_ms": 1e3 * elapsed / steps,
-            "outside_step_ms": 1e3 * max(elapsed - in_step, 0.0) / steps}
-
-
 def tokens_counter(module, config, shard):
     """Tokens of a global step: the model folder's `batch_tokens(batch)` (real tokens of this
     rank's batch) times the ranks reading distinct data, else batch x seq_length."""
@@ -550,8 +425,3 @@ def write_run_info(output_dir, config, context, shard, first_batch):
             "first_batch_sha1": digest.hexdigest()}
     with open(os.path.join(output_dir, "run_info.json"), "w", encoding="utf-8") as handle:
         json.dump(info, handle, indent=2)
-
-
-def log(message: str):
-    """Every rank logs: each has its own log file and output folder."""
-    print(message, flush=True)

@@ -124,9 +124,10 @@ def create_heldout_dataset(config: Config, shard):
 
 
 def batch_tokens(batch) -> int:
-    """Real (unpadded) source plus target tokens of one batch."""
+    """Real (unpadded) source plus target tokens of one batch (Tensors, or the numpy arrays
+    a dataset sink counts on their way to the device)."""
     source_mask, decoder_mask = batch[1], batch[3]
-    return int(source_mask.asnumpy().sum() + decoder_mask.asnumpy().sum())
+    return int(np.asarray(source_mask).sum() + np.asarray(decoder_mask).sum())
 
 
 def _tokenizer(config: Config) -> Tokenizer:
