@@ -267,16 +267,65 @@ def test_servers_with_their_own_disks_resume_from_the_step_they_all_saved(tmp_pa
     assert losses(0) == logged and sorted(logged) == [1, 2, 3, 4]
 
 
+def test_the_sink_path_trains_as_the_host_feed_and_resumes(tmp_path, write_config):
+    """train.dataset_sink=true: the steps run through MindSpore's Model.train (the path that
+    sinks the data on Ascend; on CPU MindSpore feeds it from the host) with its callback
+    driving the loop, on two data-parallel ranks: the same metrics and checkpoints as the
+    host feed, and a resume from step 4 ends where the uninterrupted run did."""
+    config = write_config({"train.steps": 6, "train.save_steps": 2, "train.log_steps": 2,
+                           "train.global_batch_size": 8, "parallel.data_parallel": 2,
+                           "train.keep_checkpoints": 5})
+
+    def launch(out, *extra):
+        result = subprocess.run(
+            [sys.executable, "-m", "model_zoo.launch", "--workers", "2", "--output-dir",
+             str(out), "--", sys.executable, "-m", "model_zoo", "train", config,
+             "--output-dir", str(out), *extra],
+            capture_output=True, text=True, timeout=300, env=dict(os.environ, GLOG_v="3"))
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    def logged(out, rank=0):
+        timing = {"samples_per_s", "tokens_per_s", "step_ms", "outside_step_ms"}
+        return [{key: value for key, value in json.loads(line).items() if key not in timing}
+                for line in (out / f"rank_{rank}" / "metrics.jsonl").read_text().splitlines()]
+
+    launch(tmp_path / "fed")
+    launch(tmp_path / "sunk", "--set", "train.dataset_sink=true")
+    assert "dataset sink mode: 2 steps a call" in \
+        (tmp_path / "sunk" / "rank_0" / "train.log").read_text()
+    assert logged(tmp_path / "sunk") == logged(tmp_path / "fed") == \
+        logged(tmp_path / "sunk", rank=1)
+    assert [entry["step"] for entry in logged(tmp_path / "sunk") if "loss" in entry] == [2, 4, 6]
+    for step in (2, 4, 6):
+        name = f"step_{step:08d}.ckpt"
+        fed, sunk = (read_checkpoint(tmp_path / run / "rank_1" / "checkpoints" / name)
+                     for run in ("fed", "sunk"))
+        assert fed.keys() == sunk.keys()
+        for key in fed:
+            np.testing.assert_array_equal(fed[key], sunk[key], err_msg=f"{name} {key}")
+    ended = read_checkpoint(tmp_path / "sunk" / "rank_0" / "checkpoints" / "step_00000006.ckpt")
+    for rank in (0, 1):
+        (tmp_path / "sunk" / f"rank_{rank}" / "checkpoints" / "step_00000006.ckpt").unlink()
+    launch(tmp_path / "sunk", "--resume", "--set", "train.dataset_sink=true")
+    resumed = read_checkpoint(tmp_path / "sunk" / "rank_0" / "checkpoints" /
+                              "step_00000006.ckpt")
+    for key in ended:
+        np.testing.assert_array_equal(resumed[key], ended[key], err_msg=key)
+
+
+@pytest.mark.parametrize("sink", [False, True])
 def test_bad_steps_are_skipped_on_every_rank_then_the_run_stops_to_resume(tmp_path,
-                                                                          write_config):
+                                                                          write_config, sink):
     """A diverging run (train.lr=1e30): from step 2 the loss is not finite; both ranks skip
     steps 2-4 together (the step's losses and decisions are all-reduced), then stop after
     train.max_bad_steps=2 in a row with the step 4 checkpoint (every value finite: the bad
     steps changed nothing), an `error:` line giving the --resume command and exit status
-    3, which the launcher passes on."""
+    3, which the launcher passes on. The same through the sink path's Model.train, which
+    the loop stops the way MindSpore documents (`request_stop`)."""
     config = write_config({"train.steps": 50, "train.save_steps": 50, "train.log_steps": 1,
                            "train.global_batch_size": 8, "parallel.data_parallel": 2,
-                           "train.lr": 1e30, "train.max_bad_steps": 2})
+                           "train.lr": 1e30, "train.max_bad_steps": 2,
+                           "train.dataset_sink": sink})
     out = tmp_path / "out"
     result = subprocess.run(
         [sys.executable, "-m", "model_zoo.launch", "--workers", "2", "--output-dir", str(out),

@@ -42,6 +42,7 @@ class RankResult:
     stage: int
     compiled: bool = False
     compile_s: Optional[float] = None
+    sink_size: int = 0   # steps a call of the sunk step compiled (0: the step fed from the host)
     eval_compile_s: Optional[float] = None   # the held-out evaluation network's compile
     eval_collectives: dict = field(default_factory=dict)    # and its collectives
     eval_error: Optional[str] = None         # MindSpore's refusal of it, in one line
@@ -219,7 +220,7 @@ def _collect(request: Path, rank: int, stage: int, process, timed_out: Optional[
         result.error = f"the compile process {how}" + (f": {tail}" if tail else "")
         return result, {}
     found = json.loads(path.read_text())
-    for key in ("compiled", "compile_s", "eval_compile_s", "eval_collectives", "eval_error",
+    for key in ("compiled", "compile_s", "sink_size", "eval_compile_s", "eval_collectives", "eval_error",
                 "peak_rss_mb", "collectives", "collective_groups", "error"):
         setattr(result, key, found[key])
     strategy = folder / "strategy.ckpt"
@@ -313,7 +314,8 @@ def rank_line(result: RankResult) -> str:
     comm = ", ".join(f"{kind} {count}" for kind, count in sorted(result.collectives.items()))
     held_out = (f"evaluation network {result.eval_compile_s:.1f} s"
                 if result.eval_error is None else "evaluation network FAILED")
-    line = (head + f"compiled in {result.compile_s:.1f} s ({held_out}), peak "
+    sunk = f" (sunk, {result.sink_size} steps a call)" if result.sink_size else ""
+    line = (head + f"compiled{sunk} in {result.compile_s:.1f} s ({held_out}), peak "
             f"{result.peak_rss_mb} MB; collectives: {comm or 'none'}")
     if result.eval_error is not None:
         line += f"\n      evaluation network: {result.eval_error}"

@@ -17,7 +17,10 @@ uses).
 
 It writes `result.json` beside the request: whether the step compiled, MindSpore's error,
 compile seconds, peak memory, the collectives in the compiled graph and every parameter's
-layout, then the same of the evaluation network (its refusal in `eval_error`).
+layout, then the same of the evaluation network (its refusal in `eval_error`). A config
+that sinks its data on Ascend (`train.dataset_sink`, `loop.sink_size_of`) compiles the
+sunk step the trainer runs there (`sink_size` steps a call: `GetNext` from MindSpore's data
+queue, then the step), unless the step is exported for CPU ranks.
 """
 
 import json
@@ -43,7 +46,7 @@ def main(request_path: str) -> int:
     folder = Path(request_path).parent
     from model_zoo.plan import cuda_stubs
     cuda_stubs.load(Path(os.environ["CUDA_HOME"]))   # before MindSpore loads its GPU plugin
-    result = {"rank": request["rank"], "compiled": False, "compile_s": None,
+    result = {"rank": request["rank"], "compiled": False, "compile_s": None, "sink_size": 0,
               "eval_compile_s": None, "eval_collectives": {}, "eval_error": None,
               "peak_rss_mb": None, "collectives": {}, "collective_groups": {},
               "layouts": {}, "error": None}
@@ -65,6 +68,7 @@ def compile_rank(request: dict, folder: Path, result: dict):
     from model_zoo.parallel.context import (RunContext, data_shard, sync_shared_parameters,
                                             wrap_eval_network, wrap_train_step)
     from model_zoo.plan.report import load_plan_config
+    from model_zoo.train.loop import sink_size_of
     from model_zoo.train.trainer import build_model
 
     here = os.getcwd()
@@ -91,16 +95,28 @@ def compile_rank(request: dict, folder: Path, result: dict):
     inputs = [ms.Tensor(np.zeros(shape, ms.dtype_to_nptype(dtype)))
               for shape, dtype in module.plan_inputs(config, shard.batch_size)]
     runnable.set_train(True)
+    # the step as an Ascend run compiles it: sunk (its batches from MindSpore's data queue)
+    # when the config sinks, unless exported for the CPU ranks, which take the plain one
+    sink_size = 0 if request.get("export") else sink_size_of(config.train, "Ascend", 0)
     started = time.perf_counter()
-    runnable.compile(*inputs)
+    if sink_size:
+        # the trainer's Model.build compiles this on Ascend, and refuses other targets;
+        # infer_train_layout runs the same preprocess and compile
+        from mindspore.train import Model
+        layouts = Model(runnable).infer_train_layout(
+            batches_of(inputs), dataset_sink_mode=True, sink_size=sink_size)
+    else:
+        runnable.compile(*inputs)
+        layouts = runnable.parameter_layout_dict
     result["compile_s"] = round(time.perf_counter() - started, 2)
+    result["sink_size"] = sink_size
     graph = ms.common.api._cell_graph_executor._get_func_graph_proto(  # pylint: disable=W0212
         runnable, runnable.compile_phase, "mind_ir")
     result["collectives"], result["collective_groups"] = collectives(graph,
                                                                      context.device_num)
     names = set(step_cell.parameters_dict())
     result["layouts"] = {name: layout_of(value, context.device_num) for name, value
-                         in runnable.parameter_layout_dict.items() if name in names}
+                         in layouts.items() if name in names}
     if request.get("export"):   # this rank's compiled step, to run on CPU ranks
         ms.export(runnable, *inputs, file_name=str(folder / "step"), file_format="MINDIR")
     held_out = wrap_eval_network(network, config.parallel, context,   # as the trainer does
@@ -117,6 +133,13 @@ def compile_rank(request: dict, folder: Path, result: dict):
     result["eval_collectives"], _ = collectives(
         ms.common.api._cell_graph_executor._get_func_graph_proto(  # pylint: disable=W0212
             held_out, held_out.compile_phase, "mind_ir"), context.device_num)
+
+
+def batches_of(inputs):
+    """A dataset repeating the batch `inputs` (Tensors), to compile the sunk step on."""
+    import mindspore.dataset as ds
+    rows = tuple(tensor.asnumpy() for tensor in inputs)
+    return ds.NumpySlicesDataset(rows, shuffle=False).batch(len(rows[0])).repeat()
 
 
 def collectives(graph_proto: bytes, device_num: int):
