@@ -22,6 +22,7 @@ from model_zoo.plan import cuda_stubs
 from model_zoo.plan.docs import MODELS_DIR, cluster_config_files
 from model_zoo.plan.dryrun import compare_layouts, run_dryrun, select_ranks
 from model_zoo.plan.report import build_plan, load_plan_config
+from model_zoo.train.loop import sink_size_of
 
 TINY = "model_zoo/models/gpt2/configs/tiny.yaml"
 DP2_MP2 = ["parallel.data_parallel=2", "parallel.model_parallel=2"]
@@ -68,9 +69,29 @@ def test_every_shipped_layout_compiles(path, shipped_dryruns):
             assert rank.eval_error is None and rank.eval_compile_s is not None, rank.eval_error
         else:
             assert "Reshape op can't be a border" in rank.eval_error
+        # the step an Ascend run of this config trains: sunk when the trainer sinks it
+        assert rank.sink_size == sink_size_of(load_plan_config(path).train, "Ascend", 0)
     assert result.ok
     if result.device_num > 1:   # a parallel layout: MindSpore inserted its communication
         assert any(rank.collectives for rank in result.ranks)
+
+
+def test_the_sunk_step_holds_the_fed_steps_collectives():
+    """Dataset sink mode (Ascend's default): the step compiled behind MindSpore's data
+    queue, as Model.build compiles it, inserts the collectives of the step fed from the
+    host, on both pipeline stages with the optimizer shard."""
+    base = ["parallel.data_parallel=2", "parallel.pipeline_stage=2",
+            "parallel.micro_batch_num=2", "parallel.optimizer_shard=true",
+            "train.log_steps=5", "train.save_steps=10"]
+    found = {}
+    for sink in ("true", "false"):
+        overrides = base + [f"train.dataset_sink={sink}"]
+        config = load_plan_config(TINY, overrides)
+        result = run_dryrun(config, TINY, overrides, [0, 2])
+        assert result.ok, [(rank.error, rank.layout_mismatches[:2]) for rank in result.ranks]
+        assert [rank.sink_size for rank in result.ranks] == [5 if sink == "true" else 0] * 2
+        found[sink] = [rank.collective_groups for rank in result.ranks]
+    assert found["true"] == found["false"] and found["true"][0]["Send"]
 
 
 def test_tiny_dp2_mp2_json_interface(tmp_path):

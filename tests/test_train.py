@@ -481,3 +481,23 @@ def test_reading_the_outputs_once_per_log_interval_trains_the_same(write_config,
         for key, value in saved[0].items():
             np.testing.assert_array_equal(saved[1][key].asnumpy(), value.asnumpy(),
                                           err_msg=key)
+
+
+def test_a_sink_ends_at_every_step_the_loop_acts_after():
+    """train.dataset_sink: sinks on Ascend by default, not on CPU; a sink is the greatest
+    common divisor of the log, evaluation and save intervals, the resumed step and the run's
+    length; a sink of one step on Ascend is fed from the host instead."""
+    from model_zoo.train.loop import sink_size_of
+    train = TrainConfig(steps=1000, log_steps=10, save_steps=100)
+    assert sink_size_of(train, "Ascend", 0) == 10
+    assert sink_size_of(train, "CPU", 0) == 0
+    assert sink_size_of(TrainConfig(steps=1000, log_steps=10, save_steps=100,
+                                    dataset_sink=False), "Ascend", 0) == 0
+    assert sink_size_of(TrainConfig(steps=1000, log_steps=10, save_steps=100,
+                                    dataset_sink=True), "CPU", 0) == 10
+    assert sink_size_of(TrainConfig(steps=1000, log_steps=10, save_steps=100,
+                                    eval_steps=25), "Ascend", 0) == 5
+    assert sink_size_of(train, "Ascend", 104) == 2       # resumed after a signal at 104
+    assert sink_size_of(TrainConfig(steps=1001, log_steps=10, save_steps=100),
+                        "Ascend", 0) == 0                # a sink of one: fed from the host
+

@@ -99,19 +99,16 @@ def compile_rank(request: dict, folder: Path, result: dict):
     # when the config sinks, unless exported for the CPU ranks, which take the plain one
     sink_size = 0 if request.get("export") else sink_size_of(config.train, "Ascend", 0)
     started = time.perf_counter()
+    compiled = runnable
     if sink_size:
-        # the trainer's Model.build compiles this on Ascend, and refuses other targets;
-        # infer_train_layout runs the same preprocess and compile
-        from mindspore.train import Model
-        layouts = Model(runnable).infer_train_layout(
-            batches_of(inputs), dataset_sink_mode=True, sink_size=sink_size)
+        compiled, layouts = compile_sunk(runnable, inputs, sink_size, context.semi_auto)
     else:
         runnable.compile(*inputs)
         layouts = runnable.parameter_layout_dict
     result["compile_s"] = round(time.perf_counter() - started, 2)
     result["sink_size"] = sink_size
     graph = ms.common.api._cell_graph_executor._get_func_graph_proto(  # pylint: disable=W0212
-        runnable, runnable.compile_phase, "mind_ir")
+        compiled, compiled.compile_phase, "mind_ir")
     result["collectives"], result["collective_groups"] = collectives(graph,
                                                                      context.device_num)
     names = set(step_cell.parameters_dict())
@@ -135,11 +132,26 @@ def compile_rank(request: dict, folder: Path, result: dict):
             held_out, held_out.compile_phase, "mind_ir"), context.device_num)
 
 
-def batches_of(inputs):
-    """A dataset repeating the batch `inputs` (Tensors), to compile the sunk step on."""
+def compile_sunk(runnable, inputs, sink_size: int, semi_auto: bool):
+    """Compile the train step behind MindSpore's data queue, `sink_size` steps a call, as
+    the trainer's Model.build does on Ascend (which refuses other targets): the same
+    preprocess (`connect_network_with_dataset`) and compile, on a dataset repeating the
+    batch `inputs`, nothing sent. Returns (the compiled cell, its parameter layouts)."""
+    import mindspore as ms
     import mindspore.dataset as ds
+    from mindspore.train import Model
     rows = tuple(tensor.asnumpy() for tensor in inputs)
-    return ds.NumpySlicesDataset(rows, shuffle=False).batch(len(rows[0])).repeat()
+    dataset = ds.NumpySlicesDataset(rows, shuffle=False).batch(len(rows[0])).repeat()
+    if semi_auto:   # Model sets AutoParallel's context around the compile
+        layouts = Model(runnable).infer_train_layout(dataset, dataset_sink_mode=True,
+                                                     sink_size=sink_size)
+        return runnable, layouts
+    dataset.__no_send__ = True
+    sunk = ms.connect_network_with_dataset(
+        runnable, ms.DatasetHelper(dataset, dataset_sink_mode=True, sink_size=sink_size))
+    sunk.set_train(True)
+    sunk.compile()
+    return sunk, {}
 
 
 def collectives(graph_proto: bytes, device_num: int):
