@@ -426,33 +426,36 @@ def test_a_loss_spike_is_skipped_and_the_average_follows_the_applied_steps():
     third, applied, *_ = run_step(step, ones)
     assert applied and third < first
     assert float(step.loss_average.asnumpy()) == pytest.approx(0.9 * first + 0.1 * third)
-    # what the loop reads: the applied steps' losses, one bad step (a spike) now ended
-    tally = step.step_tally.take()
-    assert tally == {"loss_sum": pytest.approx(first + third), "applied": 2, "bad": 1,
-                     "bad_in_row": 0, "most_bad_in_row": 1, "last_bad": 3}
-    assert not step.step_tally.take()["most_bad_in_row"]   # zeroed by the read
+    # what the loop reads: the last step's loss (a log interval of 1 step, the default),
+    # one bad step (a spike) now ended
+    assert step.step_tally.read() == {
+        "loss_sum": pytest.approx(third), "applied": 1, "bad": 1, "bad_in_row": 0,
+        "most_bad_in_row": 1, "last_bad": 3}
 
 
-def test_the_step_tally_counts_what_the_steps_between_two_reads_did():
-    """StepTally, which the loop reads once per log interval or sink of steps: a run of
-    non-finite steps in a row spanning two reads, the longest run since the last read, and
-    an fp16 overflow that the loss scale absorbs, which is no bad step."""
+def test_the_step_tally_counts_every_step_between_two_reads():
+    """StepTally, which the loop reads once per log interval or sink of steps: the applied
+    steps' losses summed over a log interval (restarted by the step counter), a run of
+    non-finite steps in a row and the longest run, and an fp16 overflow that the loss
+    scale absorbs, which is no bad step."""
     from model_zoo.train.step import BAD_STEP_REASONS, StepTally
-    tally = StepTally()
+    tally = StepTally(log_steps=4)
     true, false = Tensor(True), Tensor(False)
-    for loss, applied, finite in ((2.0, true, true), (np.nan, false, false),
-                                  (3.0, false, false), (1.0, true, true),
-                                  (np.inf, false, false), (5.0, false, false)):
-        tally(Tensor(loss, ms.float32), applied, finite)
-    read = tally.take()
-    assert read == {"loss_sum": 3.0, "applied": 2, "bad": 4, "bad_in_row": 2,
-                    "most_bad_in_row": 2, "last_bad": 2}
+    steps = ((2.0, true, true), (np.nan, false, false), (3.0, false, false),
+             (1.0, true, true), (np.inf, false, false), (5.0, false, false))
+    for before, (loss, applied, finite) in enumerate(steps):
+        tally(Tensor(loss, ms.float32), applied, finite, Tensor(before, ms.int32))
+        if before == 3:   # the end of the first log interval
+            assert tally.read() == {"loss_sum": 3.0, "applied": 2, "bad": 2, "bad_in_row": 0,
+                                    "most_bad_in_row": 2, "last_bad": 2}
+    assert tally.read() == {"loss_sum": 0.0, "applied": 0, "bad": 4, "bad_in_row": 2,
+                            "most_bad_in_row": 2, "last_bad": 2}
     assert BAD_STEP_REASONS[2] == "the gradients are not finite"
-    tally(Tensor(np.nan, ms.float32), false, false)
-    assert tally.take()["most_bad_in_row"] == 3   # the run carries over the read
+    tally(Tensor(np.nan, ms.float32), false, false, Tensor(6, ms.int32))
+    assert tally.read()["most_bad_in_row"] == 3
     fp16 = StepTally(overflow_expected=True)
-    fp16(Tensor(4.0, ms.float32), false, false)
-    assert fp16.take() == {"loss_sum": 0, "applied": 0, "bad": 0, "bad_in_row": 0,
+    fp16(Tensor(4.0, ms.float32), false, false, Tensor(0, ms.int32))
+    assert fp16.read() == {"loss_sum": 0, "applied": 0, "bad": 0, "bad_in_row": 0,
                            "most_bad_in_row": 0, "last_bad": 0}
 
 

@@ -91,6 +91,7 @@ class TrainingLoop:
         self.path = None
         self.last_read = start_step
         self.last_bad = ""
+        self.bad_seen = 0   # the StepTally's count of bad steps at the last read
         self.first = None   # (started, seconds, tokens, steps) of the first call
         self._start_interval(time.perf_counter())
 
@@ -138,16 +139,18 @@ class TrainingLoop:
         since the last read, then log, evaluate, save and stop as `step` asks."""
         train = self.train
         read_at = time.perf_counter()
-        tally = self.step_cell.step_tally.take(interval_ends=self._logging(step))
+        tally = self.step_cell.step_tally.read()
         loss, _, scale, grad_norm, lr, stop_voted, finite = outputs
         read, self.last_read = step - self.last_read, step
-        self.skipped += int(tally["bad"])
-        if tally["bad"]:
+        bad, self.bad_seen = int(tally["bad"]) - self.bad_seen, int(tally["bad"])
+        self.skipped += bad
+        if bad:
             self.last_bad = bad_step_reason(train, tally["last_bad"])
             where = (f"step {step} skipped" if read == 1 else
-                     f"steps {step - read + 1}-{step}: {int(tally['bad'])} skipped, the last")
+                     f"steps {step - read + 1}-{step}: {bad} skipped, the last")
             log(f"{where}: {self.last_bad} ({int(tally['bad_in_row'])} in a row; the run "
                 f"stops after {train.max_bad_steps})")
+        # the longest run of bad steps so far: once past the limit the run stops at this read
         failing = tally["most_bad_in_row"] > train.max_bad_steps
         stopping = bool(stop_voted.asnumpy()[0] > 0)
         # waiting here for steps the host queued is the device's time, not the loop's

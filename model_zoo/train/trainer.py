@@ -378,7 +378,7 @@ def build_train_step(config: Config, network, context) -> TrainStep:
         gradient_norm=gradient_norm(config, network, optimizer, context),
         stop_vote=StopVote(distributed=context.distributed, loss_weight=loss_weight_of(
             context.rank, context.device_num, parallel if context.semi_auto else None)),
-        loss_spike_factor=train.loss_spike_factor)
+        loss_spike_factor=train.loss_spike_factor, log_steps=train.log_steps)
 
 
 def gradient_norm(config: Config, network, optimizer, context) -> GradientNorm:
