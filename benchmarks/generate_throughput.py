@@ -39,7 +39,7 @@ def prompts(batch: int, length: int) -> np.ndarray:
 
 def ours(batch: int, length: int, new_tokens: int, rounds: int) -> float:
     import mindspore as ms
-    from model_zoo.models.gpt2.generate import CachedGenerator
+    from model_zoo.causal_lm.generate import CachedGenerator
     from model_zoo.models.gpt2.model import GPT2Config, GPT2LMHeadModel
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     ms.set_seed(0)

@@ -36,7 +36,7 @@ def tiny_dataset(tmp_path_factory):
     """Directory of a complete GPT-2 dataset: vocab 400, seq_length 16, about 700 samples."""
     from model_zoo.data import python_docstrings_corpus
     from model_zoo.data.streaming import BuildOptions
-    from model_zoo.models.gpt2.data import build_dataset
+    from model_zoo.causal_lm.data import build_dataset
 
     directory = tmp_path_factory.mktemp("gpt2_data") / "tiny"
     corpus = write_jsonl(directory.parent / "corpus.jsonl",

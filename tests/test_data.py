@@ -18,7 +18,7 @@ from model_zoo.data import (
     write_mindrecord,
 )
 from model_zoo.errors import DataError
-from model_zoo.models.gpt2 import data as gpt2_data
+from model_zoo.causal_lm import data as lm_data
 
 from conftest import write_jsonl
 from model_zoo.data.streaming import BuildOptions
@@ -293,7 +293,7 @@ def test_write_mindrecord_rejects_rows_that_do_not_match_the_schema(tmp_path):
 def test_gpt2_build_dataset(small_corpus, tmp_path):
     output_dir = tmp_path / "gpt2"
     corpus = write_jsonl(tmp_path / "corpus.jsonl", small_corpus)
-    manifest = gpt2_data.build_dataset(output_dir, [corpus], vocab_size=300, seq_length=32,
+    manifest = lm_data.build_dataset(output_dir, [corpus], vocab_size=300, seq_length=32,
                                        options=BuildOptions(heldout_fraction=0.1),
                                        source="test")
     assert json.loads((output_dir / "dataset.json").read_text()) == manifest
@@ -307,12 +307,12 @@ def test_gpt2_build_dataset(small_corpus, tmp_path):
         assert count_samples(output_dir / f"{split}.mindrecord") == splits[split]["samples"]
     assert Tokenizer(output_dir / "tokenizer.model").vocab_size == 300
 
-    assert gpt2_data.lm_dataset_ready(output_dir, 300, 32)
-    assert not gpt2_data.lm_dataset_ready(tmp_path / "empty", 300, 32)
+    assert lm_data.lm_dataset_ready(output_dir, 300, 32)
+    assert not lm_data.lm_dataset_ready(tmp_path / "empty", 300, 32)
     with pytest.raises(DataError, match="built with vocab_size=300, seq_length=32"):
-        gpt2_data.lm_dataset_ready(output_dir, 300, 64)
+        lm_data.lm_dataset_ready(output_dir, 300, 64)
     with pytest.raises(DataError, match="already holds a dataset"):
-        gpt2_data.build_dataset(output_dir, [corpus], vocab_size=300, seq_length=32)
+        lm_data.build_dataset(output_dir, [corpus], vocab_size=300, seq_length=32)
 
 
 def test_the_manifest_records_each_file_and_the_sources(small_corpus, tmp_path, monkeypatch):
@@ -322,7 +322,7 @@ def test_the_manifest_records_each_file_and_the_sources(small_corpus, tmp_path, 
     (tmp_path / "texts").mkdir()
     write_jsonl(tmp_path / "texts" / "a.jsonl", small_corpus)
     output_dir = tmp_path / "gpt2"
-    manifest = gpt2_data.build_dataset(output_dir, ["./texts//a.jsonl"], vocab_size=300,
+    manifest = lm_data.build_dataset(output_dir, ["./texts//a.jsonl"], vocab_size=300,
                                        seq_length=32,
                                        options=BuildOptions(heldout_fraction=0.1))
     assert manifest["sources"] == ["texts/a.jsonl"]
@@ -341,7 +341,7 @@ def test_the_manifest_records_each_file_and_the_sources(small_corpus, tmp_path, 
 
 def test_gpt2_build_rejects_split_without_a_sample(small_corpus, tmp_path):
     with pytest.raises(DataError, match="heldout split has .* tokens, fewer than seq_length \\+ 1"):
-        gpt2_data.build_dataset(tmp_path, [write_jsonl(tmp_path / "c.jsonl", small_corpus[:20])],
+        lm_data.build_dataset(tmp_path, [write_jsonl(tmp_path / "c.jsonl", small_corpus[:20])],
                                 vocab_size=300, seq_length=2000)
     assert not (tmp_path / "dataset.json").exists()
 
@@ -350,16 +350,16 @@ def test_gpt2_data_command(small_corpus, tmp_path, capsys):
     text_file = tmp_path / "corpus.txt"
     text_file.write_text("\n\n".join(small_corpus[:60]), encoding="utf-8")
     parser = argparse.ArgumentParser()
-    gpt2_data.add_data_arguments(parser)
+    lm_data.add_data_arguments(parser)
     args = parser.parse_args(["--input", str(text_file), "--output-dir", str(tmp_path / "out"),
                               "--vocab-size", "300", "--seq-length", "16"])
-    gpt2_data.run_data_command(args)
+    lm_data.run_data_command(args)
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].startswith("scanned") and "gpt2 data: 100%" in lines[-2]
+    assert lines[0].startswith("scanned") and "causal LM data: 100%" in lines[-2]
     assert "documents/s" not in lines[-2] and "/s)" in lines[-2]   # the progress line's rates
     summary = lines[-1]
-    assert summary.startswith("gpt2 dataset:") and "train" in summary and "out" in summary
-    assert gpt2_data.lm_dataset_ready(tmp_path / "out", 300, 16)
+    assert summary.startswith("causal LM dataset:") and "train" in summary and "out" in summary
+    assert lm_data.lm_dataset_ready(tmp_path / "out", 300, 16)
 
 
 def test_data_gpt2_builds_the_same_dataset_from_jsonl_gz_as_from_text(tmp_path):

@@ -39,6 +39,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, One, Zero, initializer
 from mindspore.common.seed import _get_graph_seed  # how nn.Dropout takes its seeds
+from mindspore.ops.auto_generate import SiLU
 
 from model_zoo.nn import cpu_kernels
 from model_zoo.parallel.config import ParallelConfig
@@ -353,6 +354,40 @@ class LayerNorm(nn.Cell):
         return self.norm(x, self.gamma, self.beta)[0]
 
 
+class RMSNorm(nn.Cell):
+    """Root-mean-square normalisation over the last axis (Zhang and Sennrich, 2019; LLaMA's
+    norm): x / sqrt(mean(x^2) + eps) * weight, in float32, with no mean subtracted and no
+    bias. Split like the residual stream (`stream_strategy`); the last axis is never split.
+
+    Inputs:
+        x: (batch, seq, hidden).
+    Outputs:
+        float32 tensor of the same shape.
+    """
+
+    def __init__(self, hidden_size: int, *, parallel_config: ParallelConfig, eps: float = 1e-6):
+        super().__init__()
+        self.weight = Parameter(initializer(One(), (hidden_size,), ms.float32), name="weight")
+        strategy = stream_strategy(parallel_config)
+        self.tokens_view = parallel_config.sequence_parallel
+        self.square = ops.Square().shard((strategy,))
+        self.mean = ops.ReduceMean(keep_dims=True).shard((strategy,))
+        self.add_eps = ops.Add().shard((strategy, ()))
+        self.rsqrt = ops.Rsqrt().shard((strategy,))
+        self.normalize = ops.Mul().shard((strategy, strategy))
+        self.scale = ops.Mul().shard((strategy, (1,)))
+        self.eps = Tensor(eps, ms.float32)
+
+    def construct(self, x):
+        x = ops.cast(x, ms.float32)
+        shape = x.shape
+        if self.tokens_view:
+            x = as_tokens(x)
+        inverse_rms = self.rsqrt(self.add_eps(self.mean(self.square(x), -1), self.eps))
+        y = self.scale(self.normalize(x, inverse_rms), self.weight)
+        return ops.reshape(y, shape) if self.tokens_view else y
+
+
 class VocabEmbedding(nn.Cell):
     """Token embedding lookup.
 
@@ -489,6 +524,47 @@ class FeedForward(nn.Cell):
 
     def construct(self, x):
         return self.dropout(ops.cast(self.project(self.expand(x)), ms.float32))
+
+
+class GatedFeedForward(nn.Cell):
+    """down(silu(gate(x)) * up(x)): the gated feed-forward of LLaMA (SwiGLU, Shazeer 2020).
+
+    Gate and up are one column-split projection `gate_up` (hidden -> 2 ffn) whose output
+    features interleave them, [gate_0, up_0, gate_1, up_1, ...] (`fuse_head_projections(
+    [gate, up], ffn)` lays a checkpoint's two out), so every device holds matching columns
+    of both whatever mp is; `down` is row-split (one all-reduce over mp). Bias-free.
+
+    Inputs:
+        x: (batch, seq, hidden).
+    Outputs:
+        float32 (batch, seq, hidden).
+    """
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, *,
+                 parallel_config: ParallelConfig, compute_dtype=ms.float32,
+                 init_std: float = 0.02, output_init_std: float = None):
+        super().__init__()
+        dp, mp = parallel_config.dp, parallel_config.mp
+        parallel_config.check_divisible("model.ffn_hidden_size", ffn_hidden_size)
+        self.ffn_hidden_size = ffn_hidden_size
+        self.gate_up = Linear(hidden_size, 2 * ffn_hidden_size, split="column",
+                              parallel_config=parallel_config, has_bias=False,
+                              compute_dtype=compute_dtype, init_std=init_std)
+        self.down = Linear(ffn_hidden_size, hidden_size, split="row",
+                           parallel_config=parallel_config, has_bias=False,
+                           compute_dtype=compute_dtype, init_std=output_init_std or init_std)
+        # (batch, seq, ffn, 2): the gate or the up half, ffn split over mp
+        self.take = ops.StridedSlice().shard(((dp, 1, mp, 1),))
+        self.silu = SiLU().shard(((dp, 1, mp),))
+        self.gated = ops.Mul().shard(((dp, 1, mp), (dp, 1, mp)))
+
+    def construct(self, x):
+        batch, seq = x.shape[0], x.shape[1]
+        pairs = ops.reshape(self.gate_up(x), (batch, seq, self.ffn_hidden_size, 2))
+        end = (batch, seq, self.ffn_hidden_size)
+        gate = ops.reshape(self.take(pairs, (0, 0, 0, 0), end + (1,), (1, 1, 1, 1)), end)
+        up = ops.reshape(self.take(pairs, (0, 0, 0, 1), end + (2,), (1, 1, 1, 1)), end)
+        return ops.cast(self.down(self.gated(self.silu(gate), up)), ms.float32)
 
 
 class ResidualAdd(nn.Cell):

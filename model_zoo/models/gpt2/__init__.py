@@ -11,6 +11,8 @@ __getattr__, __dir__ = lazy_hooks(__name__, {
     "ModelConfig": "model:GPT2Config",
     "DataConfig": "tasks:GPT2DataConfig",
     "run_generate": "tasks",
+    "add_data_arguments": "tasks",
+    "run_data_command": "tasks",
     "add_convert_arguments": "convert",
     "run_convert_command": "convert",
 })

@@ -149,6 +149,29 @@ class GPT2LMHeadModel(nn.Cell):
         hidden = self.transformer(input_ids)
         return self.head(hidden, self.transformer.wte.embedding_table)
 
+    # cached decoding (model_zoo.causal_lm.generate)
+    def cache_layout(self):
+        attention = self.transformer.blocks[0].attention
+        return (len(self.transformer.blocks), attention.num_heads, attention.head_dim,
+                attention.compute_dtype)
+
+    def position_tables(self):
+        return (self.transformer.wpe.embedding_table.asnumpy(),)
+
+    def decode_step(self, ids, positions, keys, values, write_index, step_bias):
+        transformer = self.transformer
+        x = transformer.wte(ids) + positions[0]
+        for index, block in enumerate(transformer.blocks):
+            x = block.decode_step(x, keys[index], values[index], write_index, step_bias)
+        return self.head(transformer.ln_f(x), transformer.wte.embedding_table)
+
+    def prefill(self, ids, positions, keys, values, write_index):
+        transformer = self.transformer
+        x = transformer.wte(ids) + positions[0]
+        for index, block in enumerate(transformer.blocks):
+            x = block.prefill(x, keys[index], values[index], write_index)
+        return self.head(transformer.ln_f(x[:, -1:]), transformer.wte.embedding_table)
+
 
 class GPT2ForTraining(nn.Cell):
     """Next-token loss: a sample of seq_length + 1 tokens gives inputs and shifted labels.

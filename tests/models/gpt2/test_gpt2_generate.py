@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import mindspore as ms
 
-from model_zoo.models.gpt2.generate import (CachedGenerator, filter_logits, generate,
+from model_zoo.causal_lm.generate import (CachedGenerator, filter_logits, generate,
                                             generate_ids, penalise_repetition)
 from model_zoo.models.gpt2.model import GPT2Config, GPT2ForTraining
 

@@ -18,7 +18,7 @@ from conftest import run_cli  # noqa: E402
 from model_zoo.config import load_config  # noqa: E402
 from model_zoo.errors import CheckpointError, DataError  # noqa: E402
 from model_zoo.models.gpt2.convert import convert_hf_gpt2  # noqa: E402
-from model_zoo.models.gpt2.generate import CachedGenerator, generate  # noqa: E402
+from model_zoo.causal_lm.generate import CachedGenerator, generate  # noqa: E402
 from model_zoo.models.gpt2.model import GPT2ForTraining  # noqa: E402
 from model_zoo.train.checkpoint import load_weights, read_checkpoint  # noqa: E402
 

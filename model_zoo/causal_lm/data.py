@@ -1,4 +1,5 @@
-"""GPT-2 dataset: a tokenizer and packed token samples in MindRecord files.
+"""The decoder-only language models' dataset (GPT-2, LLaMA): a tokenizer and packed token
+samples in MindRecord files.
 
 A built dataset directory holds:
     tokenizer.model                       SentencePiece model trained on a sample of the train
@@ -58,8 +59,8 @@ ENCODE_BATCH_BYTES = 1 << 20   # text a worker encodes and packs at a time
 
 def build_dataset(output_dir, sources, *, vocab_size, seq_length, tokenizer=None,
                   options=BuildOptions(), source=None, record_sources=True):
-    """Build a GPT-2 dataset from `sources` (files, folders, globs, built-in corpora) into
-    `output_dir` and return its dataset.json.
+    """Build a language-model dataset from `sources` (files, folders, globs, built-in
+    corpora) into `output_dir` and return its dataset.json.
 
     The tokenizer is trained on (a sample of `options.tokenizer_sentences` lines of) the
     train split only, unless `tokenizer` (what `tokenizer_from_flag` found) gives one; its
@@ -92,7 +93,7 @@ def build_dataset(output_dir, sources, *, vocab_size, seq_length, tokenizer=None
     settings = {"vocab_size": vocab_size, "seq_length": seq_length,
                 "tokenizer": str(tokenizer) if tokenizer else None}
     plan, records, used = streaming_build(
-        output_dir, sources, options, settings=settings, splits=SPLITS, label="gpt2 data",
+        output_dir, sources, options, settings=settings, splits=SPLITS, label="causal LM data",
         tokenizer_for=tokenizer_for, build_piece=build_piece, job={"length": seq_length + 1})
     summary = split_totals(records, SPLITS, ("documents", "tokens", "samples", "dropped_tokens"))
     for split in SPLITS:
@@ -181,7 +182,7 @@ def lm_dataset_ready(output_dir, vocab_size, seq_length) -> bool:
 
 
 def add_data_arguments(parser):
-    """Arguments of `model-zoo data gpt2`."""
+    """Arguments of `model-zoo data gpt2` (or any decoder-only model's)."""
     add_input_arguments(parser, required=True)
     parser.add_argument("--output-dir", required=True, help="directory to build the dataset in")
     parser.add_argument("--vocab-size", type=int,
@@ -216,7 +217,7 @@ def describe_build(manifest: dict, output_dir, seconds: float) -> str:
     tokens = sum(split["tokens"] for split in splits.values())
     dropped = sum(split["dropped_tokens"] for split in splits.values())
     files = sum(len(split["files"]) for split in splits.values())
-    return (f"gpt2 dataset: {build['documents']:,} documents, {tokens:,} tokens, "
+    return (f"causal LM dataset: {build['documents']:,} documents, {tokens:,} tokens, "
             f"{splits['train']['samples']:,} train / {splits['heldout']['samples']:,} heldout "
             f"samples of {manifest['seq_length'] + 1} tokens (vocabulary "
             f"{manifest['vocab_size']}), {files} file(s), {dropped / max(tokens, 1):.2%} of "

@@ -12,6 +12,18 @@ one multiplied); each row stops at its end-of-sequence id.
 
 A prompt plus its new tokens longer than the model's positions goes through the window
 path instead (`generate`): the last seq_length tokens fed again every step.
+
+What a language model (`lm`, e.g. GPT2LMHeadModel, LlamaForCausalLM) offers the cached path:
+    config.seq_length          its positions;
+    cache_layout()             (layers, cache heads, head_dim, dtype) of its key/value caches
+                               (cache heads: the key/value heads, fewer than the query heads
+                               with grouped-query attention);
+    position_tables()          numpy tables (positions, ...) whose rows [p, p + n) are the
+                               position inputs of positions p .. p + n - 1 (GPT-2: its
+                               learned embeddings; LLaMA: rotary cos and sin);
+    decode_step(ids (batch, 1), positions, keys, values, write_index, step_bias) and
+    prefill(ids (batch, P), positions, keys, values, write_index): logits (batch, vocab) of
+                               the last position, the caches written in place.
 """
 
 import numpy as np
@@ -82,13 +94,13 @@ KEPT_STEPS = 4      # compiled step cells (and their caches) a generator keeps
 
 
 class DecodeStep(nn.Cell):
-    """One position of a GPT2LMHeadModel for `batch` rows over key/value caches of `length`
+    """One position of a language model for `batch` rows over key/value caches of `length`
     positions, which the cell holds as Parameters and the attention writes in place (no
     cache is copied or allocated per step).
 
     Inputs:
         ids: int32 (batch, 1), the token at the step's position in every row.
-        position: float32 (1, hidden), the position embedding of that position.
+        positions: the lm's position inputs of that position (rows of `position_tables`).
         write_index, step_bias: `attention.step_inputs` of the position.
     Outputs:
         float32 logits (batch, vocab) for the next position.
@@ -97,32 +109,28 @@ class DecodeStep(nn.Cell):
     def __init__(self, lm, batch: int, length: int):
         super().__init__(auto_prefix=False)
         self.lm = lm
-        attention = lm.transformer.blocks[0].attention
         # BatchMatMul takes q and the cached k in one dtype: the attention's compute dtype
-        shape = (batch, attention.num_heads, length, attention.head_dim)
+        layers, heads, head_dim, dtype = lm.cache_layout()
+        shape = (batch, heads, length, head_dim)
 
         def caches(kind):
             return ms.ParameterTuple(
-                Parameter(Tensor(np.zeros(shape, np.float32), attention.compute_dtype),
+                Parameter(Tensor(np.zeros(shape, np.float32), dtype),
                           name=f"decode_{kind}_{index}", requires_grad=False)
-                for index in range(len(lm.transformer.blocks)))
+                for index in range(layers))
         self.keys, self.values = caches("keys"), caches("values")
 
-    def construct(self, ids, position, write_index, step_bias):
-        transformer = self.lm.transformer
-        x = transformer.wte(ids) + position
-        for index, block in enumerate(transformer.blocks):
-            x = block.decode_step(x, self.keys[index], self.values[index], write_index,
-                                  step_bias)
-        return self.lm.head(transformer.ln_f(x), transformer.wte.embedding_table)
+    def construct(self, ids, positions, write_index, step_bias):
+        return self.lm.decode_step(ids, positions, self.keys, self.values, write_index,
+                                   step_bias)
 
 
 class Prefill(nn.Cell):
     """The first P positions of every row in one pass, into the caches of a DecodeStep.
 
     Inputs:
-        ids: int32 (batch, P); positions: float32 (P, hidden), their position embeddings;
-        write_index: `attention.cache_index(0, P, batch, heads)`.
+        ids: int32 (batch, P); positions: the lm's position inputs of positions 0 .. P - 1;
+        write_index: `attention.cache_index(0, P, batch, cache heads)`.
     Outputs:
         float32 logits (batch, vocab) of position P - 1 (they choose the token at P).
     """
@@ -132,26 +140,25 @@ class Prefill(nn.Cell):
         self.lm, self.keys, self.values = step.lm, step.keys, step.values
 
     def construct(self, ids, positions, write_index):
-        transformer = self.lm.transformer
-        x = transformer.wte(ids) + positions
-        for index, block in enumerate(transformer.blocks):
-            x = block.prefill(x, self.keys[index], self.values[index], write_index)
-        last = x[:, -1:]
-        return self.lm.head(transformer.ln_f(last), transformer.wte.embedding_table)
+        return self.lm.prefill(ids, positions, self.keys, self.values, write_index)
 
 
 class CachedGenerator:
-    """Batched cached generation with one GPT2LMHeadModel (put in eval mode here). It keeps
-    the step cells of its last `KEPT_STEPS` (batch, cache length) shapes, so calls of those
-    shapes reuse the compiled graphs and caches."""
+    """Batched cached generation with one language model (put in eval mode here; see the
+    module docstring). It keeps the step cells of its last `KEPT_STEPS` (batch, cache
+    length) shapes, so calls of those shapes reuse the compiled graphs and caches."""
 
     def __init__(self, lm):
         lm.set_train(False)
         self.lm = lm
         self.seq_length = lm.config.seq_length
-        self.heads = lm.transformer.blocks[0].attention.num_heads
-        self.positions = lm.transformer.wpe.embedding_table.asnumpy()
+        self.heads = lm.cache_layout()[1]
+        self.tables = lm.position_tables()
         self.steps = {}
+
+    def positions(self, start: int, count: int) -> tuple:
+        """The position inputs of positions start .. start + count - 1."""
+        return tuple(Tensor(table[start:start + count]) for table in self.tables)
 
     def step_cells(self, batch: int, length: int):
         """The step and prefill cells for `batch` rows and caches of `length` positions."""
@@ -195,7 +202,7 @@ class CachedGenerator:
         logits = None
         if position:
             ids = np.array([row[:position] for row in tokens], np.int32)
-            logits = prefill(Tensor(ids), Tensor(self.positions[:position]),
+            logits = prefill(Tensor(ids), self.positions(0, position),
                              cache_index(0, position, batch, self.heads)).asnumpy()
         while True:
             if logits is not None:   # the logits of position - 1 choose the token at position
@@ -211,8 +218,8 @@ class CachedGenerator:
             # a finished row is fed its last token again: its outputs are not read
             ids = np.array([[row[min(position, len(row) - 1)]] for row in tokens], np.int32)
             write_index, step_bias = step_inputs(position, length, batch, self.heads)
-            logits = step(Tensor(ids), Tensor(self.positions[position:position + 1]),
-                          write_index, step_bias).asnumpy()
+            logits = step(Tensor(ids), self.positions(position, 1), write_index,
+                          step_bias).asnumpy()
             position += 1
         return new_ids
 
@@ -247,7 +254,7 @@ def generate(lm, prompt_ids, max_new_tokens: int, *, seq_length: int, greedy: bo
 
     Args:
         lm: a cell mapping int32 ids (1, seq_length) to logits (seq_length, vocab), e.g. the
-            `.lm` of `GPT2ForTraining`; put it in eval mode (`set_train(False)`) first.
+            `.lm` of a training network; put it in eval mode (`set_train(False)`) first.
         prompt_ids: the prompt's token ids (at least one).
         max_new_tokens: how many tokens to add at most (>= 1).
         seq_length: the model's input length (its number of positions).

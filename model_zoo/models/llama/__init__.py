@@ -1,0 +1,21 @@
+"""LLaMA: a decoder-only language model with rotary positions, RMSNorm, SwiGLU and
+grouped-query attention.
+
+Made as a copy of the GPT-2 folder: the decoder-only user paths are shared
+(`model_zoo.causal_lm`), so this folder holds the model (`model.py`), its Hugging Face
+conversion (`convert.py`), the bindings (`tasks.py`, `commands.py`) and configs. Its hooks
+(the model-folder contract, model_zoo/models/base.py) live where `base.STANDARD_LOCATIONS`
+says, plus those named below, each imported on first use.
+"""
+
+from model_zoo.models.base import lazy_hooks
+
+__getattr__, __dir__ = lazy_hooks(__name__, {
+    "ModelConfig": "model:LlamaConfig",
+    "DataConfig": "tasks:LlamaDataConfig",
+    "run_generate": "tasks",
+    "add_data_arguments": "tasks",
+    "run_data_command": "tasks",
+    "add_convert_arguments": "convert",
+    "run_convert_command": "convert",
+})
