@@ -76,6 +76,25 @@ def test_every_shipped_layout_compiles(path, shipped_dryruns):
         assert any(rank.collectives for rank in result.ranks)
 
 
+LLAMA_TINY = "model_zoo/models/llama/configs/tiny.yaml"
+
+
+@pytest.mark.parametrize("overrides", [
+    ["parallel.data_parallel=2", "parallel.model_parallel=2",
+     "parallel.sequence_parallel=true", "parallel.optimizer_shard=true"],
+    ["parallel.model_parallel=2", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
+     "parallel.vocab_emb_dp=false", "parallel.optimizer_shard=true"],
+], ids=["dp2-mp2-sp-shard", "mp2-pp2-shard"])
+def test_llama_grouped_heads_compile_on_every_stage(overrides):
+    """LLaMA tiny (4 query heads over 2 key/value heads split by mp 2, rotary positions,
+    SwiGLU, an untied head on the last stage): MindSpore compiles every stage and its layouts
+    are the plan's."""
+    config = load_plan_config(LLAMA_TINY, overrides)
+    result = run_dryrun(config, LLAMA_TINY, overrides, select_ranks("stages", config.parallel))
+    assert result.ok, [(rank.error, rank.layout_mismatches[:2]) for rank in result.ranks]
+    assert all(rank.eval_error is None for rank in result.ranks)
+
+
 def test_the_sunk_step_holds_the_fed_steps_collectives():
     """Dataset sink mode (Ascend's default): the step compiled behind MindSpore's data
     queue, as Model.build compiles it, inserts the collectives of the step fed from the

@@ -501,6 +501,21 @@ def test_flash_attention_rules():
     assert violation.path == flash and "sequence and head-size axes" in str(violation)
 
 
+def test_llama_layers_pass_the_plan_and_the_concat_axis_is_read_from_the_primitive():
+    """LLaMA tiny at dp2 x mp2 with sequence parallel passes the plan (MindSpore compiles the
+    layout too: tests/test_dryrun.py); the rotary Concat takes its axis as an attribute
+    (`ops.Concat(axis=-1)`): a split of that axis is refused, a split of the others not."""
+    path = os.path.join(ROOT, "model_zoo/models/llama/configs/tiny.yaml")
+    overrides = ["parallel.data_parallel=2", "parallel.model_parallel=2",
+                 "parallel.sequence_parallel=true"]
+    assert not build_plan(load_plan_config(path, overrides)).violations
+    concat = "lm.model.blocks.0.attention.rotary.concat"
+    plan = build_plan(load_plan_config(path, overrides),
+                      customize=reshard(concat, ((2, 1, 1, 2),) * 2))
+    violation = only(plan, "Concat")[0]
+    assert violation.path == concat and "concatenated axis" in str(violation)
+
+
 def test_flash_attention_is_refused_where_it_cannot_run():
     parallel = ParallelConfig()
     config = GPT2Config(num_layers=1, hidden_size=64, num_heads=4, seq_length=16,

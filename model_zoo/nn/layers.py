@@ -612,30 +612,36 @@ class PaddingBias(nn.Cell):
 
 
 class VocabProjection(nn.Cell):
-    """Logits over the vocabulary from hidden states and a (tied) embedding table.
+    """Logits over the vocabulary from hidden states and a (tied) embedding table, or a table
+    of its own (`vocab_size` given: an untied output head, its `weight` (vocab, hidden) held
+    here so that it lives on the head's pipeline stage).
 
     The vocabulary axis is split over mp when the embedding is (vocab_emb_dp False), else whole.
 
     Inputs:
-        x: (batch, seq, hidden); embedding_table: (vocab, hidden).
+        x: (batch, seq, hidden); embedding_table: (vocab, hidden), or None for the own one.
     Outputs:
         float32 (batch * seq, vocab).
     """
 
     def __init__(self, hidden_size: int, *, parallel_config: ParallelConfig,
-                 compute_dtype=ms.float32):
+                 compute_dtype=ms.float32, vocab_size: int = 0, init_std: float = 0.02):
         super().__init__()
         dp = parallel_config.dp
         vocab_split = vocabulary_split(parallel_config)
         self.hidden_size = hidden_size
         self.compute_dtype = compute_dtype
+        if vocab_size:
+            self.weight = Parameter(initializer(Normal(init_std), (vocab_size, hidden_size),
+                                                ms.float32), name="weight")
         self.matmul = ops.MatMul(transpose_b=True).shard(((dp, 1), (vocab_split, 1)))
         self.few_rows = few_rows_kernel(compute_dtype)
         self.dense = dense_kernel(compute_dtype)
 
-    def construct(self, x, embedding_table):
+    def construct(self, x, embedding_table=None):
         x = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.hidden_size))
-        table = ops.cast(embedding_table, self.compute_dtype)
+        table = ops.cast(self.weight if embedding_table is None else embedding_table,
+                         self.compute_dtype)
         if uses_few_rows(self, x):
             logits = self.few_rows(x, table)
         elif self.dense is not None:

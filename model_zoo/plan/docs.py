@@ -24,7 +24,7 @@ def _layer_examples():
     Sizes are multiples of SYMBOL_MP so that every layer builds with mp = 5; the table shows
     the layers as Ascend builds them (`layers.kernels_for`).
     """
-    from model_zoo.nn import attention, layers as L, loss
+    from model_zoo.nn import attention, grouped_attention as G, layers as L, loss
     h, heads, ffn, vocab, seq = 60, 5, 120, 60, 8
     return [
         ("Linear", 'split="column"', lambda pc: L.Linear(h, ffn, split="column",
@@ -58,6 +58,15 @@ def _layer_examples():
                                          flash=True)),
         ("FeedForward", 'activation="gelu"', lambda pc: L.FeedForward(
             h, ffn, parallel_config=pc, hidden_dropout=0.1)),
+        ("GatedFeedForward", "SwiGLU", lambda pc: L.GatedFeedForward(
+            h, ffn, parallel_config=pc)),
+        ("RMSNorm", "", lambda pc: L.RMSNorm(h, parallel_config=pc)),
+        ("RMSNorm", "sequence_parallel", lambda pc: L.RMSNorm(
+            h, parallel_config=_with(pc, sequence_parallel=True))),
+        ("RotaryEmbedding", "", lambda pc: G.RotaryEmbedding(h // heads, parallel_config=pc)),
+        ("GroupedQueryAttention", "10 query heads, 5 key/value heads",
+         lambda pc: G.GroupedQueryAttention(h, 2 * heads, heads, parallel_config=pc,
+                                            max_seq_length=seq)),
         ("PaddingBias", "", lambda pc: L.PaddingBias(parallel_config=pc)),
         ("ResidualAdd", "", lambda pc: L.ResidualAdd(parallel_config=pc)),
         ("ResidualAdd", "sequence_parallel", lambda pc: L.ResidualAdd(
@@ -66,6 +75,9 @@ def _layer_examples():
             h, parallel_config=_with(pc, vocab_emb_dp=True))),
         ("VocabProjection", "vocab_emb_dp: false", lambda pc: L.VocabProjection(
             h, parallel_config=_with(pc, vocab_emb_dp=False))),
+        ("VocabProjection", "untied (a table of its own), vocab_emb_dp: false",
+         lambda pc: L.VocabProjection(h, parallel_config=_with(pc, vocab_emb_dp=False),
+                                      vocab_size=vocab)),
         ("CrossEntropy", "class_split=1", lambda pc: loss.CrossEntropy(parallel_config=pc)),
         ("CrossEntropy", "class_split=mp (vocabulary-split head)",
          lambda pc: loss.CrossEntropy(parallel_config=pc, class_split=pc.mp)),
@@ -78,9 +90,10 @@ def _with(parallel: ParallelConfig, **changes) -> ParallelConfig:
 
 
 def sharded_layer_names() -> List[str]:
-    """Every nn.Cell subclass defined in model_zoo/nn/ (layers, attention, loss)."""
-    from model_zoo.nn import attention, layers, loss
-    return sorted(name for module in (layers, attention, loss)
+    """Every nn.Cell subclass defined in model_zoo/nn/ (layers, attention, grouped attention,
+    loss)."""
+    from model_zoo.nn import attention, grouped_attention, layers, loss
+    return sorted(name for module in (layers, attention, grouped_attention, loss)
                   for name, value in vars(module).items()
                   if isinstance(value, type) and issubclass(value, nn.Cell)
                   and value.__module__ == module.__name__)

@@ -272,7 +272,9 @@ def _check_strided_slice(call, shapes, violation, devices_per_stage):
 
 
 def _check_concat(call, shapes, violation, devices_per_stage):
-    axis = int(call.args[1]) % len(shapes[0]) if len(call.args) > 1 else 0
+    # the axis is an argument of ops.concat, an attribute of ops.Concat(axis=...)
+    axis = int(call.args[1]) if len(call.args) > 1 else int(call.attr("axis", 0))
+    axis %= len(shapes[0])
     first = call.strategy[0]
     for index, part in enumerate(call.strategy):
         if part != first:

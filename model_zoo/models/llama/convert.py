@@ -27,7 +27,7 @@ from model_zoo.models.base import folder_name
 from model_zoo.nn.attention import fuse_head_projections, split_head_projections
 
 PREFIX = "lm.model."
-HEAD = "lm.lm_head"
+HEAD = "lm.head.weight"
 
 # Defaults of transformers.LlamaConfig, for keys a config.json may omit.
 HF_DEFAULTS = {

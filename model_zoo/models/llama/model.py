@@ -11,8 +11,7 @@ import math
 from dataclasses import dataclass
 
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
-from mindspore.common.initializer import Normal, initializer
+from mindspore import Tensor, nn, ops
 
 from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
@@ -153,7 +152,7 @@ class LlamaModel(nn.Cell):
 
 
 class LlamaForCausalLM(nn.Cell):
-    """LLaMA with its language-model head: an output table of its own (`lm_head`, vocab x
+    """LLaMA with its language-model head: an output table of its own (`head.weight`, vocab x
     hidden) unless `tie_word_embeddings`, then the token embedding's.
 
     Inputs:
@@ -168,19 +167,17 @@ class LlamaForCausalLM(nn.Cell):
         parallel_config = parallel_config or ParallelConfig()
         self.config = config
         self.model = LlamaModel(config, parallel_config, compute_dtype)
-        self.head = VocabProjection(config.hidden_size, parallel_config=parallel_config,
-                                    compute_dtype=compute_dtype)
-        self.head.pipeline_stage = parallel_config.pipeline_stage - 1
         self.tied = config.tie_word_embeddings
-        if not self.tied:
-            self.lm_head = Parameter(initializer(Normal(config.init_std),
-                                                 (config.vocab_size, config.hidden_size),
-                                                 ms.float32), name="lm_head")
-        elif parallel_config.pipeline_stage > 1:
+        self.head = VocabProjection(config.hidden_size, parallel_config=parallel_config,
+                                    compute_dtype=compute_dtype, init_std=config.init_std,
+                                    vocab_size=0 if self.tied else config.vocab_size)
+        self.head.pipeline_stage = parallel_config.pipeline_stage - 1
+        if self.tied and parallel_config.pipeline_stage > 1:
             self.model.embed.tie_across_stages()
 
     def output_table(self):
-        return self.model.embed.embedding_table if self.tied else self.lm_head
+        """The tied embedding table, or None: the head's own."""
+        return self.model.embed.embedding_table if self.tied else None
 
     def construct(self, input_ids):
         return self.head(self.model(input_ids), self.output_table())
