@@ -51,14 +51,17 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-MODELS = ("gpt2", "bert", "transformer")
+MODELS = ("gpt2", "llama", "bert", "transformer")
 # "small" is the shape of the issue that set the goal: 4 layers, hidden 256, 4 heads,
 # sequence 128, batch 8, vocabulary 8192 (on top of the model's tiny config).
 SMALL = ["model.num_layers=4", "model.hidden_size=256", "model.num_heads=4",
          "model.seq_length=128", "model.vocab_size=8192", "train.global_batch_size=8"]
 SIZE_OVERRIDES = {
     "tiny": {model: [] for model in MODELS},
-    "small": {"gpt2": SMALL, "transformer": SMALL + ["model.ffn_hidden_size=1024"],
+    # LLaMA: 4 query heads over 2 key/value heads, SwiGLU width 2/3 of 4 x hidden (rounded)
+    "small": {"gpt2": SMALL, "llama": SMALL + ["model.num_kv_heads=2",
+                                               "model.ffn_hidden_size=704"],
+              "transformer": SMALL + ["model.ffn_hidden_size=1024"],
               "bert": SMALL + ["data.max_predictions_per_seq=20"]},
 }
 
@@ -92,7 +95,7 @@ def synthetic_batch(config, seed=0):
     rng = np.random.default_rng(seed)
     model, batch = config.model, config.train.global_batch_size
     seq, vocab = model.seq_length, model.vocab_size
-    if model.name == "gpt2":
+    if model.name in ("gpt2", "llama"):
         return [rng.integers(0, vocab, (batch, seq + 1), dtype=np.int32)]
     if model.name == "bert":
         predictions = config.data.max_predictions_per_seq
@@ -136,6 +139,10 @@ def train_flops(config, batch) -> float:
 
     if model.name == "gpt2":
         forward = layers * (self_attention(seq) + feed_forward(seq)) + 2 * seq * d * vocab
+    elif model.name == "llama":   # grouped key/value projections, three SwiGLU products
+        kv = 2 * d * model.kv_heads // model.num_heads
+        attention = 4 * seq * d * d + 2 * seq * d * kv + 4 * seq * seq * d
+        forward = layers * (attention + 6 * seq * d * f) + 2 * seq * d * vocab
     elif model.name == "bert":
         predictions = config.data.max_predictions_per_seq
         forward = (layers * (self_attention(seq) + feed_forward(seq))
@@ -251,13 +258,8 @@ def reference_model(config, batch):
     """(torch module, closure computing the loss on `batch`) for config's model."""
     import torch
     model = config.model
-    if model.name == "gpt2":
-        from transformers import GPT2Config, GPT2LMHeadModel
-        net = GPT2LMHeadModel(GPT2Config(
-            vocab_size=model.vocab_size, n_positions=model.seq_length, n_embd=model.hidden_size,
-            n_layer=model.num_layers, n_head=model.num_heads, n_inner=model.ffn_size,
-            resid_pdrop=model.dropout, embd_pdrop=model.dropout,
-            attn_pdrop=model.attention_dropout, layer_norm_epsilon=model.layer_norm_eps))
+    if model.name in ("gpt2", "llama"):
+        net = reference_decoder(model)
         (ids,) = batch
         inputs, labels = ids[:, :-1].contiguous(), ids[:, 1:].reshape(-1).long()
 
@@ -291,6 +293,25 @@ def reference_model(config, batch):
                                                  ignore_index=-100,
                                                  label_smoothing=model.label_smoothing)
     return net, loss_of
+
+
+def reference_decoder(model):
+    """Hugging Face's GPT2LMHeadModel or LlamaForCausalLM with `model`'s shape."""
+    if model.name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        return GPT2LMHeadModel(GPT2Config(
+            vocab_size=model.vocab_size, n_positions=model.seq_length, n_embd=model.hidden_size,
+            n_layer=model.num_layers, n_head=model.num_heads, n_inner=model.ffn_size,
+            resid_pdrop=model.dropout, embd_pdrop=model.dropout,
+            attn_pdrop=model.attention_dropout, layer_norm_epsilon=model.layer_norm_eps))
+    from transformers import LlamaConfig, LlamaForCausalLM
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=model.vocab_size, hidden_size=model.hidden_size,
+        intermediate_size=model.ffn_size, num_hidden_layers=model.num_layers,
+        num_attention_heads=model.num_heads, num_key_value_heads=model.kv_heads,
+        max_position_embeddings=model.seq_length, rms_norm_eps=model.rms_norm_eps,
+        rope_theta=model.rope_theta, tie_word_embeddings=model.tie_word_embeddings,
+        attention_dropout=model.attention_dropout))
 
 
 def ReferenceTranslationModel(model_config):

@@ -37,7 +37,7 @@ def test_synthetic_batch_has_the_networks_inputs(model):
         (shape, ms.dtype_to_nptype(dtype)) for shape, dtype in expected]
 
 
-@pytest.mark.parametrize("model", ["gpt2", "transformer"])
+@pytest.mark.parametrize("model", ["gpt2", "llama", "transformer"])
 def test_flops_count_every_linear_layer(model):
     """The formula against the built network: 2 x tokens x (in x out) for each linear layer
     and the tied output projection, plus the attention products, times 3."""
@@ -48,7 +48,7 @@ def test_flops_count_every_linear_layer(model):
     linear_params = sum(cell.in_features * cell.out_features for _, cell in network.cells_and_names()
                         if isinstance(cell, Linear))
     seq = m.seq_length
-    attention_layers = m.num_layers * (1 if model == "gpt2" else 3)
+    attention_layers = m.num_layers * (3 if model == "transformer" else 1)
     forward = (2 * seq * linear_params + 2 * seq * m.hidden_size * m.vocab_size
                + attention_layers * 4 * seq * seq * m.hidden_size)
     batch = bench.synthetic_batch(config)
