@@ -102,6 +102,23 @@ def add_convert_arguments(parser, folder: str):
     return parser
 
 
+def import_folder(hf_dir: str, output_dir: str, overwrite: bool, read_config, build_config,
+                  map_weights):
+    """A converter's import of the Hugging Face folder `hf_dir`: `read_config(hf_dir)` ->
+    (config dict, its path), `build_config(that dict, path, dataset_dir=...)` -> the
+    project's Config, `map_weights(tensors, config dict, weight file)` -> {name: array};
+    returns (config_path, ckpt_path). Nothing is written before everything has been read
+    and checked."""
+    hf_config, config_file = read_config(hf_dir)
+    config = build_config(hf_config, config_file,
+                          dataset_dir=os.path.join(output_dir, DATASET_SUBDIR))
+    config_path, ckpt_path = output_paths(output_dir, overwrite)
+    tensors, weight_file = read_weights(hf_dir)
+    write_converted(map_weights(tensors, hf_config, weight_file), config, config_path,
+                    ckpt_path)
+    return config_path, ckpt_path
+
+
 def run_convert(args, from_hf, to_hf) -> int:
     """`model-zoo convert MODEL`: `from_hf(hf_dir, output_dir, overwrite)` ->
     (config_path, ckpt_path), or with --to-hf `to_hf(config, network)` -> (config.json

@@ -14,15 +14,13 @@ so every projection is transposed, and the fused `c_attn` [H, 3H], whose columns
 `lm_head.weight` is not stored.
 """
 
-import os
-
 import numpy as np
 
 from model_zoo.models.base import folder_name
 from model_zoo.errors import ConfigError, DataError
 from model_zoo import huggingface
-from model_zoo.huggingface import (CONFIG_FILE, DATASET_SUBDIR, TensorSource, output_paths,
-                                   read_hf_config, read_weights, write_converted)
+from model_zoo.huggingface import (CONFIG_FILE, DATASET_SUBDIR, TensorSource,
+                                   read_hf_config)
 from model_zoo.nn.attention import fuse_head_projections, split_head_projections
 
 PREFIX = "lm.transformer."
@@ -51,14 +49,8 @@ def convert_hf_gpt2(hf_dir: str, output_dir: str, overwrite: bool = False):
     missing, unreadable or mismatched weights and for an existing OUT/model.ckpt (unless
     `overwrite`). Nothing is written before everything has been read and checked.
     """
-    hf_config, config_file = _read_hf_config(hf_dir)
-    config = build_config(hf_config, config_file,
-                          dataset_dir=os.path.join(output_dir, DATASET_SUBDIR))
-    config_path, ckpt_path = output_paths(output_dir, overwrite)
-    tensors, weight_file = read_weights(hf_dir)
-    params = map_weights(tensors, hf_config, weight_file)
-    write_converted(params, config, config_path, ckpt_path)
-    return config_path, ckpt_path
+    return huggingface.import_folder(hf_dir, output_dir, overwrite, _read_hf_config,
+                                     build_config, map_weights)
 
 
 def _read_hf_config(hf_dir: str):

@@ -9,17 +9,17 @@ import math
 from dataclasses import dataclass
 
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import nn
 
 from model_zoo.models.base import folder_name
+from model_zoo.causal_lm.training import NextTokenLoss
 from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.nn.attention import MultiHeadAttention
 from model_zoo.nn.layers import (FeedForward, LayerNorm, PositionEmbedding, ResidualAdd,
                                  VocabEmbedding, VocabProjection, assign_pipeline_stages,
-                                 stream_dropout, vocabulary_split)
-from model_zoo.nn.loss import CrossEntropy
+                                 stream_dropout)
 
 
 @dataclass
@@ -173,30 +173,10 @@ class GPT2LMHeadModel(nn.Cell):
         return self.head(transformer.ln_f(x[:, -1:]), transformer.wte.embedding_table)
 
 
-class GPT2ForTraining(nn.Cell):
-    """Next-token loss: a sample of seq_length + 1 tokens gives inputs and shifted labels.
-
-    Inputs:
-        input_ids: int32 (batch, seq_length + 1).
-    Outputs:
-        float32 scalar, the mean cross-entropy.
-    """
+class GPT2ForTraining(NextTokenLoss):
+    """The training network: the next-token loss of a GPT2LMHeadModel (`NextTokenLoss`)."""
 
     def __init__(self, config: GPT2Config, parallel_config: ParallelConfig = None,
                  compute_dtype=ms.float32):
-        super().__init__()
         parallel_config = parallel_config or ParallelConfig()
-        dp = parallel_config.dp
-        self.lm = GPT2LMHeadModel(config, parallel_config, compute_dtype)
-        self.slice = ops.StridedSlice().shard(((dp, 1),))
-        self.loss = CrossEntropy(parallel_config=parallel_config,
-                                 class_split=vocabulary_split(parallel_config))
-        self.loss.pipeline_stage = parallel_config.pipeline_stage - 1
-
-    def construct(self, input_ids):
-        batch, length = input_ids.shape
-        inputs = self.slice(input_ids, (0, 0), (batch, length - 1), (1, 1))
-        labels = self.slice(input_ids, (0, 1), (batch, length), (1, 1))
-        logits = self.lm(inputs)
-        labels = ops.reshape(labels, (-1,))
-        return self.loss(logits, labels, ops.ones(labels.shape, ms.float32))
+        super().__init__(GPT2LMHeadModel(config, parallel_config, compute_dtype), parallel_config)

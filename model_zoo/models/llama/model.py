@@ -13,13 +13,13 @@ from dataclasses import dataclass
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
+from model_zoo.causal_lm.training import NextTokenLoss
 from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.models.base import folder_name
 from model_zoo.nn.grouped_attention import GroupedQueryAttention, rotary_tables
 from model_zoo.nn.layers import (GatedFeedForward, ResidualAdd, RMSNorm, VocabEmbedding,
-                                 VocabProjection, assign_pipeline_stages, vocabulary_split)
-from model_zoo.nn.loss import CrossEntropy
+                                 VocabProjection, assign_pipeline_stages)
 from model_zoo.parallel.config import ParallelConfig
 
 
@@ -207,30 +207,10 @@ class LlamaForCausalLM(nn.Cell):
         return self.head(self.model.norm(x[:, -1:]), self.output_table())
 
 
-class LlamaForTraining(nn.Cell):
-    """Next-token loss: a sample of seq_length + 1 tokens gives inputs and shifted labels.
-
-    Inputs:
-        input_ids: int32 (batch, seq_length + 1).
-    Outputs:
-        float32 scalar, the mean cross-entropy.
-    """
+class LlamaForTraining(NextTokenLoss):
+    """The training network: the next-token loss of a LlamaForCausalLM (`NextTokenLoss`)."""
 
     def __init__(self, config: LlamaConfig, parallel_config: ParallelConfig = None,
                  compute_dtype=ms.float32):
-        super().__init__()
         parallel_config = parallel_config or ParallelConfig()
-        dp = parallel_config.dp
-        self.lm = LlamaForCausalLM(config, parallel_config, compute_dtype)
-        self.slice = ops.StridedSlice().shard(((dp, 1),))
-        self.loss = CrossEntropy(parallel_config=parallel_config,
-                                 class_split=vocabulary_split(parallel_config))
-        self.loss.pipeline_stage = parallel_config.pipeline_stage - 1
-
-    def construct(self, input_ids):
-        batch, length = input_ids.shape
-        inputs = self.slice(input_ids, (0, 0), (batch, length - 1), (1, 1))
-        labels = self.slice(input_ids, (0, 1), (batch, length), (1, 1))
-        logits = self.lm(inputs)
-        labels = ops.reshape(labels, (-1,))
-        return self.loss(logits, labels, ops.ones(labels.shape, ms.float32))
+        super().__init__(LlamaForCausalLM(config, parallel_config, compute_dtype), parallel_config)
