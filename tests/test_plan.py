@@ -205,6 +205,20 @@ def test_shipped_config_passes(relative):
         assert model.num_layers == (48 if pp == 8 else 24)
 
 
+@pytest.mark.parametrize("name, billions, devices", [
+    ("llama2-7b", 6.7, 8), ("llama3-8b", 8.0, 8), ("llama2-13b", 13.0, 16),
+    ("llama2-70b", 69.0, 64), ("llama-10b", 10, 16), ("llama-50b", 50, 64),
+    ("llama-100b", 100, 128)])
+def test_llama_layouts_fit_ascend_910(name, billions, devices):
+    """The shipped LLaMA layouts: the published sizes (LLaMA-2 7B is 6.74B parameters, 70B
+    68.98B), each on its device count within an Ascend 910's 32 GiB by the plan."""
+    (relative,) = [path for path in CONFIGS if os.path.basename(path).startswith(f"{name}-")]
+    plan = shipped(relative)
+    assert abs(plan.parameter_count / 1e9 - billions) < 0.05 * billions
+    assert plan.device_num == devices
+    assert plan.device == "ascend910" and plan.worst_stage.total < 32 * GIB
+
+
 @pytest.mark.parametrize("size, billions, devices", [("10b", 10, 16), ("50b", 50, 64),
                                                      ("100b", 100, 128)])
 def test_large_gpt_fits_ascend_910(size, billions, devices):
