@@ -9,6 +9,7 @@ import os
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Zero, initializer
 
 from model_zoo.nn import cpu_kernels
 from model_zoo.parallel.context import ascend_supports, is_ascend_910b
@@ -109,8 +110,10 @@ class StepTally(nn.Cell):
 
     def __init__(self, log_steps: int = 1, overflow_expected: bool = False):
         super().__init__()
-        self.tally = Parameter(Tensor(np.zeros(len(self.FIELDS), np.float32)), name=STEP_TALLY,
-                               requires_grad=False)
+        # an initializer, as the weights have: a sharded run allocates none of them before
+        # the compile (`parameter_init`)
+        self.tally = Parameter(initializer(Zero(), (len(self.FIELDS),), ms.float32),
+                               name=STEP_TALLY, requires_grad=False)
         self.log_steps = log_steps
         self.overflow_expected = overflow_expected
 
