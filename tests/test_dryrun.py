@@ -95,6 +95,18 @@ def test_llama_grouped_heads_compile_on_every_stage(overrides):
     assert all(rank.eval_error is None for rank in result.ranks)
 
 
+def test_llama_flash_attention_takes_the_grouped_heads_as_they_are():
+    """FlashAttentionScore with 4 query heads over 2 key/value heads, not repeated (mp 2: one
+    key/value head and two query heads a device): MindSpore's compiler accepts the grouped
+    shapes and the layouts are the plan's for Ascend 910B."""
+    overrides = ["parallel.data_parallel=2", "parallel.model_parallel=2",
+                 "model.flash_attention=true", "train.precision=fp16"]
+    config = load_plan_config(LLAMA_TINY, overrides)
+    result = run_dryrun(config, LLAMA_TINY, overrides, [0],
+                        plan=build_plan(config, LLAMA_TINY, device="ascend910b"))
+    assert result.ok, [(rank.error, rank.layout_mismatches[:2]) for rank in result.ranks]
+
+
 def test_the_sunk_step_holds_the_fed_steps_collectives():
     """Dataset sink mode (Ascend's default): the step compiled behind MindSpore's data
     queue, as Model.build compiles it, inserts the collectives of the step fed from the

@@ -538,7 +538,14 @@ def test_flash_attention_is_refused_where_it_cannot_run():
         GPT2ForTraining(config, parallel, ms.float16)
     with pytest.raises(ConfigError, match="false on Ascend 910$"):  # the trainer's check
         check_flash_attention_device("Ascend", is_910b=False)
+    from model_zoo.models.llama.model import LlamaConfig, LlamaForTraining
+    llama = LlamaConfig(num_layers=1, hidden_size=64, num_heads=4, num_kv_heads=2,
+                        seq_length=16, vocab_size=64, flash_attention=True)
+    with kernels_for("CPU"), pytest.raises(ConfigError, match="runs only on Ascend 910B"):
+        LlamaForTraining(llama, parallel, ms.float16)
     with no_init_parameters(), kernels_for("Ascend"):
+        with pytest.raises(ConfigError, match="train.precision=fp16"):
+            LlamaForTraining(llama, parallel, ms.float32)
         with pytest.raises(ConfigError, match="attention_dropout=0"):
             GPT2ForTraining(dataclasses.replace(config, attention_dropout=0.1), parallel,
                             ms.float16)

@@ -51,6 +51,22 @@ def check_flash_attention_device(device_target: str, is_910b: bool = True):
                           f"Ascend 910B; set model.flash_attention=false on {device}")
 
 
+def check_flash_attention(head_dim: int, attention_dropout: float, compute_dtype):
+    """Refuse what FlashAttentionScore cannot run (`model.flash_attention`), naming the
+    config key: another device than Ascend 910B, float32, attention dropout, a head size
+    that is not a multiple of 16 up to 512."""
+    check_flash_attention_device(kernel_target())
+    if compute_dtype != ms.float16:
+        raise ConfigError("model.flash_attention needs train.precision=fp16")
+    if attention_dropout:
+        raise ConfigError(f"model.flash_attention needs model.attention_dropout=0 (got "
+                          f"{attention_dropout}): the dropout mask would be a (seq, seq) "
+                          f"tensor again")
+    if head_dim % 16 or head_dim > 512:
+        raise ConfigError(f"model.flash_attention needs a head size (hidden_size / "
+                          f"num_heads) that is a multiple of 16 up to 512, got {head_dim}")
+
+
 @functools.lru_cache(maxsize=None)
 def compressed_causal_mask() -> Tensor:
     """uint8 (2048, 2048), 1 above the diagonal: FlashAttentionScore's compressed causal mask
@@ -179,7 +195,7 @@ class MultiHeadAttention(nn.Cell):
             self.causal_flag = Tensor([int(causal)], ms.int32)
         self.use_flash = flash
         if flash:
-            self._check_flash(attention_dropout, compute_dtype)
+            check_flash_attention(self.head_dim, attention_dropout, compute_dtype)
             strategy = (heads, heads, heads) + (((1, 1),) if causal else ((dp, 1, 1, 1),))
             from mindspore.ops.operations.nn_ops import FlashAttentionScore
             self.flash = FlashAttentionScore(
@@ -192,19 +208,6 @@ class MultiHeadAttention(nn.Cell):
                 self.masked_below = Tensor(MASK_VALUE / 2, ms.float32)
                 self.expand_mask = ops.Tile().shard(((dp, 1, 1, 1),))
 
-    def _check_flash(self, attention_dropout, compute_dtype):
-        """Refuse what FlashAttentionScore cannot run, naming the config key."""
-        check_flash_attention_device(kernel_target())
-        if compute_dtype != ms.float16:
-            raise ConfigError("model.flash_attention needs train.precision=fp16")
-        if attention_dropout:
-            raise ConfigError(f"model.flash_attention needs model.attention_dropout=0 (got "
-                              f"{attention_dropout}): the dropout mask would be a (seq, seq) "
-                              f"tensor again")
-        if self.head_dim % 16 or self.head_dim > 512:
-            raise ConfigError(f"model.flash_attention needs a head size (hidden_size / "
-                              f"num_heads) that is a multiple of 16 up to 512, got "
-                              f"{self.head_dim}")
 
     def _heads(self, projected, parts: int):
         """(batch, seq, parts x hidden) laid out head by head -> `parts` tensors

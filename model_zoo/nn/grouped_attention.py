@@ -9,7 +9,8 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from model_zoo.errors import ConfigError
-from model_zoo.nn.attention import causal_bias
+from model_zoo.nn.attention import (causal_bias, check_flash_attention,
+                                    compressed_causal_mask)
 from model_zoo.nn.layers import Dropout, Linear
 from model_zoo.parallel.config import ParallelConfig
 
@@ -82,6 +83,12 @@ class GroupedQueryAttention(nn.Cell):
         attention_dropout: dropout on the probabilities.
         compute_dtype: dtype of the matmuls; softmax runs in float32.
         init_std, output_init_std: init of the projections and of the output projection.
+        flash: scores, softmax and context in one FlashAttentionScore (Ascend 910B,
+            `model.flash_attention`; needs float16, no attention dropout, a head size that
+            is a multiple of 16): it takes the key/value heads as they are, without the
+            repeat (`head_num` query heads over fewer key/value heads, as MindFormers'
+            LLaMA calls it), BNSD, split (dp, mp, 1, 1), the causal mask as the compressed
+            2048 x 2048 triangle (sparse_mode 2). Incremental decoding keeps the plain path.
 
     Inputs:
         x: (batch, seq, hidden); cos, sin: float32 (seq, head_dim), `rotary_tables` rows of
@@ -94,7 +101,7 @@ class GroupedQueryAttention(nn.Cell):
                  parallel_config: ParallelConfig, max_seq_length: int = 2048,
                  has_bias: bool = False, attention_dropout: float = 0.0,
                  compute_dtype=ms.float32, init_std: float = 0.02,
-                 output_init_std: float = None):
+                 output_init_std: float = None, flash: bool = False):
         super().__init__()
         dp, mp = parallel_config.dp, parallel_config.mp
         if num_heads % num_kv_heads:
@@ -131,6 +138,14 @@ class GroupedQueryAttention(nn.Cell):
         # decoding runs on one device: the cache writes keep every tensor whole
         self.cache_write = ops.ScatterNdUpdate().shard(((1, 1, 1, 1),) * 3)
         self.inv_sqrt_head_dim = 1.0 / math.sqrt(self.head_dim)
+        self.use_flash = flash
+        if flash:
+            check_flash_attention(self.head_dim, attention_dropout, compute_dtype)
+            from mindspore.ops.operations.nn_ops import FlashAttentionScore
+            self.flash = FlashAttentionScore(
+                head_num=num_heads, scale_value=self.inv_sqrt_head_dim, input_layout="BNSD",
+                sparse_mode=2).shard((heads, heads, heads, (1, 1)))
+            self.flash_causal_mask = compressed_causal_mask()
 
     def _heads(self, projected, heads: int, parts: int):
         """(batch, seq, parts x heads x head_dim) laid out head by head -> `parts` tensors
@@ -180,9 +195,19 @@ class GroupedQueryAttention(nn.Cell):
         return self.slice_causal(self.causal_bias, (0, 0, 0, 0), (1, 1, seq, seq),
                                  (1, 1, 1, 1))
 
+    def _causal_attend(self, q, k, v):
+        """Causal attention of q over k, v (their own positions)."""
+        if not self.use_flash:
+            return self._attend(q, k, v, self._causal(q.shape[2]))
+        batch, seq_q = q.shape[0], q.shape[2]
+        context = self.flash(q, k, v, None, None, None, self.flash_causal_mask)[3]
+        context = self.merge_heads(context, (0, 2, 1, 3))      # (batch, seq, heads, hd)
+        context = ops.reshape(context, (batch, seq_q, self.num_heads * self.head_dim))
+        return ops.cast(self.output(context), ms.float32)
+
     def construct(self, x, cos, sin):
         q, k, v = self._project(x, cos, sin)
-        return self._attend(q, k, v, self._causal(x.shape[1]))
+        return self._causal_attend(q, k, v)
 
     def decode_step(self, x, cos, sin, cache_key, cache_value, write_index, step_bias):
         """One incremental step for the newest position x (batch, 1, hidden): its key and
@@ -200,5 +225,4 @@ class GroupedQueryAttention(nn.Cell):
         q, k, v = self._project(x, cos, sin)
         cache_key = self.cache_write(cache_key, write_index, k)
         cache_value = self.cache_write(cache_value, write_index, v)
-        output = self._attend(q, k, v, self._causal(x.shape[1]))
-        return ops.depend(output, (cache_key, cache_value))
+        return ops.depend(self._causal_attend(q, k, v), (cache_key, cache_value))

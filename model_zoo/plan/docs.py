@@ -67,6 +67,10 @@ def _layer_examples():
         ("GroupedQueryAttention", "10 query heads, 5 key/value heads",
          lambda pc: G.GroupedQueryAttention(h, 2 * heads, heads, parallel_config=pc,
                                             max_seq_length=seq)),
+        ("GroupedQueryAttention", "10 query heads of 16, 5 key/value heads, flash=True (910B)",
+         lambda pc: G.GroupedQueryAttention(160, 2 * heads, heads, parallel_config=pc,
+                                            max_seq_length=seq, compute_dtype=ms.float16,
+                                            flash=True)),
         ("PaddingBias", "", lambda pc: L.PaddingBias(parallel_config=pc)),
         ("ResidualAdd", "", lambda pc: L.ResidualAdd(parallel_config=pc)),
         ("ResidualAdd", "sequence_parallel", lambda pc: L.ResidualAdd(

@@ -64,9 +64,6 @@ class LlamaConfig(ModelConfig):
             raise ConfigError(f"model.ffn_hidden_size must be >= 0, got {self.ffn_hidden_size}")
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
             raise ConfigError("model.rope_theta and model.rms_norm_eps must be > 0")
-        if self.flash_attention:
-            raise ConfigError("model.flash_attention is not available for llama yet: set it "
-                              "to false")
         self.check_fractions("attention_dropout")
 
 
@@ -86,7 +83,8 @@ class LlamaBlock(nn.Cell):
             config.hidden_size, config.num_heads, config.kv_heads,
             parallel_config=parallel_config, max_seq_length=config.seq_length,
             attention_dropout=config.attention_dropout, compute_dtype=compute_dtype,
-            init_std=config.init_std, output_init_std=output_std)
+            init_std=config.init_std, output_init_std=output_std,
+            flash=config.flash_attention)
         self.post_attention_norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
                                            eps=config.rms_norm_eps)
         self.mlp = GatedFeedForward(config.hidden_size, config.ffn_size,
