@@ -221,6 +221,7 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
         step_cell.set_train(True)
         sink_size = sink_size_of(config.train, context.device_target, start_step)
         if sink_size:
+            batches.stop()   # the host read the first batch only (run_info.json)
             feed = SinkFeed(runnable, module.create_train_dataset(config, shard, start_step),
                             loop, sink_size, context.device_target, tokens_of)
             log(f"dataset sink mode: {sink_size} steps a call"
