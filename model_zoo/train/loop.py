@@ -5,7 +5,7 @@ metrics.jsonl, held-out evaluation, checkpoints, and the stops, taken after the 
 on every rank. Two feeds run the steps and call it:
 - `run_fed_steps`: the host passes each batch to the train step (CPU, and any run whose
   steps are not sunk); it reads after every `read_every` steps and at the loop's own steps;
-- `run_sunk_steps`: MindSpore's `Model.train` in dataset sink mode (Ascend): the batches go
+- `SinkFeed`: MindSpore's `Model.train` in dataset sink mode (Ascend): the batches go
   to the device through MindSpore's data queue and each call runs a sink of `sink_size`
   steps, after which the loop reads, as PanGu-alpha (`train.py`: `Model.train(...,
   sink_size=callback_size, dataset_sink_mode=True)`) and MindFormers train.
@@ -33,7 +33,7 @@ def log(message: str):
 
 
 def sink_size_of(train, device_target: str, start_step: int) -> int:
-    """Steps per call when the steps run in dataset sink mode (`run_sunk_steps`), 0 when the
+    """Steps per call when the steps run in dataset sink mode (`SinkFeed`), 0 when the
     host feeds them (`run_fed_steps`). train.dataset_sink null (the default) sinks on Ascend
     and not on CPU, which has no device data queue (there `true` runs the same Model.train
     path fed from the host, MindSpore's fallback: what the CPU tests use).
