@@ -11,7 +11,7 @@ from mindspore import Tensor, nn
 from model_zoo.nn import cpu_kernels
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.nn.attention import MultiHeadAttention
-from model_zoo.nn.layers import (LayerNorm, Linear, PositionEmbedding, ResidualAdd,
+from model_zoo.nn.layers import (LayerNorm, Linear, PositionEmbedding, ResidualAdd, RMSNorm,
                                   kernels_for)
 from model_zoo.nn.loss import CrossEntropy
 
@@ -57,6 +57,46 @@ def test_layer_norm_matches_torch():
     np.testing.assert_allclose(dx, tx.grad.numpy(), atol=2e-5)
     np.testing.assert_allclose(dgamma, tgamma.grad.numpy(), atol=1e-4)
     np.testing.assert_allclose(dbeta, tbeta.grad.numpy(), atol=1e-4)
+
+
+def test_rms_norm_matches_torch():
+    # 2,000 rows: split over the cores, each part summing its own weight gradient
+    x = RNG.normal(size=(40, 50, 48)).astype(np.float32) * 3 + 1
+    weights = RNG.normal(size=x.shape).astype(np.float32)
+    layer = RMSNorm(48, parallel_config=ParallelConfig(), eps=1e-6)
+    assert layer.kernel is not None
+    weight = RNG.normal(size=48).astype(np.float32)
+    layer.weight.set_data(Tensor(weight))
+    y, dx, (dweight,) = value_and_grads(layer, weights, Tensor(x))
+
+    tx, tweight = (torch.tensor(a, requires_grad=True) for a in (x, weight))
+    ty = torch.nn.functional.rms_norm(tx, (48,), tweight, 1e-6)
+    (ty * torch.tensor(weights)).sum().backward()
+    np.testing.assert_allclose(y, ty.detach().numpy(), atol=2e-5)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), atol=2e-5)
+    np.testing.assert_allclose(dweight, tweight.grad.numpy(), atol=1e-4)
+
+
+def test_rotary_matches_the_operators_and_hugging_face():
+    """The rotary kernel against the same cell built from MindSpore's operators (forward and
+    gradient) and against Hugging Face's apply_rotary_pos_emb."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    from model_zoo.nn.grouped_attention import RotaryEmbedding, rotary_tables
+    x = RNG.normal(size=(3, 4, 7, 16)).astype(np.float32)
+    weights = RNG.normal(size=x.shape).astype(np.float32)
+    cos, sin = rotary_tables(16, 7, 500000.0)
+    with kernels_for("CPU"):
+        fused = RotaryEmbedding(16, parallel_config=ParallelConfig())
+    with kernels_for("Ascend"):
+        plain = RotaryEmbedding(16, parallel_config=ParallelConfig())
+    assert fused.kernel is not None and plain.kernel is None
+    found = [value_and_grads(cell, weights, Tensor(x), Tensor(cos), Tensor(sin))
+             for cell in (fused, plain)]
+    np.testing.assert_allclose(found[0][0], found[1][0], atol=1e-6)
+    np.testing.assert_allclose(found[0][1], found[1][1], atol=1e-6)
+    theirs, _ = apply_rotary_pos_emb(torch.tensor(x), torch.tensor(x), torch.tensor(cos)[None],
+                                     torch.tensor(sin)[None])
+    np.testing.assert_allclose(found[0][0], theirs.numpy(), atol=1e-6)
 
 
 @pytest.mark.parametrize("activation, approximate", [("gelu", "tanh"), ("gelu_exact", "none")])

@@ -325,6 +325,104 @@ extern "C" int LayerNormBackward(AOT_ARGS) {
   return 0;
 }
 
+// RMSNorm over the last axis: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps).
+// inputs: x (..., H), weight (H), eps (scalar); outputs: y (..., H), rstd (rows)
+extern "C" int RmsNormForward(AOT_ARGS) {
+  if (nparam != 5 || !all_float32(nparam, dtypes)) return 1;
+  const float *x = as_float(params[0]), *weight = as_float(params[1]);
+  const float eps = *as_float(params[2]);
+  float *y = as_float(params[3]), *rstd = as_float(params[4]);
+  const int64_t hidden = shapes[0][ndims[0] - 1], rows = rows_of(ndims[0], shapes[0]);
+  parallel_for(rows, row_grain(hidden), [=](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float *xr = x + r * hidden;
+      float *yr = y + r * hidden;
+      float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+      for (int64_t i = 0; i < hidden; ++i) squares += xr[i] * xr[i];
+      const float s = 1.f / std::sqrt(squares / hidden + eps);
+#pragma omp simd
+      for (int64_t i = 0; i < hidden; ++i) yr[i] = xr[i] * s * weight[i];
+      rstd[r] = s;
+    }
+  });
+  return 0;
+}
+
+// inputs: dy, x, weight, rstd; outputs: dx, dweight
+// xhat = x rstd, g = dy weight: dx = rstd (g - xhat mean(g xhat)), dweight = sum(dy xhat)
+extern "C" int RmsNormBackward(AOT_ARGS) {
+  if (nparam != 6 || !all_float32(nparam, dtypes)) return 1;
+  const float *dy = as_float(params[0]), *x = as_float(params[1]);
+  const float *weight = as_float(params[2]), *rstd = as_float(params[3]);
+  float *dx = as_float(params[4]), *dweight = as_float(params[5]);
+  const int64_t hidden = shapes[0][ndims[0] - 1], rows = rows_of(ndims[0], shapes[0]);
+  // each part sums the weight gradient of its rows apart; the parts are added in order
+  const int64_t grain = row_grain(hidden);
+  std::vector<float> sums(hidden * parts_for(rows, grain), 0.f);
+  float *partials = sums.data();
+  parallel_for(rows, grain, [=](int64_t begin, int64_t end, int part) {
+    float *part_dweight = partials + hidden * part;
+    for (int64_t r = begin; r < end; ++r) {
+      const float *xr = x + r * hidden, *dyr = dy + r * hidden;
+      float *dxr = dx + r * hidden;
+      const float s = rstd[r];
+      float sum_g_xhat = 0.f;
+#pragma omp simd reduction(+ : sum_g_xhat)
+      for (int64_t i = 0; i < hidden; ++i) {
+        const float xhat = xr[i] * s;
+        sum_g_xhat += dyr[i] * weight[i] * xhat;
+        part_dweight[i] += dyr[i] * xhat;
+      }
+      const float mean_g_xhat = sum_g_xhat / hidden;
+#pragma omp simd
+      for (int64_t i = 0; i < hidden; ++i)
+        dxr[i] = s * (dyr[i] * weight[i] - xr[i] * s * mean_g_xhat);
+    }
+  });
+  std::fill(dweight, dweight + hidden, 0.f);
+  for (size_t offset = 0; offset < sums.size(); offset += hidden)
+    for (int64_t i = 0; i < hidden; ++i) dweight[i] += sums[offset + i];
+  return 0;
+}
+
+// Rotary position embedding, Hugging Face's half-split layout: for each row of x
+// (..., seq, D) at position p = row % seq, y = x cos[p] + [-x2, x1] sin[p].
+// inputs: x (..., seq, D), cos (seq, D), sin (seq, D); outputs: y
+// With `transposed` the rotation is undone (the backward pass: dx = dy cos + [dy2, -dy1] sin
+// read with the same tables, since the rotation's transpose is its inverse's form).
+static int rotary(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                  bool transposed) {
+  if (nparam != 4 || !all_float32(nparam, dtypes)) return 1;
+  const float *x = as_float(params[0]), *cosine = as_float(params[1]);
+  const float *sine = as_float(params[2]);
+  float *y = as_float(params[3]);
+  const int64_t width = shapes[0][ndims[0] - 1], seq = shapes[0][ndims[0] - 2];
+  const int64_t rows = rows_of(ndims[0], shapes[0]), half = width / 2;
+  const float sign = transposed ? -1.f : 1.f;
+  parallel_for(rows, row_grain(width), [=](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float *xr = x + r * width, *c = cosine + (r % seq) * width;
+      const float *s = sine + (r % seq) * width;
+      float *yr = y + r * width;
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        yr[i] = xr[i] * c[i] - sign * xr[i + half] * s[transposed ? i + half : i];
+        yr[i + half] = xr[i + half] * c[i + half] + sign * xr[i] * s[transposed ? i : i + half];
+      }
+    }
+  });
+  return 0;
+}
+
+extern "C" int RotaryForward(AOT_ARGS) {
+  return rotary(nparam, params, ndims, shapes, dtypes, false);
+}
+
+extern "C" int RotaryBackward(AOT_ARGS) {
+  return rotary(nparam, params, ndims, shapes, dtypes, true);
+}
+
 // An element-wise function f: y = f(x). inputs: x; outputs: y
 template <typename Function>
 int elementwise(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,

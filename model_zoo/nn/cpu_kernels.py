@@ -171,6 +171,32 @@ def layer_norm():
                    lambda x, gamma, beta, eps: (x, x, x), bprop)
 
 
+def rms_norm():
+    """Custom op (x, weight, eps) -> (y, rstd) over x's last axis, float32, with its backward
+    pass; eps is a float32 scalar tensor."""
+    backward = _custom("RmsNormBackward", lambda dy, x, weight, rstd: (x, weight),
+                       lambda dy, x, weight, rstd: (x, weight))
+
+    def bprop(x, weight, eps, out, dout):
+        dx, dweight = backward(dout[0], x, weight, out[1])
+        return dx, dweight, ops.zeros_like(eps)
+
+    return _custom("RmsNormForward", lambda x, weight, eps: (x, _rows(x)),
+                   lambda x, weight, eps: (x, x), bprop)
+
+
+def rotary():
+    """Custom op (x (..., seq, D), cos (seq, D), sin (seq, D)) -> x rotated (rotary position
+    embedding, the half-split layout), float32, with its backward pass (the tables are
+    constants: no gradient)."""
+    backward = _custom("RotaryBackward", lambda dy, cos, sin: dy, lambda dy, cos, sin: dy)
+
+    def bprop(x, cos, sin, out, dout):
+        return backward(dout, cos, sin), ops.zeros_like(cos), ops.zeros_like(sin)
+
+    return _custom("RotaryForward", lambda x, cos, sin: x, lambda x, cos, sin: x, bprop)
+
+
 def gelu(exact: bool):
     """Custom op x -> GELU(x), float32, with its backward pass: the erf form when `exact`,
     else the tanh approximation."""

@@ -11,7 +11,8 @@ from mindspore import nn, ops
 from model_zoo.errors import ConfigError
 from model_zoo.nn.attention import (causal_bias, check_flash_attention,
                                     compressed_causal_mask)
-from model_zoo.nn.layers import Dropout, Linear
+from model_zoo.nn import cpu_kernels
+from model_zoo.nn.layers import Dropout, Linear, use_cpu_kernels
 from model_zoo.parallel.config import ParallelConfig
 
 
@@ -49,8 +50,11 @@ class RotaryEmbedding(nn.Cell):
         self.concat = ops.Concat(axis=-1).shard((heads, heads))
         self.by_table = ops.Mul().shard((heads, (1, 1, 1, 1)))
         self.add = ops.Add().shard((heads, heads))
+        self.kernel = cpu_kernels.rotary() if use_cpu_kernels() else None   # float32 only
 
     def construct(self, x, cos, sin):
+        if self.kernel is not None and x.dtype == ms.float32:
+            return self.kernel(x, cos, sin)
         batch, heads, seq, head_dim = x.shape
         cos = ops.cast(ops.reshape(cos, (1, 1, seq, head_dim)), x.dtype)
         sin = ops.cast(ops.reshape(sin, (1, 1, seq, head_dim)), x.dtype)

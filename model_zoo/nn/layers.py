@@ -376,10 +376,13 @@ class RMSNorm(nn.Cell):
         self.rsqrt = ops.Rsqrt().shard((strategy,))
         self.normalize = ops.Mul().shard((strategy, strategy))
         self.scale = ops.Mul().shard((strategy, (1,)))
+        self.kernel = cpu_kernels.rms_norm() if use_cpu_kernels() else None
         self.eps = Tensor(eps, ms.float32)
 
     def construct(self, x):
         x = ops.cast(x, ms.float32)
+        if self.kernel is not None:
+            return self.kernel(x, self.weight, self.eps)[0]
         shape = x.shape
         if self.tokens_view:
             x = as_tokens(x)
