@@ -423,6 +423,54 @@ extern "C" int RotaryBackward(AOT_ARGS) {
   return rotary(nparam, params, ndims, shapes, dtypes, true);
 }
 
+// SwiGLU over interleaved pairs: for y = [g_0, u_0, g_1, u_1, ...] (..., 2F),
+// h = silu(g) u (..., F), silu(g) = g sigmoid(g). inputs: y; outputs: h
+inline float sigmoid_approx(float g) {
+  const float minus_g = -g;
+  return 1.f / (1.f + exp_approx(minus_g < 80.f ? minus_g : 80.f));
+}
+
+extern "C" int SwigluForward(AOT_ARGS) {
+  if (nparam != 2 || !all_float32(nparam, dtypes)) return 1;
+  const float *y = as_float(params[0]);
+  float *h = as_float(params[1]);
+  const int64_t width = shapes[1][ndims[1] - 1], rows = rows_of(ndims[1], shapes[1]);
+  parallel_for(rows, row_grain(width), [=](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float *yr = y + 2 * r * width;
+      float *hr = h + r * width;
+#pragma omp simd
+      for (int64_t i = 0; i < width; ++i) {
+        const float g = yr[2 * i], u = yr[2 * i + 1];
+        hr[i] = g * sigmoid_approx(g) * u;
+      }
+    }
+  });
+  return 0;
+}
+
+// inputs: dh (..., F), y (..., 2F); outputs: dy (..., 2F), interleaved like y:
+// dg = dh u silu'(g), silu'(g) = s (1 + g (1 - s)); du = dh silu(g)
+extern "C" int SwigluBackward(AOT_ARGS) {
+  if (nparam != 3 || !all_float32(nparam, dtypes)) return 1;
+  const float *dh = as_float(params[0]), *y = as_float(params[1]);
+  float *dy = as_float(params[2]);
+  const int64_t width = shapes[0][ndims[0] - 1], rows = rows_of(ndims[0], shapes[0]);
+  parallel_for(rows, row_grain(width), [=](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float *yr = y + 2 * r * width, *dhr = dh + r * width;
+      float *dyr = dy + 2 * r * width;
+#pragma omp simd
+      for (int64_t i = 0; i < width; ++i) {
+        const float g = yr[2 * i], u = yr[2 * i + 1], s = sigmoid_approx(g);
+        dyr[2 * i] = dhr[i] * u * s * (1.f + g * (1.f - s));
+        dyr[2 * i + 1] = dhr[i] * g * s;
+      }
+    }
+  });
+  return 0;
+}
+
 // An element-wise function f: y = f(x). inputs: x; outputs: y
 template <typename Function>
 int elementwise(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,

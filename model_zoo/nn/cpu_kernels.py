@@ -197,6 +197,17 @@ def rotary():
     return _custom("RotaryForward", lambda x, cos, sin: x, lambda x, cos, sin: x, bprop)
 
 
+def swiglu():
+    """Custom op y (..., 2F), gate and up interleaved ([g_0, u_0, g_1, u_1, ...]) -> silu(g) u
+    (..., F), float32, with its backward pass."""
+    backward = _custom("SwigluBackward", lambda dh, y: y, lambda dh, y: y)
+
+    def bprop(y, out, dout):
+        return (backward(dout, y),)
+
+    return _custom("SwigluForward", lambda y: y[:-1] + [y[-1] // 2], lambda y: y, bprop)
+
+
 def gelu(exact: bool):
     """Custom op x -> GELU(x), float32, with its backward pass: the erf form when `exact`,
     else the tanh approximation."""

@@ -560,8 +560,12 @@ class GatedFeedForward(nn.Cell):
         self.take = ops.StridedSlice().shard(((dp, 1, mp, 1),))
         self.silu = SiLU().shard(((dp, 1, mp),))
         self.gated = ops.Mul().shard(((dp, 1, mp), (dp, 1, mp)))
+        self.kernel = cpu_kernels.swiglu() \
+            if use_cpu_kernels() and compute_dtype == ms.float32 else None
 
     def construct(self, x):
+        if self.kernel is not None:
+            return self.down(self.kernel(self.gate_up(x)))
         batch, seq = x.shape[0], x.shape[1]
         pairs = ops.reshape(self.gate_up(x), (batch, seq, self.ffn_hidden_size, 2))
         end = (batch, seq, self.ffn_hidden_size)
