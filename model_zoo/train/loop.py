@@ -124,8 +124,10 @@ class TrainingLoop:
 
     def acts_after(self, step: int) -> bool:
         """Whether the loop logs, evaluates or saves after `step`."""
-        return (self._logging(step) or self._evaluating(step)
-                or step % self.train.save_steps == 0 or step == self.train.steps)
+        return self._logging(step) or self._evaluating(step) or self._saving(step)
+
+    def _saving(self, step: int) -> bool:
+        return step % self.train.save_steps == 0 or step == self.train.steps
 
     def _logging(self, step: int) -> bool:
         return step % self.train.log_steps == 0 or step == self.train.steps
@@ -166,8 +168,7 @@ class TrainingLoop:
             log(f"held-out evaluation at step {step} "
                 f"({time.perf_counter() - evaluated_at:.1f} s): {json.dumps(result)}")
             self.interval_start += time.perf_counter() - evaluated_at   # not training time
-        saving = step % train.save_steps == 0 or step == train.steps
-        if saving or stopping or failing:
+        if self._saving(step) or stopping or failing:
             self.path = save_checkpoint(self.step_cell, self.output_dir, step,
                                         train.keep_checkpoints, sliced=self.sliced_checkpoints,
                                         file_format=train.checkpoint_format)
