@@ -305,6 +305,59 @@ def test_fused_attention_matches_the_layers_it_replaces(kind, seq, rate):
         assert abs(fused[0] - without[0]) > 1e-3
 
 
+class WeightedGrouped(nn.Cell):
+    def __init__(self, attention, weights, seq):
+        super().__init__()
+        from model_zoo.nn.grouped_attention import rotary_tables
+        self.attention, self.weights = attention, Tensor(weights)
+        self.cos, self.sin = (Tensor(table) for table in rotary_tables(
+            attention.head_dim, seq, 10000.0))
+
+    def construct(self, x):
+        return (self.attention(x, self.cos, self.sin) * self.weights).sum()
+
+
+def grouped_attention_loss_and_grads(kv_heads, seq, rate, fused):
+    """Loss, input gradient and parameter gradients of a GroupedQueryAttention (4 query
+    heads over `kv_heads`, rotary positions) on fixed data, fused or on MindSpore's
+    operators (Tile, BatchMatMul, Softmax, keyed dropout)."""
+    from model_zoo.nn.grouped_attention import GroupedQueryAttention
+    batch, hidden = 3, 64
+    ms.set_seed(5)   # the same dropout seeds for both
+    attention = GroupedQueryAttention(hidden, 4, kv_heads, parallel_config=ParallelConfig(),
+                                      max_seq_length=160, attention_dropout=rate)
+    assert attention.fused is not None
+    if not fused:
+        attention.fused = None
+    attention.set_train(True)
+    rng = np.random.default_rng(2)
+    for parameter in attention.trainable_params():
+        parameter.set_data(Tensor(rng.normal(size=parameter.shape).astype(np.float32) * 0.3))
+    x = Tensor(rng.normal(size=(batch, seq, hidden)).astype(np.float32))
+    loss = WeightedGrouped(attention, rng.normal(size=x.shape).astype(np.float32), seq)
+    grad = ms.jit(ms.value_and_grad(loss, grad_position=0,
+                                    weights=attention.trainable_params()))
+    value, (dx, dparams) = grad(x)
+    return [value.asnumpy(), dx.asnumpy()] + [g.asnumpy() for g in dparams]
+
+
+@pytest.mark.skipif(not cpu_kernels.has_dense(), reason="this MindSpore ships no oneDNN")
+@pytest.mark.parametrize("kv_heads, seq, rate", [
+    (2, 20, 0.0), (2, 140, 0.3),   # 140: blocks of 32 rows and keys, and a last of 12
+    (1, 20, 0.3), (4, 20, 0.0)])   # multi-query; as many key/value heads as query heads
+def test_fused_grouped_attention_matches_the_layers_it_replaces(kv_heads, seq, rate):
+    """Grouped-query attention in one kernel per direction (rotary positions by the kernel on
+    the projections' layouts, each key/value head read by its group's query heads, whose
+    gradients it sums) against the same layer on MindSpore's operators, forward and
+    backward, with and without the probabilities' dropout."""
+    fused = grouped_attention_loss_and_grads(kv_heads, seq, rate, fused=True)
+    plain = grouped_attention_loss_and_grads(kv_heads, seq, rate, fused=False)
+    assert len(fused) == 2 + 3   # loss, dx, and the query, key-value and output weights
+    for got, expected in zip(fused, plain):   # float32 rounding, relative to each's scale
+        np.testing.assert_allclose(got, expected, rtol=1e-4,
+                                   atol=1e-5 * max(1.0, np.abs(expected).max()))
+
+
 class Product(nn.Cell):
     def __init__(self, kernel):
         super().__init__()

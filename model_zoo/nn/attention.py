@@ -190,7 +190,7 @@ class MultiHeadAttention(nn.Cell):
         self.fused = None
         if not flash and use_cpu_kernels() and compute_dtype == ms.float32 \
                 and cpu_kernels.has_dense():
-            self.fused = cpu_kernels.cross_attention(num_heads) if cross else \
+            self.fused = cpu_kernels.kv_attention(num_heads) if cross else \
                 cpu_kernels.self_attention(num_heads)
             self.causal_flag = Tensor([int(causal)], ms.int32)
         self.use_flash = flash
@@ -327,7 +327,8 @@ class MultiHeadAttention(nn.Cell):
             bias = ops.reshape(attention_bias, (batch, seq_k))
         key, keep = self.attention_dropout.mask_key()
         if self.cross:
-            context, _ = self.fused(self.query(query), self.key_value(memory), bias, key, keep)
+            context, _ = self.fused(self.query(query), self.key_value(memory), bias,
+                                    self.causal_flag, key, keep)
         else:
             context, _ = self.fused(self.qkv(query), bias, self.causal_flag, key, keep)
         return self.hidden_dropout(self.output(context))

@@ -387,28 +387,37 @@ extern "C" int RmsNormBackward(AOT_ARGS) {
 }
 
 // Rotary position embedding, Hugging Face's half-split layout: for each row of x
-// (..., seq, D) at position p = row % seq, y = x cos[p] + [-x2, x1] sin[p].
-// inputs: x (..., seq, D), cos (seq, D), sin (seq, D); outputs: y
+// (..., seq, W) at position p = row % seq, each head's first D features (D: the tables'
+// width) rotate as y = x cos[p] + [-x2, x1] sin[p]. A row holds W / (parts D) heads of
+// `parts` x D features each: the query heads alone (parts 1: x (B, H, L, D) or (B, L, H D))
+// or the fused key-value projection (parts 2: (B, L, Hkv 2 D), each key rotated and the
+// value after it copied).
+// inputs: x (..., seq, W), cos (seq, D), sin (seq, D); outputs: y
 // With `transposed` the rotation is undone (the backward pass: dx = dy cos + [dy2, -dy1] sin
 // read with the same tables, since the rotation's transpose is its inverse's form).
 static int rotary(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                  bool transposed) {
-  if (nparam != 4 || !all_float32(nparam, dtypes)) return 1;
+                  int64_t parts, bool transposed) {
+  if (nparam != 4 || !all_float32(nparam, dtypes) || ndims[1] != 2) return 1;
   const float *x = as_float(params[0]), *cosine = as_float(params[1]);
   const float *sine = as_float(params[2]);
   float *y = as_float(params[3]);
   const int64_t width = shapes[0][ndims[0] - 1], seq = shapes[0][ndims[0] - 2];
-  const int64_t rows = rows_of(ndims[0], shapes[0]), half = width / 2;
+  const int64_t d = shapes[1][1], head = parts * d, half = d / 2;
+  if (d % 2 || width % head || shapes[1][0] < seq) return 1;
+  const int64_t rows = rows_of(ndims[0], shapes[0]);
   const float sign = transposed ? -1.f : 1.f;
   parallel_for(rows, row_grain(width), [=](int64_t begin, int64_t end, int) {
     for (int64_t r = begin; r < end; ++r) {
-      const float *xr = x + r * width, *c = cosine + (r % seq) * width;
-      const float *s = sine + (r % seq) * width;
-      float *yr = y + r * width;
+      const float *c = cosine + (r % seq) * d, *s = sine + (r % seq) * d;
+      for (int64_t first = r * width; first < (r + 1) * width; first += head) {
+        const float *xr = x + first;
+        float *yr = y + first;
 #pragma omp simd
-      for (int64_t i = 0; i < half; ++i) {
-        yr[i] = xr[i] * c[i] - sign * xr[i + half] * s[transposed ? i + half : i];
-        yr[i + half] = xr[i + half] * c[i + half] + sign * xr[i] * s[transposed ? i : i + half];
+        for (int64_t i = 0; i < half; ++i) {
+          yr[i] = xr[i] * c[i] - sign * xr[i + half] * s[transposed ? i + half : i];
+          yr[i + half] = xr[i + half] * c[i + half] + sign * xr[i] * s[transposed ? i : i + half];
+        }
+        std::copy(xr + d, xr + head, yr + d);
       }
     }
   });
@@ -416,11 +425,19 @@ static int rotary(int nparam, void **params, int *ndims, int64_t **shapes, const
 }
 
 extern "C" int RotaryForward(AOT_ARGS) {
-  return rotary(nparam, params, ndims, shapes, dtypes, false);
+  return rotary(nparam, params, ndims, shapes, dtypes, 1, false);
 }
 
 extern "C" int RotaryBackward(AOT_ARGS) {
-  return rotary(nparam, params, ndims, shapes, dtypes, true);
+  return rotary(nparam, params, ndims, shapes, dtypes, 1, true);
+}
+
+extern "C" int RotaryKeysForward(AOT_ARGS) {
+  return rotary(nparam, params, ndims, shapes, dtypes, 2, false);
+}
+
+extern "C" int RotaryKeysBackward(AOT_ARGS) {
+  return rotary(nparam, params, ndims, shapes, dtypes, 2, true);
 }
 
 // SwiGLU over interleaved pairs: for y = [g_0, u_0, g_1, u_1, ...] (..., 2F),
@@ -848,12 +865,12 @@ bool weight_gradient(const float *dy, const float *x, int64_t m, int64_t n, int6
   return true;
 }
 
-// The same with a factor and leading dimensions (row strides) of its own, on this thread
-// only: for the many small products of attention, which are split over the cores by head
+// The same with a factor, leading dimensions (row strides) of its own and c = ab + beta c,
+// on this thread only: for the many small products of attention, split over the cores by head
 bool small_sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                  const float *a, int64_t lda, const float *b, int64_t ldb, float *c,
-                 int64_t ldc) {
-  return dnnl_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, 0.f, c, ldc) == 0;
+                 int64_t ldc, float beta = 0.f) {
+  return dnnl_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) == 0;
 }
 
 // y = x w^T (+ bias). inputs: x (M, K), w (N, K), optionally bias (N); outputs: y (M, N)
@@ -903,47 +920,54 @@ extern "C" int DenseBiasBackward(AOT_ARGS) {
 // ---- Attention in one kernel per direction ----
 // Scores, masks, softmax, dropout and context for every (batch, head) pair, the pairs
 // split over the cores. Queries, keys and values are read where the projections left them:
-// self attention's fused projection (batch, seq, heads, 3, head_dim), cross attention's
-// query (batch, seq_q, heads, head_dim) and fused key-value projection (batch, seq_k,
-// heads, 2, head_dim) (`fuse_head_projections`); the context is written as (batch, seq_q,
-// heads x head_dim), and the gradients land in the projections' layouts: no slices and no
-// transposes, forward or backward. The probabilities (batch, heads, seq_q, seq_k) are kept
-// for the backward pass; the dropout mask is regenerated from its key, element for element
-// the mask KeyedDropout draws on the probabilities tensor, so the results are the unfused
-// layers' up to float rounding.
+// self attention's fused projection (batch, seq, heads, 3, head_dim), or a query projection
+// (batch, seq_q, heads, head_dim) and a fused key-value projection (batch, seq_k, kv_heads,
+// 2, head_dim) (`fuse_head_projections`): cross attention, or grouped-query self attention
+// where each of kv_heads key/value heads serves heads / kv_heads query heads in a row. The
+// context is written as (batch, seq_q, heads x head_dim), and the gradients land in the
+// projections' layouts: no slices, no transposes and no repeated keys, forward or backward.
+// The probabilities (batch, heads, seq_q, seq_k) are kept for the backward pass; the dropout
+// mask is regenerated from its key, element for element the mask KeyedDropout draws on the
+// probabilities tensor, so the results are the unfused layers' up to float rounding.
 struct AttentionLayout {
   int64_t batch, heads, head_dim, seq_q, seq_k;
   int64_t q_row, kv_row;     // row strides of the query and key-value sources
   int64_t q_head, kv_head;   // offsets from one head to the next in them
   int64_t k_part;            // offset of a head's key from its first column (v follows)
+  int64_t kv_heads;          // key/value heads, each read by heads / kv_heads query heads
 
   static AttentionLayout self(const int64_t *qkv_shape, int64_t heads) {
     const int64_t d = heads > 0 ? qkv_shape[2] / (3 * heads) : 0;
     return {qkv_shape[0], heads, d, qkv_shape[1], qkv_shape[1], qkv_shape[2], qkv_shape[2],
-            3 * d, 3 * d, d};
+            3 * d, 3 * d, d, heads};
   }
-  static AttentionLayout cross(const int64_t *q_shape, const int64_t *kv_shape,
+  static AttentionLayout split(const int64_t *q_shape, const int64_t *kv_shape,
                                int64_t heads) {
     const int64_t d = heads > 0 ? q_shape[2] / heads : 0;
     return {q_shape[0], heads, d, q_shape[1], kv_shape[1], q_shape[2], kv_shape[2], d, 2 * d,
-            0};
+            0, d > 0 ? kv_shape[2] / (2 * d) : 0};
   }
+  int64_t group() const { return heads / kv_heads; }
   // Whether the projections' widths hold whole heads (parts_q: 3 for self attention's
-  // qkv, 1 for a query) and the other tensors have the shapes this layout needs:
-  // probs (B, H, Lq, Lk), bias (B, Lk), context (B, Lq, H D)
+  // qkv, 1 for a query; kv_heads dividing heads) and the other tensors have the shapes this
+  // layout needs: probs (B, H, Lq, Lk), bias (B, Lk), context (B, Lq, H D)
   bool fits(int64_t width_q, int64_t width_kv, int64_t parts_q, int probs_ndim,
             const int64_t *probs, int bias_ndim, const int64_t *bias, int context_ndim,
             const int64_t *context) const {
     const int64_t hidden = heads * head_dim;
-    return batch > 0 && head_dim > 0 && width_q == parts_q * hidden &&
-           width_kv == (parts_q == 3 ? 3 : 2) * hidden && probs_ndim == 4 &&
-           probs[0] == batch && probs[1] == heads && probs[2] == seq_q && probs[3] == seq_k &&
+    return batch > 0 && head_dim > 0 && kv_heads > 0 && heads % kv_heads == 0 &&
+           width_q == parts_q * hidden &&
+           width_kv == (parts_q == 3 ? 3 * hidden : 2 * kv_heads * head_dim) &&
+           probs_ndim == 4 && probs[0] == batch && probs[1] == heads && probs[2] == seq_q &&
+           probs[3] == seq_k &&
            (bias == nullptr || (bias_ndim == 2 && bias[0] == batch && bias[1] == seq_k)) &&
            context_ndim == 3 && context[0] == batch && context[1] == seq_q &&
            context[2] == hidden;
   }
   int64_t q_at(int64_t b, int64_t h) const { return b * seq_q * q_row + h * q_head; }
-  int64_t k_at(int64_t b, int64_t h) const { return b * seq_k * kv_row + h * kv_head + k_part; }
+  int64_t k_at(int64_t b, int64_t h) const {
+    return b * seq_k * kv_row + h / group() * kv_head + k_part;
+  }
   int64_t v_offset() const { return head_dim; }   // a head's value follows its key
   int64_t probs_at(int64_t b, int64_t h) const { return (b * heads + h) * seq_q * seq_k; }
 };
@@ -1036,6 +1060,8 @@ int attention_forward(const AttentionLayout &at, const float *q_source,
 // The gradients of attention_forward: dq into dq_source, dk and dv into dkv_source (the
 // same tensor as dq_source for self attention), each in its projection's layout. dq comes
 // by blocks of query rows, dk and dv by blocks of keys, each over the rows that see them.
+// The work is split by key/value head: the query heads of its group run in turn, the first
+// writing dk and dv and the others adding to them.
 int attention_backward(const AttentionLayout &at, const float *q_source,
                        const float *kv_source, const float *dcontext, const float *probs,
                        bool causal, const KeyedMask &mask, float *dq_source,
@@ -1048,12 +1074,15 @@ int attention_backward(const AttentionLayout &at, const float *q_source,
   std::atomic<int> *any_failed = &failed;
   // each part's scratch (the scores' gradient, the dropped probabilities), allocated here
   const int64_t block = (mask.drops ? 2 : 1) * lq * lk;
-  std::vector<float> scratch(parts_for(at.batch * at.heads, 1) * block);
+  std::vector<float> scratch(parts_for(at.batch * at.kv_heads, 1) * block);
   float *const scratch_base = scratch.data();
-  parallel_for(at.batch * at.heads, 1, [=](int64_t begin, int64_t end, int part) {
+  const int64_t group = at.group();
+  parallel_for(at.batch * at.kv_heads, 1, [=](int64_t begin, int64_t end, int part) {
     float *const grad = scratch_base + part * block, *const dropped = grad + lq * lk;
-    for (int64_t pair = begin; pair < end; ++pair) {
+    // (b, kv head) pairs begin .. end - 1 are query pairs (b, h) begin x group .. on
+    for (int64_t pair = begin * group; pair < end * group; ++pair) {
       const int64_t b = pair / at.heads, h = pair % at.heads, offset = at.probs_at(b, h);
+      const float kv_beta = h % group == 0 ? 0.f : 1.f;   // the group's first head writes
       const float *q = q_source + at.q_at(b, h), *k = kv_source + at.k_at(b, h);
       const float *v = k + at.v_offset(), *p = probs + offset;
       const float *dout = dcontext + b * lq * hidden + h * d;
@@ -1092,9 +1121,11 @@ int attention_backward(const AttentionLayout &at, const float *q_source,
         const int64_t from = causal ? first : 0;   // the first query row that sees them
         // dv = used^T dout; dk = scale dscores^T q, over the rows from `from`
         done = small_sgemm('T', 'N', keys, d, lq - from, 1.f, used + from * lk + first, lk,
-                           dout + from * hidden, hidden, dv + first * at.kv_row, at.kv_row) &&
+                           dout + from * hidden, hidden, dv + first * at.kv_row, at.kv_row,
+                           kv_beta) &&
                small_sgemm('T', 'N', keys, d, lq - from, scale, grad + from * lk + first, lk,
-                           q + from * at.q_row, at.q_row, dk + first * at.kv_row, at.kv_row);
+                           q + from * at.q_row, at.q_row, dk + first * at.kv_row, at.kv_row,
+                           kv_beta);
       }
       if (!done) {
         any_failed->store(1);
@@ -1160,42 +1191,44 @@ extern "C" int SelfAttentionBackward(AOT_ARGS) {
                             dqkv, dqkv);
 }
 
-// inputs: q (B, Lq, H D), kv (B, Lk, 2 H D), bias (B, Lk), key int32 (4), keep (1);
-// outputs: context (B, Lq, H D), probs (B, H, Lq, Lk)
-extern "C" int CrossAttentionForward(AOT_ARGS) {
-  if (nparam != 7 || !attention_inputs(nparam, dtypes, ndims, shapes, 3, 3) || ndims[0] != 3 ||
-      ndims[1] != 3 || ndims[6] != 4 || shapes[1][0] != shapes[0][0]) {
+// Attention of a query projection over a fused key-value projection of kv_heads heads:
+// cross attention (causal 0), or grouped-query self attention (causal non-zero, Lq = Lk).
+// inputs: q (B, Lq, H D), kv (B, Lk, 2 Hkv D), bias (B, Lk), causal int32 (1), key int32
+// (4), keep (1); outputs: context (B, Lq, H D), probs (B, H, Lq, Lk)
+extern "C" int KvAttentionForward(AOT_ARGS) {
+  if (nparam != 8 || !attention_inputs(nparam, dtypes, ndims, shapes, 3, 4) || ndims[0] != 3 ||
+      ndims[1] != 3 || ndims[7] != 4 || shapes[1][0] != shapes[0][0]) {
     return 1;
   }
-  const AttentionLayout at = AttentionLayout::cross(shapes[0], shapes[1], shapes[6][1]);
-  if (!at.fits(shapes[0][2], shapes[1][2], 1, ndims[6], shapes[6], ndims[2], shapes[2],
-               ndims[5], shapes[5])) {
+  const AttentionLayout at = AttentionLayout::split(shapes[0], shapes[1], shapes[7][1]);
+  if (!at.fits(shapes[0][2], shapes[1][2], 1, ndims[7], shapes[7], ndims[2], shapes[2],
+               ndims[6], shapes[6])) {
     return 1;
   }
   return attention_forward(at, as_float(params[0]), as_float(params[1]), as_float(params[2]),
-                           false,
-                           KeyedMask(static_cast<const int32_t *>(params[3]),
-                                     *as_float(params[4])),
-                           as_float(params[5]), as_float(params[6]));
+                           *static_cast<const int32_t *>(params[3]) != 0,
+                           KeyedMask(static_cast<const int32_t *>(params[4]),
+                                     *as_float(params[5])),
+                           as_float(params[6]), as_float(params[7]));
 }
 
-// inputs: dcontext (B, Lq, H D), q, kv, probs (B, H, Lq, Lk), key int32 (4), keep (1);
-// outputs: dq (B, Lq, H D), dkv (B, Lk, 2 H D)
-extern "C" int CrossAttentionBackward(AOT_ARGS) {
-  if (nparam != 8 || !attention_inputs(nparam, dtypes, ndims, shapes, 4, 4) || ndims[1] != 3 ||
+// inputs: dcontext (B, Lq, H D), q, kv, probs (B, H, Lq, Lk), causal int32 (1), key int32
+// (4), keep (1); outputs: dq (B, Lq, H D), dkv (B, Lk, 2 Hkv D)
+extern "C" int KvAttentionBackward(AOT_ARGS) {
+  if (nparam != 9 || !attention_inputs(nparam, dtypes, ndims, shapes, 4, 5) || ndims[1] != 3 ||
       ndims[2] != 3 || ndims[3] != 4 || shapes[2][0] != shapes[1][0]) {
     return 1;
   }
-  const AttentionLayout at = AttentionLayout::cross(shapes[1], shapes[2], shapes[3][1]);
+  const AttentionLayout at = AttentionLayout::split(shapes[1], shapes[2], shapes[3][1]);
   if (!at.fits(shapes[1][2], shapes[2][2], 1, ndims[3], shapes[3], 0, nullptr, ndims[0],
                shapes[0])) {
     return 1;
   }
   return attention_backward(at, as_float(params[1]), as_float(params[2]), as_float(params[0]),
-                            as_float(params[3]), false,
-                            KeyedMask(static_cast<const int32_t *>(params[4]),
-                                      *as_float(params[5])),
-                            as_float(params[6]), as_float(params[7]));
+                            as_float(params[3]), *static_cast<const int32_t *>(params[4]) != 0,
+                            KeyedMask(static_cast<const int32_t *>(params[5]),
+                                      *as_float(params[6])),
+                            as_float(params[7]), as_float(params[8]));
 }
 #endif  // MODEL_ZOO_DNNL
 

@@ -185,16 +185,19 @@ def rms_norm():
                    lambda x, weight, eps: (x, x), bprop)
 
 
-def rotary():
-    """Custom op (x (..., seq, D), cos (seq, D), sin (seq, D)) -> x rotated (rotary position
+def rotary(parts: int = 1):
+    """Custom op (x (..., seq, W), cos (seq, D), sin (seq, D)) -> x rotated (rotary position
     embedding, the half-split layout), float32, with its backward pass (the tables are
-    constants: no gradient)."""
-    backward = _custom("RotaryBackward", lambda dy, cos, sin: dy, lambda dy, cos, sin: dy)
+    constants: no gradient). Each row of x holds W / (parts D) heads of `parts` D features:
+    parts 1 rotates query or key heads ((B, H, L, D) or (B, L, H D)); parts 2 rotates the
+    keys of a fused key-value projection (B, L, Hkv 2 D) and passes the values through."""
+    name = {1: "Rotary", 2: "RotaryKeys"}[parts]
+    backward = _custom(f"{name}Backward", lambda dy, cos, sin: dy, lambda dy, cos, sin: dy)
 
     def bprop(x, cos, sin, out, dout):
         return backward(dout, cos, sin), ops.zeros_like(cos), ops.zeros_like(sin)
 
-    return _custom("RotaryForward", lambda x, cos, sin: x, lambda x, cos, sin: x, bprop)
+    return _custom(f"{name}Forward", lambda x, cos, sin: x, lambda x, cos, sin: x, bprop)
 
 
 def swiglu():
@@ -373,24 +376,28 @@ def self_attention(num_heads: int):
                    lambda qkv, bias, causal, key, keep: (qkv, qkv), bprop)
 
 
-def cross_attention(num_heads: int):
-    """Custom op (q, kv, bias, key, keep) -> (context, probs), float32: `self_attention`'s
-    kernel for attention over another sequence: q (B, Lq, H D) from the query projection,
-    kv (B, Lk, 2 H D) from the fused key-value projection laid out head by head, bias
-    (B, Lk); outputs context (B, Lq, H D) and probs (B, H, Lq, Lk)."""
-    backward = _custom("CrossAttentionBackward",
-                       lambda dcontext, q, kv, probs, key, keep: (q, kv),
-                       lambda dcontext, q, kv, probs, key, keep: (q, kv))
+def kv_attention(num_heads: int):
+    """Custom op (q, kv, bias, causal, key, keep) -> (context, probs), float32:
+    `self_attention`'s kernel for a query projection over a separate fused key-value
+    projection: cross attention (causal 0), or grouped-query self attention (causal 1, kv_heads
+    dividing num_heads, each key/value head read by num_heads / kv_heads query heads in a row,
+    without repeating it). Inputs: q (B, Lq, H D); kv (B, Lk, 2 Hkv D) laid out head by head
+    (`fuse_head_projections`); bias (B, Lk); causal int32 (1,); key, keep as for
+    `self_attention`. Outputs: context (B, Lq, H D); probs (B, H, Lq, Lk)."""
+    backward = _custom("KvAttentionBackward",
+                       lambda dcontext, q, kv, probs, causal, key, keep: (q, kv),
+                       lambda dcontext, q, kv, probs, causal, key, keep: (q, kv))
 
-    def bprop(q, kv, bias, key, keep, out, dout):
-        dq, dkv = backward(dout[0], q, kv, out[1], key, keep)
-        return (dq, dkv, ops.zeros_like(bias), ops.zeros_like(key), ops.zeros_like(keep))
+    def bprop(q, kv, bias, causal, key, keep, out, dout):
+        dq, dkv = backward(dout[0], q, kv, out[1], causal, key, keep)
+        return (dq, dkv, ops.zeros_like(bias), ops.zeros_like(causal), ops.zeros_like(key),
+                ops.zeros_like(keep))
 
-    def shapes(q, kv, bias, key, keep):
+    def shapes(q, kv, bias, causal, key, keep):
         return list(q), [q[0], num_heads, q[1], kv[1]]
 
-    return _custom("CrossAttentionForward", shapes, lambda q, kv, bias, key, keep: (q, q),
-                   bprop)
+    return _custom("KvAttentionForward", shapes,
+                   lambda q, kv, bias, causal, key, keep: (q, q), bprop)
 
 
 def adamw_update():

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import Tensor, nn, ops
 
 from model_zoo.errors import ConfigError
 from model_zoo.nn.attention import (causal_bias, check_flash_attention,
@@ -150,6 +150,15 @@ class GroupedQueryAttention(nn.Cell):
                 head_num=num_heads, scale_value=self.inv_sqrt_head_dim, input_layout="BNSD",
                 sparse_mode=2).shard((heads, heads, heads, (1, 1)))
             self.flash_causal_mask = compressed_causal_mask()
+        # on CPU, training's attention in one kernel per direction, reading the projections
+        # where they are (`cpu_kernels.kv_attention`), rotary positions applied in place
+        self.fused = None
+        if not flash and use_cpu_kernels() and compute_dtype == ms.float32 \
+                and cpu_kernels.has_dense():
+            self.fused = cpu_kernels.kv_attention(num_heads)
+            self.rotate_queries = cpu_kernels.rotary(parts=1)
+            self.rotate_keys = cpu_kernels.rotary(parts=2)
+            self.causal_flag = Tensor([1], ms.int32)
 
     def _heads(self, projected, heads: int, parts: int):
         """(batch, seq, parts x heads x head_dim) laid out head by head -> `parts` tensors
@@ -210,8 +219,20 @@ class GroupedQueryAttention(nn.Cell):
         return ops.cast(self.output(context), ms.float32)
 
     def construct(self, x, cos, sin):
+        if self.fused is not None:
+            return self._fused_attend(x, cos, sin)
         q, k, v = self._project(x, cos, sin)
         return self._causal_attend(q, k, v)
+
+    def _fused_attend(self, x, cos, sin):
+        """Causal attention of x (batch, seq, hidden) through the fused CPU kernels."""
+        batch, seq = x.shape[0], x.shape[1]
+        q = self.rotate_queries(self.query(x), cos, sin)            # (batch, seq, heads hd)
+        kv = self.rotate_keys(self.key_value(x), cos, sin)          # (batch, seq, kv 2 hd)
+        key, keep = self.attention_dropout.mask_key()
+        context, _ = self.fused(q, kv, ops.zeros((batch, seq), ms.float32), self.causal_flag,
+                                key, keep)
+        return self.output(context)
 
     def decode_step(self, x, cos, sin, cache_key, cache_value, write_index, step_bias):
         """One incremental step for the newest position x (batch, 1, hidden): its key and
