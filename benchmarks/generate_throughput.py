@@ -16,8 +16,20 @@ the same 71 positions (min_new_tokens = max_new_tokens).
 Each side runs in its own process; the figure is the best of `--rounds` timed runs after
 one warm-up run (ours compiles its graphs then).
 
+With `--cli`, a third column times the commands users run, in processes of their own:
+`model-zoo generate CONFIG --ckpt CKPT --prompt-ids-file F --batch-size B --max-new-tokens N
+--greedy` at the same shape (the random weights saved as a checkpoint), and `model-zoo
+translate CONFIG --ckpt CKPT --input F --beam 4` on text lines that encode to sources of the
+same length. Per token (per sentence) is the difference of two commands, so that start-up,
+loading and compilation cancel: 2 and 2 + new-tokens new tokens (the first new token comes
+from the prompt's pass, the second from a compiled step); 32 and 64 sentences.
+
+The weight floor beside the batch-1 figure: at batch 1 a token costs one read of every
+weight, so weight bytes / the memory bandwidth measured here (numpy copying a 512 MB array)
+is the fastest a token can be made without smaller weights.
+
     python benchmarks/generate_throughput.py
-    python benchmarks/generate_throughput.py --part gpt2 --batch-sizes 1 --rounds 2
+    python benchmarks/generate_throughput.py --part gpt2 --batch-sizes 1 --rounds 2 --cli
 """
 
 import argparse
@@ -25,6 +37,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -41,7 +54,8 @@ def ours(batch: int, length: int, new_tokens: int, rounds: int) -> float:
     import mindspore as ms
     from model_zoo.causal_lm.generate import CachedGenerator
     from model_zoo.models.gpt2.model import GPT2Config, GPT2LMHeadModel
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    from model_zoo.parallel.context import set_run_context
+    set_run_context("CPU")   # as the commands set it
     ms.set_seed(0)
     lm = GPT2LMHeadModel(GPT2Config(dropout=0.0, attention_dropout=0.0, **SHAPE))
     generator = CachedGenerator(lm)
@@ -95,7 +109,8 @@ def beam_ours(rounds: int) -> float:
     from model_zoo.config import load_config
     from model_zoo.models.transformer.model import Transformer
     from model_zoo.models.transformer.tasks import translate_ids
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    from model_zoo.parallel.context import set_run_context
+    set_run_context("CPU")   # as the commands set it
     ms.set_seed(0)
     config = load_config(TINY_TRANSFORMER, ["model.dropout=0", "model.attention_dropout=0",
                                             f"model.length_penalty={BEAM['length_penalty']}"])
@@ -133,7 +148,107 @@ def beam_reference(rounds: int) -> float:
     return _best(run, len(rows), 1, rounds)
 
 
-SIDES = {"gpt2": (ours, reference), "beam": (beam_ours, beam_reference)}
+GPT2_TINY = os.path.join(ROOT, "model_zoo", "models", "gpt2", "configs", "tiny.yaml")
+
+
+def _timed_command(arguments: list) -> float:
+    """Seconds `model-zoo ARGUMENTS` takes as a user runs it (its own process)."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "model_zoo", *arguments],
+                          capture_output=True, text=True, env=dict(os.environ, GLOG_v="3"))
+    if done.returncode != 0:
+        sys.exit(f"model-zoo {' '.join(arguments[:2])} failed:\n{done.stderr[-2000:]}")
+    return time.perf_counter() - started
+
+
+def _random_checkpoint(config, path: str, seed: int = 0) -> str:
+    """The config's training network with seeded random weights, saved to `path`."""
+    import mindspore as ms
+    from model_zoo.config import import_model
+    from model_zoo.parallel.context import set_run_context
+    set_run_context("CPU")
+    ms.set_seed(seed)
+    ms.save_checkpoint(import_model(config.model.name).build_train_network(config, ms.float32),
+                       path)
+    return path
+
+
+def cli_generate(batch: int, length: int, new_tokens: int, rounds: int) -> float:
+    """Tokens/s of `model-zoo generate` at GPT-2 small's shape: (batch x new_tokens) / the
+    difference between the fastest runs making 2 + new_tokens and 2 new tokens (both
+    compile the prompt's pass and the step)."""
+    from model_zoo.config import load_config
+    with tempfile.TemporaryDirectory() as workdir:
+        overrides = [f"model.{key}={value}" for key, value in SHAPE.items()] + [
+            f"data.dataset_dir={workdir}/no-dataset"]   # no tokenizer: ids only
+        config = load_config(GPT2_TINY, overrides)
+        ckpt = _random_checkpoint(config, os.path.join(workdir, "gpt2.ckpt"))
+        ids_file = os.path.join(workdir, "prompts.txt")
+        with open(ids_file, "w", encoding="utf-8") as handle:
+            handle.writelines(" ".join(map(str, row)) + "\n" for row in prompts(batch, length))
+        sets = [flag for override in overrides for flag in ("--set", override)]
+
+        def fastest(count: int) -> float:
+            return min(_timed_command(["generate", GPT2_TINY, *sets, "--ckpt", ckpt,
+                                       "--prompt-ids-file", ids_file, "--batch-size",
+                                       str(batch), "--max-new-tokens", str(count),
+                                       "--greedy"]) for _ in range(rounds))
+        return batch * new_tokens / (fastest(2 + new_tokens) - fastest(2))
+
+
+def beam_cli(rounds: int) -> float:
+    """Sentences/s of `model-zoo translate` with the tiny Transformer's dimensions and random
+    weights on text lines of the benchmark's source length: 32 / the difference between the
+    fastest runs over 64 and over 32 lines. The tokenizer is the tiny config's dataset's
+    (built here on first use)."""
+    from model_zoo.config import import_model, load_config
+    overrides = ["model.dropout=0", "model.attention_dropout=0",
+                 f"model.length_penalty={BEAM['length_penalty']}"]
+    config = load_config(TINY_TRANSFORMER, overrides)
+    module = import_model("transformer")
+    module.prepare_data(config)
+    tokenizer = module.tasks._tokenizer(config)
+    with tempfile.TemporaryDirectory() as workdir:
+        ckpt = _random_checkpoint(config, os.path.join(workdir, "transformer.ckpt"))
+        # lines whose encoding is about the benchmark's source length
+        rng = np.random.default_rng(0)
+        lines = []
+        while len(lines) < BEAM["sentences"]:
+            line = tokenizer.decode(rng.integers(4, config.model.vocab_size,
+                                                 BEAM["source_tokens"]).tolist()).strip()
+            if line and "\n" not in line:
+                lines.append(line)
+        sets = [flag for override in overrides for flag in ("--set", override)]
+
+        def fastest(count: int) -> float:
+            path = os.path.join(workdir, f"lines{count}.txt")
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.writelines(line + "\n" for line in lines[:count])
+            return min(_timed_command(["translate", TINY_TRANSFORMER, *sets, "--ckpt", ckpt,
+                                       "--input", path, "--beam", str(BEAM["beam"])])
+                       for _ in range(rounds))
+        half = BEAM["sentences"] // 2
+        return half / (fastest(2 * half) - fastest(half))
+
+
+def weight_floor_ms() -> float:
+    """GPT-2 small's weight bytes / this machine's memory bandwidth (numpy copying 512 MB,
+    read + write): the least time a batch-1 token can take."""
+    weights = 4 * (SHAPE["num_layers"] * 12 * SHAPE["hidden_size"] ** 2
+                   + SHAPE["vocab_size"] * SHAPE["hidden_size"])
+    source = np.ones(128 * 2 ** 20, np.float32)
+    target = np.empty_like(source)
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        np.copyto(target, source)
+        best = min(best, time.perf_counter() - started)
+    bandwidth = 2 * source.nbytes / best
+    return 1000 * weights / bandwidth
+
+
+SIDES = {"gpt2": (ours, reference, cli_generate), "beam": (beam_ours, beam_reference, beam_cli)}
+SIDE_INDEX = {"ours": 0, "reference": 1, "cli": 2}
 
 
 def run_side(part: str, side: str, args, batch: int = None) -> float:
@@ -155,31 +270,47 @@ def main():
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--side", choices=("ours", "reference"), help=argparse.SUPPRESS)
+    parser.add_argument("--cli", action="store_true",
+                        help="also time `model-zoo generate` / `model-zoo translate` as a user "
+                             "runs them")
+    parser.add_argument("--side", choices=tuple(SIDE_INDEX), help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:   # one side in this process: print its figure
-        function = SIDES[args.part][args.side == "reference"]
+        function = SIDES[args.part][SIDE_INDEX[args.side]]
         if args.part == "gpt2":
             print(json.dumps(function(args.batch, args.prompt_tokens, args.new_tokens,
                                       args.rounds)))
         else:
             print(json.dumps(function(args.rounds)))
         return
+    sides = ("ours", "reference") + (("cli",) if args.cli else ())
+    cli_heading = f" {'CLI':>9} {'CLI / ours':>10}" if args.cli else ""
+
+    def cli_columns(figures):
+        return f" {figures[2]:>9.1f} {figures[2] / figures[0]:>9.2f}x" if args.cli else ""
+
     if args.part in ("gpt2", "both"):
+        floor = weight_floor_ms()
         print(f"GPT-2 small shape, prompt {args.prompt_tokens} tokens, {args.new_tokens} new "
-              f"tokens, greedy, best of {args.rounds} rounds")
-        print(f"{'batch':>5} {'ours tokens/s':>14} {'Hugging Face':>13} {'ours / HF':>10}")
+              f"tokens, greedy, best of {args.rounds} rounds; weight floor at batch 1: "
+              f"{floor:.1f} ms a token ({1000 / floor:.1f} tokens/s)")
+        print(f"{'batch':>5} {'ours tokens/s':>14} {'Hugging Face':>13} {'ours / HF':>10}"
+              f"{cli_heading} {'ms a token':>10}")
         for batch in args.batch_sizes:
-            mine, theirs = (run_side("gpt2", side, args, batch) for side in ("ours", "reference"))
-            print(f"{batch:>5} {mine:>14.1f} {theirs:>13.1f} {mine / theirs:>9.2f}x", flush=True)
+            figures = [run_side("gpt2", side, args, batch) for side in sides]
+            mine, theirs = figures[:2]
+            print(f"{batch:>5} {mine:>14.1f} {theirs:>13.1f} {mine / theirs:>9.2f}x"
+                  f"{cli_columns(figures)} {1000 * batch / figures[-1]:>10.1f}", flush=True)
     if args.part in ("beam", "both"):
         print(f"beam search, tiny Transformer dimensions, {BEAM['sentences']} sentences of "
               f"{BEAM['source_tokens']} tokens in batches of {BEAM['batch']}, beam "
               f"{BEAM['beam']}, best of {args.rounds} rounds", flush=True)
-        mine, theirs = (run_side("beam", side, args) for side in ("ours", "reference"))
-        print(f"{'ours sentences/s':>17} {'Marian (HF)':>12} {'ours / HF':>10}")
-        print(f"{mine:>17.1f} {theirs:>12.1f} {mine / theirs:>9.2f}x", flush=True)
+        figures = [run_side("beam", side, args) for side in sides]
+        mine, theirs = figures[:2]
+        print(f"{'ours sentences/s':>17} {'Marian (HF)':>12} {'ours / HF':>10}{cli_heading}")
+        print(f"{mine:>17.1f} {theirs:>12.1f} {mine / theirs:>9.2f}x{cli_columns(figures)}",
+              flush=True)
 
 
 if __name__ == "__main__":

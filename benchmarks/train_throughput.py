@@ -370,7 +370,8 @@ def run_gemm(config, size=2048, repeats=10):
     import mindspore as ms
     from mindspore import nn, ops
     from model_zoo.nn import cpu_kernels
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    from model_zoo.parallel.context import set_run_context
+    set_run_context("CPU")
 
     class Product(nn.Cell):
         def __init__(self, kernel):

@@ -169,6 +169,9 @@ def run(args) -> int:
         return run_model_subcommand(args.command, args.model, args.arguments)
     config = load_config(args.config, args.overrides)
     module = import_model(config.model.name)
+    if args.command != "train":   # training sets it with its parallel context
+        from model_zoo.parallel.context import set_run_context
+        set_run_context(config.train.device_target)
     if args.command == "train":
         from model_zoo.train.cloud import CloudStorage
         from model_zoo.train.trainer import default_output_dir, train

@@ -102,3 +102,42 @@ def test_command_line_and_launch_import_no_mindspore():
     for command in ("train", "eval", "generate", "fill-mask", "translate", "data", "convert",
                     "rank-table", "plan"):
         assert f"    {command}" in help_text, command
+
+
+def _verb_arguments():
+    """(argv, module, hook) of every command that runs a network, one config each: eval and
+    export for every model, and each verb for every folder that serves it."""
+    cases = []
+    for name in MODELS:
+        config = f"model_zoo/models/{name}/configs/tiny.yaml"
+        cases.append((["eval", config, "--ckpt", "x.ckpt"], "model_zoo.train.checkpoint",
+                      "evaluate_checkpoint"))
+        cases.append((["export", config, "--ckpt", "x.ckpt"], "model_zoo.train.export",
+                      "export_checkpoint"))
+        registry = Commands(argparse.ArgumentParser().add_subparsers())
+        import_model(name).add_commands(registry)
+        required = {"generate": ["--prompt-ids", "1 2"], "fill-mask": ["--ids", "4 5"],
+                    "translate": ["--input", "x.txt"]}
+        for verb in sorted(registry.verbs):
+            cases.append(([verb, config, "--ckpt", "x.ckpt"] + required[verb],
+                          f"model_zoo.models.{name}", "run_" + verb.replace("-", "_")))
+    return cases
+
+
+@pytest.mark.parametrize("argv, module, hook", _verb_arguments(),
+                         ids=lambda value: value if isinstance(value, str) else None)
+def test_every_command_that_runs_a_network_runs_it_compiled(argv, module, hook, monkeypatch):
+    """Each command sets graph mode (and the device) before it loads a network: in PyNative
+    a decoding step runs operator by operator, ten times as slow. The hook records the
+    mode it is called in; the process starts in PyNative."""
+    import mindspore as ms
+    from model_zoo.cli import main
+    modes = []
+    monkeypatch.setattr(importlib.import_module(module), hook,
+                        lambda *args, **kwargs: modes.append(ms.get_context("mode")) or {})
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        assert main(argv) == 0
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    assert modes == [ms.GRAPH_MODE]

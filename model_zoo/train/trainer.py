@@ -286,9 +286,6 @@ def evaluate_run(module, config: Config, network, output_dir: str, on_save,
             "evaluation network MindSpore 2.10 does not compile): collect and merge the "
             "checkpoint, then model-zoo eval")
     else:
-        # evaluate as `model-zoo eval` does, op by op: in graph mode the decoders (beam
-        # search, sampling) compiled a graph per decoding step and ran out of memory
-        ms.set_context(mode=ms.PYNATIVE_MODE)
         result = module.evaluate(config, network)
     if config.train.eval_steps and metrics is not None and not any(
             "heldout" in entry and entry["step"] == config.train.steps
