@@ -175,8 +175,11 @@ class MultiHeadAttention(nn.Cell):
         # beam search reorders the cache rows at every step (gather, then the write above);
         # the gathered batch axis must be whole
         self.gather_rows = ops.Gather().shard(((1, mp, 1, 1), (1,)))
-        self.reorder_kernel = cpu_kernels.reorder_cache() \
-            if use_cpu_kernels() and compute_dtype == ms.float32 else None
+        on_cpu = use_cpu_kernels() and compute_dtype == ms.float32
+        self.reorder_kernel = cpu_kernels.reorder_cache() if on_cpu else None
+        # a decoding step's attention in one launch, the caches written in place
+        self.decode_kernel = cpu_kernels.decode_attention() \
+            if on_cpu and not cross and not flash else None
         self.add_bias = ops.Add().shard((heads, (dp, 1, 1, 1)))
         self.softmax = ops.Softmax(axis=-1).shard((heads,))
         self.context = ops.BatchMatMul().shard((heads, heads))
@@ -272,6 +275,9 @@ class MultiHeadAttention(nn.Cell):
         Returns:
             (output (batch, 1, hidden), cache_key, cache_value), the caches as written.
         """
+        if parents is None and self.decode_kernel is not None:
+            context = self.decode_kernel(self.qkv(query), cache_key, cache_value, write_index)
+            return self.hidden_dropout(self.output(context)), cache_key, cache_value
         q, k, v = self._heads(self.qkv(query), 3)                  # (batch, heads, 1, hd)
         if parents is not None and self.reorder_kernel is not None:
             cache_key = self.reorder_kernel(cache_key, parents, write_index, k)

@@ -663,29 +663,27 @@ extern "C" int CrossEntropyBackward(AOT_ARGS) {
 // of 4 rows of w is read from memory once and dotted with every row of x (which stays in
 // L1), so the time is one pass over w at the memory bandwidth, split over the cores;
 // MindSpore's MatMul takes 2-3 times longer at these shapes (benchmarks/README.md).
-typedef float float16x __attribute__((vector_size(64)));   // 16 floats (AVX-512 or 2 x AVX)
-typedef int32_t int16x __attribute__((vector_size(64)));
+// Vectors are the machine's own width, and a tile takes as many rows of x as keep its
+// accumulators, x and a weight vector in registers: 16 floats and 4 rows with AVX-512's 32
+// registers, 8 floats and 2 rows with AVX2's 16 (16-float vectors there spill and halve the
+// bandwidth: GPT-2 small's weights at batch 1, 10 against 20 GB/s on one core).
+#ifdef __AVX512F__
+constexpr int kLanes = 16, kTileRows = 4;
+#else
+constexpr int kLanes = 8, kTileRows = 2;
+#endif
+typedef float floatv __attribute__((vector_size(4 * kLanes)));
 
-inline float16x load16(const float *p) {
-  float16x v;
+inline floatv loadv(const float *p) {
+  floatv v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
-// The sums of the lanes of a0, a1, a2 and a3, in lanes 0, 4, 8 and 12 (halving twice, then
-// adding neighbours: 8 shuffles for 4 sums instead of 60 scalar additions)
-inline float16x sums_of_4(float16x a0, float16x a1, float16x a2, float16x a3) {
-  const int16x low = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-  const int16x high = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-  const int16x low4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-  const int16x high4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-  const int16x swap2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
-  const int16x swap1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
-  const float16x u = __builtin_shuffle(a0, a1, low) + __builtin_shuffle(a0, a1, high);
-  const float16x v = __builtin_shuffle(a2, a3, low) + __builtin_shuffle(a2, a3, high);
-  float16x w = __builtin_shuffle(u, v, low4) + __builtin_shuffle(u, v, high4);
-  w += __builtin_shuffle(w, swap2);
-  return w + __builtin_shuffle(w, swap1);
+inline float lane_sum(floatv v) {
+  float total = 0.f;
+  for (int i = 0; i < kLanes; ++i) total += v[i];
+  return total;
 }
 
 // y[q, r] = x[q] . w[r] (+ bias[r]) for Q rows of x and 4 rows of w (row strides K; y's
@@ -693,20 +691,19 @@ inline float16x sums_of_4(float16x a0, float16x a1, float16x a2, float16x a3) {
 template <int Q>
 void dot_tile(const float *x, const float *w, const float *bias, float *y, int64_t n_stride,
               int64_t k_size) {
-  float16x acc[Q][4] = {};
+  floatv acc[Q][4] = {};
   int64_t k = 0;
-  for (; k + 16 <= k_size; k += 16) {
-    float16x wk[4];
-    for (int r = 0; r < 4; ++r) wk[r] = load16(w + r * k_size + k);
-    for (int q = 0; q < Q; ++q) {
-      const float16x xk = load16(x + q * k_size + k);
-      for (int r = 0; r < 4; ++r) acc[q][r] += xk * wk[r];
+  for (; k + kLanes <= k_size; k += kLanes) {
+    floatv xk[Q];
+    for (int q = 0; q < Q; ++q) xk[q] = loadv(x + q * k_size + k);
+    for (int r = 0; r < 4; ++r) {   // each weight vector straight into its products
+      const floatv wk = loadv(w + r * k_size + k);
+      for (int q = 0; q < Q; ++q) acc[q][r] += xk[q] * wk;
     }
   }
   for (int q = 0; q < Q; ++q) {
-    const float16x sums = sums_of_4(acc[q][0], acc[q][1], acc[q][2], acc[q][3]);
     for (int r = 0; r < 4; ++r) {
-      float total = bias ? bias[r] + sums[4 * r] : sums[4 * r];
+      float total = (bias ? bias[r] : 0.f) + lane_sum(acc[q][r]);
       for (int64_t j = k; j < k_size; ++j) total += x[q * k_size + j] * w[r * k_size + j];
       y[q * n_stride + r] = total;
     }
@@ -718,10 +715,10 @@ void skinny_columns(const float *x, const float *w, const float *bias, float *y,
                     int64_t n_size, int64_t k_size, int64_t n_begin, int64_t n_end) {
   int64_t n = n_begin;
   for (; n + 4 <= n_end; n += 4) {
-    for (int64_t m = 0; m < m_size; m += 4) {
+    for (int64_t m = 0; m < m_size; m += kTileRows) {
       const float *xs = x + m * k_size, *ws = w + n * k_size, *bs = bias ? bias + n : nullptr;
       float *ys = y + m * n_size + n;
-      switch (std::min<int64_t>(m_size - m, 4)) {
+      switch (std::min<int64_t>(m_size - m, kTileRows)) {
         case 1: dot_tile<1>(xs, ws, bs, ys, n_size, k_size); break;
         case 2: dot_tile<2>(xs, ws, bs, ys, n_size, k_size); break;
         case 3: dot_tile<3>(xs, ws, bs, ys, n_size, k_size); break;
@@ -1288,6 +1285,67 @@ extern "C" int ReorderCache(AOT_ARGS) {
       std::memcpy(target, source, kept * sizeof(float));
       std::memcpy(target + kept, fresh + plane_index * depth, depth * sizeof(float));
       std::fill(target + kept + depth, target + plane, 0.f);
+    }
+  });
+  return 0;
+}
+
+// One decoding step's self attention over key/value caches it writes in place: for every
+// (row, head), the newest position's key and value go into the caches at the step's
+// position, then its query attends over positions 0 .. position (later ones are not read).
+// One launch instead of a split, two scatters, a scale, two batched products, a mask and a
+// softmax (about 100 of a GPT-2 small step's 200 launches). inputs: qkv (B, 1, 3 H D) laid
+// out head by head, cache_key and cache_value (B, H, L, D), written in place, index int32
+// (B, H, 1, 3) (`cache_index`: the position is its last entry); outputs: context (B, 1, H D).
+extern "C" int DecodeAttention(AOT_ARGS) {
+  if (nparam != 5 || std::strcmp(dtypes[3], "int32") != 0 || ndims[0] != 3 || ndims[1] != 4 ||
+      ndims[2] != 4 || ndims[4] != 3 || !all_float32(3, dtypes) || !all_float32(1, dtypes + 4)) {
+    return 1;
+  }
+  const int64_t batch = shapes[1][0], heads = shapes[1][1], length = shapes[1][2],
+                depth = shapes[1][3];
+  if (shapes[0][0] != batch || shapes[0][1] != 1 || shapes[0][2] != 3 * heads * depth ||
+      std::memcmp(shapes[1], shapes[2], 4 * sizeof(int64_t)) != 0 ||
+      shapes[4][2] != heads * depth) {
+    return 1;
+  }
+  const float *qkv = as_float(params[0]);
+  float *keys = as_float(params[1]), *values = as_float(params[2]);
+  const int32_t position = static_cast<const int32_t *>(params[3])[2];
+  float *context = as_float(params[4]);
+  if (position < 0 || position >= length) return 1;
+  const float scale = 1.f / std::sqrt(static_cast<float>(depth));
+  const int64_t seen = position + 1;
+  std::vector<float> scratch(parts_for(batch * heads, 1) * seen);
+  float *const scratch_base = scratch.data();
+  parallel_for(batch * heads, 1, [=](int64_t begin, int64_t end, int part) {
+    float *const scores = scratch_base + part * seen;
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t b = pair / heads, h = pair % heads;
+      const float *q = qkv + b * 3 * heads * depth + h * 3 * depth;
+      float *k = keys + pair * length * depth, *v = values + pair * length * depth;
+      std::memcpy(k + position * depth, q + depth, depth * sizeof(float));
+      std::memcpy(v + position * depth, q + 2 * depth, depth * sizeof(float));
+      float peak = -INFINITY;
+      for (int64_t j = 0; j < seen; ++j) {
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t i = 0; i < depth; ++i) dot += q[i] * k[j * depth + i];
+        scores[j] = dot * scale;
+        peak = std::max(peak, scores[j]);
+      }
+      float total = 0.f;
+      for (int64_t j = 0; j < seen; ++j) {
+        scores[j] = exp_approx(scores[j] - peak);
+        total += scores[j];
+      }
+      float *out = context + b * heads * depth + h * depth;
+      std::fill(out, out + depth, 0.f);
+      for (int64_t j = 0; j < seen; ++j) {
+        const float weight = scores[j] / total;
+#pragma omp simd
+        for (int64_t i = 0; i < depth; ++i) out[i] += weight * v[j * depth + i];
+      }
     }
   });
   return 0;

@@ -275,6 +275,19 @@ def reorder_cache():
                    lambda cache, parents, index, new: cache)
 
 
+def decode_attention():
+    """Custom op (qkv (B, 1, 3 H D), cache_key, cache_value (B, H, L, D), write_index int32
+    (B, H, 1, 3)) -> context (B, 1, H D), float32: a decoding step's self attention in one
+    kernel, its key and value written into the caches in place at the position of
+    `write_index` (`attention.cache_index`), the query attending over the positions up to
+    it. Marked as writing memory (`side_effect_mem`), as `adamw_update` is. No backward."""
+    attend = _custom("DecodeAttention",
+                     lambda qkv, key, value, index: [qkv[0], 1, qkv[2] // 3],
+                     lambda qkv, key, value, index: qkv)
+    attend.add_prim_attr("side_effect_mem", True)
+    return attend
+
+
 def bias_add():
     """Custom op (x (..., C), bias (C,)) -> x + bias, float32, with its backward pass (the
     input's gradient passes through; the bias's is the column sum)."""
