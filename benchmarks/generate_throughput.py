@@ -21,8 +21,8 @@ With `--cli`, a third column times the commands users run, in processes of their
 --greedy` at the same shape (the random weights saved as a checkpoint), and `model-zoo
 translate CONFIG --ckpt CKPT --input F --beam 4` on text lines that encode to sources of the
 same length. Per token (per sentence) is the difference of two commands, so that start-up,
-loading and compilation cancel: 2 and 2 + new-tokens new tokens (the first new token comes
-from the prompt's pass, the second from a compiled step); 32 and 64 sentences.
+loading and compilation cancel: the input (one batch of prompts; 32 lines) once and four
+times, so that the difference is three batches of the shapes the first one compiled.
 
 The weight floor beside the batch-1 figure: at batch 1 a token costs one read of every
 weight, so weight bytes / the read bandwidth measured here (numpy's matrix-vector product
@@ -174,61 +174,72 @@ def _random_checkpoint(config, path: str, seed: int = 0) -> str:
 
 
 def cli_generate(batch: int, length: int, new_tokens: int, rounds: int) -> float:
-    """Tokens/s of `model-zoo generate` at GPT-2 small's shape: (batch x new_tokens) / the
-    difference between the fastest runs making 2 + new_tokens and 2 new tokens (both
-    compile the prompt's pass and the step)."""
+    """Tokens/s of `model-zoo generate` at GPT-2 small's shape, as the library side runs it
+    (`batch` prompts a batch, new_tokens each): 3 x batch x new_tokens / the difference
+    between the fastest runs over the prompts four times and once (four batches and one;
+    the later batches compile nothing)."""
     from model_zoo.config import load_config
     with tempfile.TemporaryDirectory() as workdir:
         overrides = [f"model.{key}={value}" for key, value in SHAPE.items()] + [
             f"data.dataset_dir={workdir}/no-dataset"]   # no tokenizer: ids only
         config = load_config(GPT2_TINY, overrides)
         ckpt = _random_checkpoint(config, os.path.join(workdir, "gpt2.ckpt"))
-        ids_file = os.path.join(workdir, "prompts.txt")
-        with open(ids_file, "w", encoding="utf-8") as handle:
-            handle.writelines(" ".join(map(str, row)) + "\n" for row in prompts(batch, length))
         sets = [flag for override in overrides for flag in ("--set", override)]
+        rows = [" ".join(map(str, row)) + "\n" for row in prompts(batch, length)]
 
-        def fastest(count: int) -> float:
+        def fastest(copies: int) -> float:
+            ids_file = os.path.join(workdir, f"prompts{copies}.txt")
+            with open(ids_file, "w", encoding="utf-8") as handle:
+                handle.writelines(rows * copies)
             return min(_timed_command(["generate", GPT2_TINY, *sets, "--ckpt", ckpt,
                                        "--prompt-ids-file", ids_file, "--batch-size",
-                                       str(batch), "--max-new-tokens", str(count),
+                                       str(batch), "--max-new-tokens", str(new_tokens),
                                        "--greedy"]) for _ in range(rounds))
-        return batch * new_tokens / (fastest(2 + new_tokens) - fastest(2))
+        return 3 * batch * new_tokens / (fastest(4) - fastest(1))
 
 
-def beam_cli(rounds: int) -> float:
-    """Sentences/s of `model-zoo translate` with the tiny Transformer's dimensions and random
-    weights on text lines of the benchmark's source length: 32 / the difference between the
-    fastest runs over 64 and over 32 lines. The tokenizer is the tiny config's dataset's
-    (built here on first use)."""
+def beam_cli(rounds: int) -> list:
+    """[sentences/s of `model-zoo translate`, of `translate_ids` in this process on the same
+    sentences and weights]: the tiny Transformer's dimensions, random weights, 32 text lines
+    of about the benchmark's source length (decoded random ids that encode to 17-24 tokens
+    with eos, one padded length; the tokenizer is the tiny config's dataset's, built here on
+    first use). The command's figure is 3 x 32 / the difference between the fastest runs
+    over the lines four times and once: every batch has one shape, so the later ones compile
+    nothing."""
     from model_zoo.config import import_model, load_config
+    from model_zoo.models.transformer.tasks import EVAL_BATCH, translate_ids
+    from model_zoo.train.checkpoint import load_network
     overrides = ["model.dropout=0", "model.attention_dropout=0",
                  f"model.length_penalty={BEAM['length_penalty']}"]
     config = load_config(TINY_TRANSFORMER, overrides)
     module = import_model("transformer")
     module.prepare_data(config)
     tokenizer = module.tasks._tokenizer(config)
+    rng = np.random.default_rng(0)
+    lines = []
+    while len(lines) < EVAL_BATCH:   # lines of 17-24 tokens with eos: one padded shape
+        line = tokenizer.decode(rng.integers(4, config.model.vocab_size,
+                                             BEAM["source_tokens"]).tolist()).strip()
+        if line and "\n" not in line and 16 < len(tokenizer.encode(line)) + 1 <= 24:
+            lines.append(line)
     with tempfile.TemporaryDirectory() as workdir:
         ckpt = _random_checkpoint(config, os.path.join(workdir, "transformer.ckpt"))
-        # lines whose encoding is about the benchmark's source length
-        rng = np.random.default_rng(0)
-        lines = []
-        while len(lines) < BEAM["sentences"]:
-            line = tokenizer.decode(rng.integers(4, config.model.vocab_size,
-                                                 BEAM["source_tokens"]).tolist()).strip()
-            if line and "\n" not in line:
-                lines.append(line)
+        # the library on the same sentences and weights, as `run_translate` encodes them
+        sources = [tokenizer.encode(line)[:config.model.seq_length - 1] + [tokenizer.eos_id]
+                   for line in lines]
+        network = load_network(config, ckpt)
+        library = _best(lambda: translate_ids(config, network.transformer, sources,
+                                              BEAM["beam"]), len(sources), 1, rounds)
         sets = [flag for override in overrides for flag in ("--set", override)]
 
-        def fastest(count: int) -> float:
-            path = os.path.join(workdir, f"lines{count}.txt")
+        def fastest(copies: int) -> float:
+            path = os.path.join(workdir, f"lines{copies}.txt")
             with open(path, "w", encoding="utf-8") as handle:
-                handle.writelines(line + "\n" for line in lines[:count])
+                handle.writelines(line + "\n" for line in lines * copies)
             return min(_timed_command(["translate", TINY_TRANSFORMER, *sets, "--ckpt", ckpt,
                                        "--input", path, "--beam", str(BEAM["beam"])])
                        for _ in range(rounds))
-        half = BEAM["sentences"] // 2
-        return half / (fastest(2 * half) - fastest(half))
+        return [3 * len(lines) / (fastest(4) - fastest(1)), library]
 
 
 def weight_floor_ms() -> float:
@@ -306,11 +317,15 @@ def main():
         print(f"beam search, tiny Transformer dimensions, {BEAM['sentences']} sentences of "
               f"{BEAM['source_tokens']} tokens in batches of {BEAM['batch']}, beam "
               f"{BEAM['beam']}, best of {args.rounds} rounds", flush=True)
-        figures = [run_side("beam", side, args) for side in sides]
-        mine, theirs = figures[:2]
-        print(f"{'ours sentences/s':>17} {'Marian (HF)':>12} {'ours / HF':>10}{cli_heading}")
-        print(f"{mine:>17.1f} {theirs:>12.1f} {mine / theirs:>9.2f}x{cli_columns(figures)}",
-              flush=True)
+        mine, theirs = (run_side("beam", side, args) for side in ("ours", "reference"))
+        print(f"{'ours sentences/s':>17} {'Marian (HF)':>12} {'ours / HF':>10}")
+        print(f"{mine:>17.1f} {theirs:>12.1f} {mine / theirs:>9.2f}x", flush=True)
+        if args.cli:
+            command, library = run_side("beam", "cli", args)
+            print(f"model-zoo translate on 32 text lines (random ids decoded), beam "
+                  f"{BEAM['beam']}: {command:.1f} sentences/s; translate_ids on the same "
+                  f"sentences: {library:.1f}; CLI / library {command / library:.2f}x",
+                  flush=True)
 
 
 if __name__ == "__main__":

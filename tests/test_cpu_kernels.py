@@ -255,6 +255,17 @@ class WeightedAttention(nn.Cell):
         return (self.attention(x, memory, bias) * self.weights).sum()
 
 
+def train_with_random_weights(attention, fused: bool, rng):
+    """`attention` in training mode with random weights (scale 0.3) from `rng`, on its fused
+    CPU kernel, or on MindSpore's operators unless `fused`."""
+    assert attention.fused is not None
+    if not fused:
+        attention.fused = None
+    attention.set_train(True)
+    for parameter in attention.trainable_params():
+        parameter.set_data(Tensor(rng.normal(size=parameter.shape).astype(np.float32) * 0.3))
+
+
 def attention_loss_and_grads(kind, rate, fused, seed=5, seq=20):
     """Loss, input gradients and parameter gradients of a MultiHeadAttention of `kind`
     (causal, padded or cross) over `seq` positions on fixed data, fused or on MindSpore's
@@ -264,13 +275,8 @@ def attention_loss_and_grads(kind, rate, fused, seed=5, seq=20):
     attention = MultiHeadAttention(hidden, heads, parallel_config=ParallelConfig(),
                                    causal=kind == "causal", cross=kind == "cross",
                                    max_seq_length=160, attention_dropout=rate)
-    assert attention.fused is not None
-    if not fused:
-        attention.fused = None
-    attention.set_train(True)
     rng = np.random.default_rng(1)
-    for parameter in attention.trainable_params():
-        parameter.set_data(Tensor(rng.normal(size=parameter.shape).astype(np.float32) * 0.3))
+    train_with_random_weights(attention, fused, rng)
     x = Tensor(rng.normal(size=(batch, seq, hidden)).astype(np.float32))
     keys = memory_seq if kind == "cross" else seq
     memory = Tensor(rng.normal(size=(batch, keys, hidden)).astype(np.float32))
@@ -326,13 +332,8 @@ def grouped_attention_loss_and_grads(kv_heads, seq, rate, fused):
     ms.set_seed(5)   # the same dropout seeds for both
     attention = GroupedQueryAttention(hidden, 4, kv_heads, parallel_config=ParallelConfig(),
                                       max_seq_length=160, attention_dropout=rate)
-    assert attention.fused is not None
-    if not fused:
-        attention.fused = None
-    attention.set_train(True)
     rng = np.random.default_rng(2)
-    for parameter in attention.trainable_params():
-        parameter.set_data(Tensor(rng.normal(size=parameter.shape).astype(np.float32) * 0.3))
+    train_with_random_weights(attention, fused, rng)
     x = Tensor(rng.normal(size=(batch, seq, hidden)).astype(np.float32))
     loss = WeightedGrouped(attention, rng.normal(size=x.shape).astype(np.float32), seq)
     grad = ms.jit(ms.value_and_grad(loss, grad_position=0,

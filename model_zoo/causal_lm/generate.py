@@ -176,6 +176,7 @@ class CachedGenerator:
                  top_p: float = 1.0, temperature: float = 1.0, repetition_penalty: float = 1.0,
                  seed: int = 0, eos_id=None) -> list:
         """The new ids of every prompt (lists of ids), in order; see the module docstring."""
+        self.lm.set_train(False)   # training may have switched it back since
         prompts = [[int(t) for t in np.asarray(p).reshape(-1)] for p in prompts]
         if not prompts:
             raise ValueError("no prompt: give at least one")
@@ -242,7 +243,12 @@ def generate_ids(lm, prompts, max_new_tokens: int, **options) -> list:
     window (`generate`). `options`: those of `CachedGenerator.generate`."""
     seq_length = lm.config.seq_length
     if max(len(p) for p in prompts) + int(max_new_tokens) <= seq_length:
-        return CachedGenerator(lm).generate(prompts, max_new_tokens, **options)
+        # one generator per model, kept on it: its step cells keep their compiled graphs
+        # from call to call (`model-zoo generate`'s batches; a new one compiled each batch)
+        generator = getattr(lm, "cached_generator", None)
+        if generator is None:
+            generator = lm.cached_generator = CachedGenerator(lm)
+        return generator.generate(prompts, max_new_tokens, **options)
     return [generate(lm, prompt, max_new_tokens, seq_length=seq_length, **options)
             for prompt in prompts]
 
