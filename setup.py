@@ -22,9 +22,10 @@ setup(
         "matplotlib",
         "safetensors",
         "tokenizers",
+        "sacrebleu",   # the Transformer's evaluation (BLEU), run at the end of its training
     ],
     extras_require={
-        "dev": ["pytest", "torch==2.13.0", "transformers", "sacrebleu"],
+        "dev": ["pytest", "torch==2.13.0", "transformers"],
     },
     entry_points={"console_scripts": ["model-zoo=model_zoo.cli:main"]},
 )
