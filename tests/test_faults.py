@@ -52,6 +52,8 @@ def stopped_step(output: str) -> int:
 
 
 def test_sigterm_saves_a_checkpoint_that_resumes(write_config, tmp_path):
+    """A SIGTERM saves the step's checkpoint; --resume continues from it, past a metrics
+    line torn mid-append (a full disk or a kill while writing), which it drops."""
     config = write_config({"train.steps": 100000, "train.log_steps": 1,
                            "train.save_steps": 100000})
     run_dir = tmp_path / "run"
@@ -64,6 +66,8 @@ def test_sigterm_saves_a_checkpoint_that_resumes(write_config, tmp_path):
     assert f"continue with: model-zoo train {config} --output-dir {run_dir} --resume" in output
     assert "received SIGTERM: stopping after this step" in output
     assert "held-out evaluation" not in output          # no evaluation of a stopped run
+    with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
+        handle.write('{"step": 99, "loss": 1.2, "step_')   # an append a full disk cut short
 
     result = run_cli("train", config, "--output-dir", run_dir, "--resume",
                      "--set", f"train.steps={step + 2}")

@@ -504,3 +504,16 @@ def test_a_sink_ends_at_every_step_the_loop_acts_after():
     assert sink_size_of(TrainConfig(steps=1001, log_steps=10, save_steps=100),
                         "Ascend", 0) == 0                # a sink of one: fed from the host
 
+
+
+def test_a_metrics_line_that_is_not_json_before_the_last_is_refused(tmp_path):
+    """Only the last line of metrics.jsonl may be torn (appends end there); garbage before it
+    is an error naming the file and line, not a traceback."""
+    from model_zoo.errors import DataError
+    from model_zoo.train.metrics import read_metrics
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
+    with pytest.raises(DataError, match="line 2 is not a JSON entry"):
+        read_metrics(str(path))
+    path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "lo')
+    assert read_metrics(str(path)) == [{"step": 1}, {"step": 2}]

@@ -177,6 +177,8 @@ class CachedGenerator:
                  seed: int = 0, eos_id=None) -> list:
         """The new ids of every prompt (lists of ids), in order; see the module docstring."""
         self.lm.set_train(False)   # training may have switched it back since
+        # the tables as the weights are now (GPT-2's are learned: trained or loaded since)
+        self.tables = self.lm.position_tables()
         prompts = [[int(t) for t in np.asarray(p).reshape(-1)] for p in prompts]
         if not prompts:
             raise ValueError("no prompt: give at least one")

@@ -195,7 +195,7 @@ class MultiHeadAttention(nn.Cell):
                 and cpu_kernels.has_dense():
             self.fused = cpu_kernels.kv_attention(num_heads) if cross else \
                 cpu_kernels.self_attention(num_heads)
-            self.causal_flag = Tensor([int(causal)], ms.int32)
+            self.causal_flag = Tensor([int(causal and not cross)], ms.int32)
         self.use_flash = flash
         if flash:
             check_flash_attention(self.head_dim, attention_dropout, compute_dtype)

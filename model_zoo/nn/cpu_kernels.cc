@@ -1305,7 +1305,8 @@ extern "C" int DecodeAttention(AOT_ARGS) {
   const int64_t batch = shapes[1][0], heads = shapes[1][1], length = shapes[1][2],
                 depth = shapes[1][3];
   if (shapes[0][0] != batch || shapes[0][1] != 1 || shapes[0][2] != 3 * heads * depth ||
-      std::memcmp(shapes[1], shapes[2], 4 * sizeof(int64_t)) != 0 ||
+      std::memcmp(shapes[1], shapes[2], 4 * sizeof(int64_t)) != 0 || ndims[3] != 4 ||
+      shapes[3][3] != 3 || shapes[4][0] != batch || shapes[4][1] != 1 ||
       shapes[4][2] != heads * depth) {
     return 1;
   }

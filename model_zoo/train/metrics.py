@@ -3,7 +3,7 @@
 import json
 import os
 
-from model_zoo.errors import DiskError
+from model_zoo.errors import DataError, DiskError
 from model_zoo.files import write_atomically
 
 
@@ -33,10 +33,25 @@ class MetricsLog:
 
 
 def read_metrics(path: str) -> list:
+    """The entries of a metrics.jsonl. A last line that is not JSON is an append cut short
+    (a full disk, a kill mid-write): it is left out, and `MetricsLog`'s rewrite on resume
+    drops it. Any other line that is not JSON is a DataError naming the file and line."""
     if not os.path.exists(path):
         return []
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        lines = handle.read().splitlines()
+    entries = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            raise DataError(f"{path} line {number} is not a JSON entry ({line[:40]!r}); "
+                            f"remove that line to continue") from None
+    return entries
 
 
 def progress_line(entry: dict, total_steps: int) -> str:

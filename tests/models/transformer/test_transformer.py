@@ -242,6 +242,30 @@ def test_incremental_decoder_matches_full_recomputation(placement, pynative):
     assert worst < 1e-4
 
 
+def test_greedy_steps_match_full_recomputation():
+    """The greedy path's steps (one continuation, no cache reordering: the decoding-step
+    attention kernel on CPU, which writes the caches in place) choose the argmax of a full
+    recomputation of the prefix at every position, with its log-probability."""
+    ms.set_seed(3)
+    config = tiny_config()
+    transformer = Transformer(config)
+    translator = Translator(transformer)
+    rng = np.random.default_rng(4)
+    source_ids, source_mask = padded_sources(rng, [7, 3], config.vocab_size, 7)
+    memory, source_bias = transformer.encode(Tensor(source_ids), Tensor(source_mask))
+    caches, cross = translator.prepare(source_ids, source_mask, 1)
+    tokens, prefix = np.full(2, BOS), np.full((2, 1), BOS)
+    for position in range(6):
+        values, ids, caches = translator._step(tokens, np.arange(2), position, caches, cross, 1)
+        logits = transformer.decode(Tensor(prefix.astype(np.int32)), memory,
+                                    source_bias).asnumpy()
+        full = log_softmax(logits.reshape(2, position + 1, -1)[:, -1])
+        np.testing.assert_array_equal(ids[:, 0], full.argmax(axis=1))
+        np.testing.assert_allclose(values[:, 0], full.max(axis=1), atol=1e-4)
+        tokens = ids[:, 0]
+        prefix = np.concatenate([prefix, tokens[:, None]], axis=1)
+
+
 # --- search on a model trained to copy ----------------------------------------------------------
 
 COPY_VOCAB, COPY_SEQ, COPY_STEPS = 20, 10, 300
