@@ -153,7 +153,6 @@ class CachedGenerator:
         self.lm = lm
         self.seq_length = lm.config.seq_length
         self.heads = lm.cache_layout()[1]
-        self.tables = lm.position_tables()
         self.steps = {}
 
     def positions(self, start: int, count: int) -> tuple:

@@ -74,6 +74,14 @@ def compressed_causal_mask() -> Tensor:
     return Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
 
 
+def uses_fused_attention(flash: bool, compute_dtype) -> bool:
+    """Whether an attention layer built now runs training's attention through the fused CPU
+    kernels (`cpu_kernels.self_attention`, `kv_attention`): float32 on CPU with oneDNN,
+    unless it takes FlashAttentionScore."""
+    return not flash and use_cpu_kernels() and compute_dtype == ms.float32 \
+        and cpu_kernels.has_dense()
+
+
 def fuse_head_projections(parts, num_heads: int) -> np.ndarray:
     """Separate projections (q, k, v or k, v: weights (hidden, in) or biases (hidden,)) as
     one fused projection laid out head by head: rows [q_0, k_0, v_0, q_1, k_1, v_1, ...],
@@ -191,8 +199,7 @@ class MultiHeadAttention(nn.Cell):
         self.inv_sqrt_head_dim = 1.0 / math.sqrt(self.head_dim)
         # on CPU, attention in one kernel per direction (`cpu_kernels.self_attention`)
         self.fused = None
-        if not flash and use_cpu_kernels() and compute_dtype == ms.float32 \
-                and cpu_kernels.has_dense():
+        if uses_fused_attention(flash, compute_dtype):
             self.fused = cpu_kernels.kv_attention(num_heads) if cross else \
                 cpu_kernels.self_attention(num_heads)
             self.causal_flag = Tensor([int(causal and not cross)], ms.int32)

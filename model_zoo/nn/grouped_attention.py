@@ -10,7 +10,7 @@ from mindspore import Tensor, nn, ops
 
 from model_zoo.errors import ConfigError
 from model_zoo.nn.attention import (causal_bias, check_flash_attention,
-                                    compressed_causal_mask)
+                                    compressed_causal_mask, uses_fused_attention)
 from model_zoo.nn import cpu_kernels
 from model_zoo.nn.layers import Dropout, Linear, use_cpu_kernels
 from model_zoo.parallel.config import ParallelConfig
@@ -153,11 +153,9 @@ class GroupedQueryAttention(nn.Cell):
         # on CPU, training's attention in one kernel per direction, reading the projections
         # where they are (`cpu_kernels.kv_attention`), rotary positions applied in place
         self.fused = None
-        if not flash and use_cpu_kernels() and compute_dtype == ms.float32 \
-                and cpu_kernels.has_dense():
+        if uses_fused_attention(flash, compute_dtype):
             self.fused = cpu_kernels.kv_attention(num_heads)
-            self.rotate_queries = cpu_kernels.rotary(parts=1)
-            self.rotate_keys = cpu_kernels.rotary(parts=2)
+            self.rotate_keys = cpu_kernels.rotary(parts=2)   # the queries: self.rotary's
             self.causal_flag = Tensor([1], ms.int32)
 
     def _heads(self, projected, heads: int, parts: int):
@@ -227,7 +225,7 @@ class GroupedQueryAttention(nn.Cell):
     def _fused_attend(self, x, cos, sin):
         """Causal attention of x (batch, seq, hidden) through the fused CPU kernels."""
         batch, seq = x.shape[0], x.shape[1]
-        q = self.rotate_queries(self.query(x), cos, sin)            # (batch, seq, heads hd)
+        q = self.rotary.kernel(self.query(x), cos, sin)             # (batch, seq, heads hd)
         kv = self.rotate_keys(self.key_value(x), cos, sin)          # (batch, seq, kv 2 hd)
         key, keep = self.attention_dropout.mask_key()
         context, _ = self.fused(q, kv, ops.zeros((batch, seq), ms.float32), self.causal_flag,
