@@ -1,14 +1,16 @@
-"""The time model against published measurements: predicted and measured samples/s side by
-side for every row of a measurements file, with the error, in one run; `--fit` refits the
-profile's free constants on those rows first and prints them (to put in its YAML).
+"""The time model against published measurements: measured and predicted samples/s side by
+side for every row of a measurements file, with the error, in one run, and the same
+prediction made without the row's group (leave one group out: the profile's free constants
+refitted on the other (model, devices) groups, the group predicted); `--fit` refits the
+profile's free constants on all rows first and prints them (to put in its YAML).
 
     python benchmarks/calibrate_profile.py                   # the a100 profile as shipped
-    python benchmarks/calibrate_profile.py --fit             # refit its 4 free constants
+    python benchmarks/calibrate_profile.py --fit             # refit its free constants
     python benchmarks/calibrate_profile.py --csv OTHER.csv   # rows of the same columns
 
-The rows are LiBai's single-axis A100 runs (benchmarks/measurements/, columns and shapes
-in ../shared/measurements/README.md); `model_zoo.plan.calibration` plans each one with the
-project's bert-large / gpt2-1024 config.
+The rows are LiBai's 42 published A100 runs (model_zoo/plan/measurements/libai_a100.csv,
+columns and shapes in ../shared/measurements/README.md); `model_zoo.plan.calibration`
+plans each one with the project's bert-large / gpt2-1024 config.
 """
 
 import argparse
@@ -17,6 +19,14 @@ import time
 
 from model_zoo.plan import calibration
 from model_zoo.plan.devices import load_profile
+
+
+def summary(name: str, errors: list, agree: dict) -> str:
+    absolute = [abs(e) for e in errors]
+    return (f"{name}: median error {100 * statistics.median(absolute):.1f}%, mean "
+            f"{100 * statistics.mean(absolute):.1f}%, max {100 * max(absolute):.1f}% over "
+            f"{len(errors)} rows; the fastest layout predicted in {sum(agree.values())} of "
+            f"{len(agree)} groups")
 
 
 def main():
@@ -34,26 +44,31 @@ def main():
         values = calibration.fit(planned, profile, profile.fitted)
         print("fitted: " + ", ".join(f"{name} = {value:.4g}" for name, value in values.items()))
         profile = calibration.with_constants(profile, values)
-    print(f"{'model':6} {'layers':>6} {'dp':>3} {'tp':>3} {'pp':>3} {'ac':>3} {'mb':>4} "
-          f"{'gb':>5} {'devices':>7} {'measured':>9} {'predicted':>9} {'error':>7}")
     errors = calibration.errors(planned, profile)
-    for (row, plan), error in zip(planned, errors):
+    held_out, held_out_agree = calibration.leave_one_group_out(planned, profile,
+                                                               profile.fitted)
+    print(f"{'model':6} {'layers':>6} {'dp':>3} {'tp':>3} {'pp':>3} {'ac':>3} {'mb':>4} "
+          f"{'gb':>5} {'devices':>7} {'measured':>9} {'predicted':>9} {'error':>7} "
+          f"{'group out':>9}")
+    for (row, plan), error, other in zip(planned, errors, held_out):
         devices = int(row["nodes"]) * int(row["gpus_per_node"])
         print(f"{row['model']:6} {row['layers']:>6} {row['dp']:>3} {row['tp']:>3} "
               f"{row['pp']:>3} {row['recompute']:>3} {row['micro_batch']:>4} "
               f"{row['global_batch']:>5} {devices:>7} {float(row['samples_per_s']):>9.2f} "
-              f"{calibration.predict(plan, profile):>9.2f} {100 * error:>+6.1f}%")
-    absolute = [abs(e) for e in errors]
-    print(f"samples/s error: median {100 * statistics.median(absolute):.1f}%, mean "
-          f"{100 * statistics.mean(absolute):.1f}%, max {100 * max(absolute):.1f}% "
-          f"over {len(errors)} rows")
+              f"{calibration.predict(plan, profile):>9.2f} {100 * error:>+6.1f}% "
+              f"{100 * other:>+8.1f}%")
+    agree = calibration.fastest_agree(planned, profile)
+    print(summary("fitted on all rows", errors, agree))
+    print(summary("leave one group out", held_out, held_out_agree))
     measured = [float(row["samples_per_s"]) for row, _ in planned]
     predicted = [calibration.predict(plan, profile) for _, plan in planned]
     print(f"Spearman rank correlation, all rows: "
           f"{calibration.spearman(measured, predicted):.3f}")
-    for (model, devices), same in calibration.fastest_agree(planned, profile).items():
+    for (model, devices), same in agree.items():
         print(f"  {model} on {devices} device{'s' if devices > 1 else ''}: the fastest "
-              f"predicted is {'the fastest measured' if same else 'NOT the fastest measured'}")
+              f"predicted is {'the fastest measured' if same else 'NOT the fastest measured'}"
+              f"{'' if held_out_agree[(model, devices)] else ' (NOT with the group left out)'}")
+    print(f"done in {time.perf_counter() - started:.1f} s")
 
 
 if __name__ == "__main__":

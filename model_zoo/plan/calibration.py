@@ -1,18 +1,21 @@
 """Published throughput measurements against the time model: read them, plan every row's
-layout, predict its samples/s with a device profile, and fit a profile's free constants.
+layout, predict its samples/s with a device profile, fit a profile's free constants, and
+check the fit on what it was not fitted on (leave one group out).
 
-`benchmarks/measurements/libai_a100_calibration.csv` holds LiBai's published single-axis
-runs of BERT-large and GPT-2-medium shapes on A100s (columns in its README). A row becomes
-the project's bert-large / gpt2-1024 config with the row's layers, layout and batch:
-pipeline runs take the micro steps as micro batches, the others as gradient accumulation.
+`measurements/libai_a100.csv` holds the 42 runs LiBai v0.2.0 published for BERT-large and
+GPT-2-medium shapes on A100s (docs/source/tutorials/get_started/Benchmark.md of
+Oneflow-Inc/libai: data, tensor and pipeline parallel alone, two axes and three axes, 1-32
+GPUs; columns in ../shared/measurements/README.md). A row becomes the project's
+bert-large / gpt2-1024 config with the row's layers, layout and batch: pipeline runs take
+the micro steps as micro batches, the others as gradient accumulation.
 """
 
 import csv
 import dataclasses
 import os
 
-MEASUREMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "benchmarks", "measurements", "libai_a100_calibration.csv")
+MEASUREMENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "measurements",
+                            "libai_a100.csv")
 CONFIGS = {"BERT": "model_zoo/bert/configs/bert-large.yaml",
            "GPT-2": "model_zoo/gpt2/configs/gpt2-1024.yaml"}
 
@@ -149,10 +152,26 @@ def groups(planned: list) -> dict:
 def fastest_agree(planned: list, profile) -> dict:
     """{group: whether the layout predicted fastest is the one measured fastest}, for the
     groups of more than one row."""
-    agree = {}
+    return {key: _fastest_agree(members, profile)
+            for key, members in groups(planned).items() if len(members) > 1}
+
+
+def _fastest_agree(members: list, profile) -> bool:
+    measured = max(members, key=lambda m: float(m[0]["samples_per_s"]))
+    predicted = max(members, key=lambda m: predict(m[1], profile))
+    return measured is predicted
+
+
+def leave_one_group_out(planned: list, profile, names) -> tuple:
+    """Each (model, devices) group predicted by a fit on the other groups' rows: (the
+    relative error of every row, in `planned`'s order; {group: whether its predicted
+    fastest layout is its measured fastest}, for groups of more than one row)."""
+    found, agree = {}, {}
     for key, members in groups(planned).items():
+        held_out = {id(plan) for _, plan in members}
+        rest = [(row, plan) for row, plan in planned if id(plan) not in held_out]
+        fitted = with_constants(profile, fit(rest, profile, names))
+        found.update(zip((id(plan) for _, plan in members), errors(members, fitted)))
         if len(members) > 1:
-            measured = max(members, key=lambda m: float(m[0]["samples_per_s"]))
-            predicted = max(members, key=lambda m: predict(m[1], profile))
-            agree[key] = measured is predicted
-    return agree
+            agree[key] = _fastest_agree(members, fitted)
+    return [found[id(plan)] for _, plan in planned], agree

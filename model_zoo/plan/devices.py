@@ -16,8 +16,17 @@ DEVICE_KEYS = sorted(name[:-5] for name in os.listdir(PROFILE_DIR) if name.endsw
 
 @dataclass
 class Link:
-    bandwidth: float   # bytes/s one device sends over it
+    bandwidth: float   # bytes/s one device sends over all its links together
     latency: float     # seconds per message
+    peers: int = 0     # 0: a switch, any group reaches `bandwidth`; else a full mesh of
+                       # this many peer links (Ascend's HCCS), one link to each peer
+
+    def bandwidth_for(self, size: int) -> float:
+        """Bytes/s a device of a collective over `size` ranks sends: on a full mesh a group
+        of n uses only its n - 1 links to the others."""
+        if not self.peers:
+            return self.bandwidth
+        return self.bandwidth * min(size - 1, self.peers) / self.peers
 
 
 @dataclass
@@ -63,5 +72,5 @@ def load_profile(key: str, devices_per_server: int = 0) -> DeviceProfile:
 
 
 def _link(raw: dict) -> Link:
-    return Link(raw["bandwidth_gbs"] * 1e9, raw["latency_us"] * 1e-6)
+    return Link(raw["bandwidth_gbs"] * 1e9, raw["latency_us"] * 1e-6, raw.get("peers", 0))
 

@@ -14,16 +14,20 @@ micro steps (`cost.estimate_compute`, `cost.estimate_communication` count it all
                   weight, gradient and two moments and writes three of them: 28 bytes per
                   parameter of the device's optimizer slice)
 
-    step = (m + pp - 1) max_k (compute_k + exposed_k) / m + max_k sync_k
+    t_k  = (compute_k + exposed_k) / m, one micro step of stage k
+    step = sum_k t_k + (m - 1) max_k t_k + max_k sync_k
 
-i.e. a 1F1B pipeline (GPipe has the same bubble) paced by its slowest stage; the bubble is
-(pp - 1) micro steps of it. A collective's link is the slower one its group spans: its
-ranks, in MindSpore's rank order (the stage outermost, then the device matrix with its last
-dimension fastest: model-parallel groups are neighbours, data-parallel groups stride
-dp x mp / replicas), sit inside one server when the group's extent fits in
-`devices_per_server`. Not modelled: overlap of communication with compute (the fitted link
-bandwidths absorb the average of it), unbalanced stages beyond their counted work, memory
-pressure, and the host.
+i.e. a 1F1B pipeline (GPipe has the same bubble) as a flow shop: the first micro batch
+passes every stage, the other m - 1 follow at the pace of the slowest stage; the bubble is
+sum_k t_k - max_k t_k: (pp - 1) micro steps when the stages are even, less when one stage
+(a last stage that also holds the vocabulary projection) is slower than the others.
+A collective's link is the slower one its group spans: its ranks, in MindSpore's rank order
+(the stage outermost, then the device matrix with its last dimension fastest:
+model-parallel groups are neighbours, data-parallel groups stride dp x mp / replicas), sit
+inside one server when the group's extent fits in `devices_per_server`; inside a server a
+group of n ranks on a full mesh of links (a profile's `peers`) sends over n - 1 of them
+(`devices.Link.bandwidth_for`). Not modelled: overlap of communication with compute (the
+fitted link bandwidths absorb the average of it), memory pressure, and the host.
 """
 
 import math
@@ -96,7 +100,7 @@ def collective_seconds(kind, amount, size, stride, times, profile: DeviceProfile
     link = (profile.between_servers
             if spans_servers(size, stride, profile.devices_per_server)
             else profile.inside_server)
-    return amount / link.bandwidth + times * ring_steps(kind, size) * link.latency
+    return amount / link.bandwidth_for(size) + times * ring_steps(kind, size) * link.latency
 
 
 def estimate_time(compute, communication, memory, parallel, precision: str,
@@ -135,12 +139,11 @@ def estimate_time(compute, communication, memory, parallel, precision: str,
             stage.gradient_sync = max(stage.gradient_sync / buckets,
                                       stage.gradient_sync - backward)
         stages.append(stage)
-    per_micro = max(s.compute + s.exposed_communication for s in stages) / micro_steps
-    pp = parallel.pipeline_stage
-    step = (per_micro * (micro_steps + pp - 1)
-            + max(s.gradient_sync + s.optimizer for s in stages))
+    per_micro = [(s.compute + s.exposed_communication) / micro_steps for s in stages]
+    pipeline = sum(per_micro) + (micro_steps - 1) * max(per_micro)
+    step = pipeline + max(s.gradient_sync + s.optimizer for s in stages)
     model_flops = sum(c.model for c in compute)
-    return StepTime(stages=stages, step=step, bubble=per_micro * (pp - 1),
+    return StepTime(stages=stages, step=step, bubble=pipeline - micro_steps * max(per_micro),
                     samples_per_s=global_batch / step,
                     tokens_per_s=global_batch * tokens_per_sample / step,
                     mfu=model_flops / (step * parallel.device_num * peak))
