@@ -31,14 +31,17 @@ def summary(name: str, errors: list, agree: dict) -> str:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="a100")
-    parser.add_argument("--csv", default=calibration.MEASUREMENTS)
+    parser.add_argument("--device", default="a100",
+                        choices=sorted(calibration.DEVICE_MEASUREMENTS))
+    parser.add_argument("--csv", help="measurements (default: the device's own, "
+                                      "model_zoo/plan/measurements/)")
     parser.add_argument("--fit", action="store_true", help="refit the profile's free "
                                                            "constants on these rows")
     args = parser.parse_args()
     started = time.perf_counter()
     profile = load_profile(args.device)
-    planned = calibration.plan_rows(calibration.read_rows(args.csv), args.device)
+    runs = calibration.read_rows(args.csv or calibration.DEVICE_MEASUREMENTS[args.device])
+    planned = calibration.plan_rows([run for run in runs if run.device == args.device])
     print(f"planned {len(planned)} rows in {time.perf_counter() - started:.1f} s")
     if args.fit:
         values = calibration.fit(planned, profile, profile.fitted)
@@ -47,20 +50,17 @@ def main():
     errors = calibration.errors(planned, profile)
     held_out, held_out_agree = calibration.leave_one_group_out(planned, profile,
                                                                profile.fitted)
-    print(f"{'model':6} {'layers':>6} {'dp':>3} {'tp':>3} {'pp':>3} {'ac':>3} {'mb':>4} "
-          f"{'gb':>5} {'devices':>7} {'measured':>9} {'predicted':>9} {'error':>7} "
-          f"{'group out':>9}")
-    for (row, plan), error, other in zip(planned, errors, held_out):
-        devices = int(row["nodes"]) * int(row["gpus_per_node"])
-        print(f"{row['model']:6} {row['layers']:>6} {row['dp']:>3} {row['tp']:>3} "
-              f"{row['pp']:>3} {row['recompute']:>3} {row['micro_batch']:>4} "
-              f"{row['global_batch']:>5} {devices:>7} {float(row['samples_per_s']):>9.2f} "
+    width = max(len(run.name) for run, _ in planned)
+    print(f"{'run':{width}} {'dp x mp x pp':>12} {'measured':>9} {'predicted':>9} "
+          f"{'error':>7} {'group out':>9}   (samples/s)")
+    for (run, plan), error, other in zip(planned, errors, held_out):
+        print(f"{run.name:{width}} {run.layout:>12} {run.samples_per_s:>9.2f} "
               f"{calibration.predict(plan, profile):>9.2f} {100 * error:>+6.1f}% "
               f"{100 * other:>+8.1f}%")
     agree = calibration.fastest_agree(planned, profile)
     print(summary("fitted on all rows", errors, agree))
     print(summary("leave one group out", held_out, held_out_agree))
-    measured = [float(row["samples_per_s"]) for row, _ in planned]
+    measured = [run.samples_per_s for run, _ in planned]
     predicted = [calibration.predict(plan, profile) for _, plan in planned]
     print(f"Spearman rank correlation, all rows: "
           f"{calibration.spearman(measured, predicted):.3f}")

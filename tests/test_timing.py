@@ -61,8 +61,8 @@ def test_the_plan_prints_its_predicted_time_as_json():
 def test_servers_of_fewer_devices_slow_a_layout_whose_groups_they_cut(planned):
     """dp 8 on one server of 8 against two servers of 4: the gradient reduction crosses
     the slower link."""
-    row, plan = next((row, plan) for row, plan in planned
-                     if row["model"] == "GPT-2" and row["dp"] == "8")
+    run, plan = next((run, plan) for run, plan in planned
+                     if run.model == "GPT-2" and run.layout == "8x1x1")
     profile = load_profile("a100")
     one_server = calibration.predict(plan, profile)
     plan_of_fours = dataclasses.replace(plan, profile=load_profile("a100", 4))
@@ -104,8 +104,8 @@ def test_the_fit_recovers_the_speeds_behind_the_measurements(planned):
     truth = calibration.with_constants(load_profile("a100"), {
         "inside_server.bandwidth_gbs": 150, "between_servers.bandwidth_gbs": 20,
         "matmul": 0.5, "memory_bound": 0.8})
-    synthetic = [(dict(row, samples_per_s=str(calibration.predict(plan, truth))), plan)
-                 for row, plan in planned]
+    synthetic = [(dataclasses.replace(run, samples_per_s=calibration.predict(plan, truth)),
+                  plan) for run, plan in planned]
     start = load_profile("a100")
     assert max(abs(e) for e in calibration.errors(synthetic, start)) > 0.1
     fitted = calibration.fit(synthetic, start, start.fitted)
@@ -121,7 +121,7 @@ def test_an_unknown_device_is_one_error_line():
 
 def test_the_a100_profile_ranks_the_rows_as_measured(planned):
     profile = load_profile("a100")
-    measured = [float(row["samples_per_s"]) for row, _ in planned]
+    measured = [run.samples_per_s for run, _ in planned]
     predicted = [calibration.predict(plan, profile) for _, plan in planned]
     assert calibration.spearman(measured, predicted) > 0.95
     agree = calibration.fastest_agree(planned, profile)

@@ -14,37 +14,103 @@ import csv
 import dataclasses
 import os
 
-MEASUREMENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "measurements",
-                            "libai_a100.csv")
-CONFIGS = {"BERT": "model_zoo/bert/configs/bert-large.yaml",
-           "GPT-2": "model_zoo/gpt2/configs/gpt2-1024.yaml"}
+MEASUREMENTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "measurements")
+MEASUREMENTS = os.path.join(MEASUREMENTS_DIR, "libai_a100.csv")
+# the rows each profile is fitted on
+DEVICE_MEASUREMENTS = {"a100": MEASUREMENTS,
+                       "ascend910": os.path.join(MEASUREMENTS_DIR, "ascend_calibration.csv"),
+                       "ascend910b": os.path.join(MEASUREMENTS_DIR, "ascend_calibration.csv")}
+LIBAI_CONFIGS = {"BERT": "model_zoo/bert/configs/bert-large.yaml",
+                 "GPT-2": "model_zoo/gpt2/configs/gpt2-1024.yaml"}
+# an Ascend row's family: the shipped config whose model it is (PanGu-alpha is a GPT-2
+# shaped decoder; Baichuan2-7B a LLaMA-2 7B with a larger vocabulary)
+FAMILY_CONFIGS = {"gpt2": "model_zoo/gpt2/configs/gpt2-1024.yaml",
+                  "pangu-alpha": "model_zoo/gpt2/configs/gpt2-1024.yaml",
+                  "baichuan2": "model_zoo/llama/configs/plan/llama2-7b-d1m8p1.yaml",
+                  "bert": "model_zoo/bert/configs/bert-base.yaml",
+                  "transformer": "model_zoo/transformer/configs/transformer-big.yaml"}
+ASCEND_DEVICES = {"Ascend 910": "ascend910", "Ascend 910A": "ascend910",
+                  "Atlas 800T A2": "ascend910b", "Atlas 900 A2 PoDc": "ascend910b"}
+
+
+@dataclasses.dataclass
+class Run:
+    """One published measurement as a run of a shipped config."""
+    name: str
+    model: str                # with the device count, the group the run is compared in
+    config: str               # the shipped config it runs
+    overrides: list           # `--set` overrides that make it the measured run
+    device: str               # device profile key
+    devices_per_server: int
+    devices: int
+    layout: str               # dp x mp x pp
+    samples_per_s: float      # measured
 
 
 def read_rows(path: str = MEASUREMENTS) -> list:
+    """The runs of a measurements file: LiBai's columns or the Ascend file's."""
     with open(path, encoding="utf-8", newline="") as handle:
-        return list(csv.DictReader(handle))
+        rows = list(csv.DictReader(handle))
+    return [ascend_run(row) if "figure" in row else libai_run(row) for row in rows]
 
 
-def row_overrides(row: dict) -> list:
-    """The `--set` overrides that make a row's run of the shipped config."""
+def libai_run(row: dict) -> Run:
     dp, tp, pp = int(row["dp"]), int(row["tp"]), int(row["pp"])
     micro_steps = int(row["global_batch"]) // (int(row["micro_batch"]) * dp)
-    return [f"model.num_layers={row['layers']}", f"parallel.data_parallel={dp}",
-            f"parallel.model_parallel={tp}", f"parallel.pipeline_stage={pp}",
-            f"parallel.micro_batch_num={micro_steps if pp > 1 else 1}",
-            f"parallel.recompute={'true' if row['recompute'] == '1' else 'false'}",
-            "parallel.optimizer_shard=false", f"train.global_batch_size={row['global_batch']}",
-            f"train.grad_accumulation={1 if pp > 1 else micro_steps}", "train.precision=fp16"]
+    overrides = [
+        f"model.num_layers={row['layers']}", f"parallel.data_parallel={dp}",
+        f"parallel.model_parallel={tp}", f"parallel.pipeline_stage={pp}",
+        f"parallel.micro_batch_num={micro_steps if pp > 1 else 1}",
+        f"parallel.recompute={'true' if row['recompute'] == '1' else 'false'}",
+        "parallel.optimizer_shard=false", f"train.global_batch_size={row['global_batch']}",
+        f"train.grad_accumulation={1 if pp > 1 else micro_steps}", "train.precision=fp16"]
+    return Run(f"{row['model']} {row['config']}", row["model"], LIBAI_CONFIGS[row["model"]],
+               overrides, "a100", int(row["gpus_per_node"]),
+               int(row["nodes"]) * int(row["gpus_per_node"]), f"{dp}x{tp}x{pp}",
+               float(row["samples_per_s"]))
 
 
-def plan_rows(rows: list, device: str = "a100") -> list:
-    """(row, plan) for every row, planned with `device`'s profile."""
+def ascend_run(row: dict) -> Run:
+    """A row of ascend_calibration.csv (columns in ../shared/measurements/README.md): its
+    model's dimensions set on the family's config; the vocabulary rounded up to a multiple
+    of 128 (as Megatron pads it) so that every model-parallel split divides it."""
+    dp, mp, pp = int(row["dp"]), int(row["mp"]), int(row["pp"])
+    accumulation = int(row["grad_accum"] or 1)
+    micro_batches = int(row["micro_batch_num"] or 1) if pp > 1 else 1
+    global_batch = int(row["global_batch"])
+    seq, devices = int(row["seq"]), int(row["devices"])
+    if row["unit"] == "tokens/s/p":
+        samples_per_s = float(row["figure"]) * devices / seq
+    else:   # ms/step
+        samples_per_s = global_batch / (float(row["figure"]) / 1000)
+    overrides = [
+        f"model.num_layers={row['layers']}", f"model.hidden_size={row['hidden']}",
+        f"model.num_heads={row['heads']}", f"model.seq_length={seq}",
+        f"model.vocab_size={-(-int(row['vocab']) // 128) * 128}",
+        f"parallel.data_parallel={dp}", f"parallel.model_parallel={mp}",
+        f"parallel.pipeline_stage={pp}", f"parallel.micro_batch_num={micro_batches}",
+        f"parallel.recompute={'false' if row['recompute'] in ('', 'none') else 'true'}",
+        f"parallel.optimizer_shard={'true' if row['optimizer_shard'] == 'TRUE' else 'false'}",
+        f"train.global_batch_size={global_batch}", f"train.grad_accumulation={accumulation}",
+        "train.precision=fp16"]
+    if row["family"] in ("baichuan2", "transformer"):
+        overrides.append(f"model.ffn_hidden_size={row['ffn']}")
+    if row["family"] == "baichuan2":
+        overrides += [f"model.num_kv_heads={row['kv_heads']}",
+                      f"model.flash_attention={row['flash_attention'] == 'TRUE'}".lower()]
+    return Run(f"{row['model']} ({row['device']})", row["model"].split()[0],
+               FAMILY_CONFIGS[row["family"]], overrides, ASCEND_DEVICES[row["device"]], 8,
+               devices, f"{dp}x{mp}x{pp}", samples_per_s)
+
+
+def plan_rows(runs: list) -> list:
+    """(run, plan) for every run, planned with its device's profile."""
     from model_zoo.plan.report import build_plan, load_plan_config
     planned = []
-    for row in rows:
-        config = load_plan_config(CONFIGS[row["model"]], row_overrides(row))
-        planned.append((row, build_plan(config, CONFIGS[row["model"]], device=device,
-                                        devices_per_server=int(row["gpus_per_node"]))))
+    for run in runs:
+        config = load_plan_config(run.config, run.overrides)
+        planned.append((run, build_plan(config, run.config, device=run.device,
+                                        devices_per_server=run.devices_per_server)))
     return planned
 
 
@@ -62,7 +128,7 @@ def predict(plan, profile) -> float:
 
 def errors(planned: list, profile) -> list:
     """Relative error (predicted / measured - 1) of every planned row."""
-    return [predict(plan, profile) / float(row["samples_per_s"]) - 1 for row, plan in planned]
+    return [predict(plan, profile) / run.samples_per_s - 1 for run, plan in planned]
 
 
 # the constants a profile may fit: (where in the profile, name in its YAML)
@@ -143,9 +209,8 @@ def spearman(first: list, second: list) -> float:
 def groups(planned: list) -> dict:
     """{(model, devices): [(row, plan), ...]}: the rows one model ran on one device count."""
     found = {}
-    for row, plan in planned:
-        devices = int(row["nodes"]) * int(row["gpus_per_node"])
-        found.setdefault((row["model"], devices), []).append((row, plan))
+    for run, plan in planned:
+        found.setdefault((run.model, run.devices), []).append((run, plan))
     return found
 
 
@@ -157,7 +222,7 @@ def fastest_agree(planned: list, profile) -> dict:
 
 
 def _fastest_agree(members: list, profile) -> bool:
-    measured = max(members, key=lambda m: float(m[0]["samples_per_s"]))
+    measured = max(members, key=lambda m: m[0].samples_per_s)
     predicted = max(members, key=lambda m: predict(m[1], profile))
     return measured is predicted
 
@@ -169,7 +234,7 @@ def leave_one_group_out(planned: list, profile, names) -> tuple:
     found, agree = {}, {}
     for key, members in groups(planned).items():
         held_out = {id(plan) for _, plan in members}
-        rest = [(row, plan) for row, plan in planned if id(plan) not in held_out]
+        rest = [(run, plan) for run, plan in planned if id(plan) not in held_out]
         fitted = with_constants(profile, fit(rest, profile, names))
         found.update(zip((id(plan) for _, plan in members), errors(members, fitted)))
         if len(members) > 1:
