@@ -23,10 +23,11 @@ from model_zoo.plan.devices import load_profile
 
 def summary(name: str, errors: list, agree: dict) -> str:
     absolute = [abs(e) for e in errors]
+    fastest = (f"; the fastest layout predicted in {sum(agree.values())} of {len(agree)} "
+               f"groups" if agree else "")
     return (f"{name}: median error {100 * statistics.median(absolute):.1f}%, mean "
             f"{100 * statistics.mean(absolute):.1f}%, max {100 * max(absolute):.1f}% over "
-            f"{len(errors)} rows; the fastest layout predicted in {sum(agree.values())} of "
-            f"{len(agree)} groups")
+            f"{len(errors)} rows{fastest}")
 
 
 def main():
@@ -43,22 +44,26 @@ def main():
     runs = calibration.read_rows(args.csv or calibration.DEVICE_MEASUREMENTS[args.device])
     planned = calibration.plan_rows([run for run in runs if run.device == args.device])
     print(f"planned {len(planned)} rows in {time.perf_counter() - started:.1f} s")
+    fitting = calibration.fitting_runs(planned, profile)
     if args.fit:
-        values = calibration.fit(planned, profile, profile.fitted)
+        values = calibration.fit(fitting, profile, profile.fitted)
         print("fitted: " + ", ".join(f"{name} = {value:.4g}" for name, value in values.items()))
         profile = calibration.with_constants(profile, values)
     errors = calibration.errors(planned, profile)
     held_out, held_out_agree = calibration.leave_one_group_out(planned, profile,
                                                                profile.fitted)
     width = max(len(run.name) for run, _ in planned)
+    fitted_ids = {id(plan) for _, plan in fitting}
     print(f"{'run':{width}} {'dp x mp x pp':>12} {'measured':>9} {'predicted':>9} "
-          f"{'error':>7} {'group out':>9}   (samples/s)")
+          f"{'error':>7} {'group out':>9}  (samples/s; 'check': not fitted on)")
     for (run, plan), error, other in zip(planned, errors, held_out):
         print(f"{run.name:{width}} {run.layout:>12} {run.samples_per_s:>9.2f} "
               f"{calibration.predict(plan, profile):>9.2f} {100 * error:>+6.1f}% "
-              f"{100 * other:>+8.1f}%")
+              f"{100 * other:>+8.1f}%{'' if id(plan) in fitted_ids else '  check'}")
     agree = calibration.fastest_agree(planned, profile)
-    print(summary("fitted on all rows", errors, agree))
+    print(f"fitted on {len(fitting)} of the {len(planned)} rows "
+          f"({profile.fitted_on}: {', '.join(profile.fitted) or 'nothing'})")
+    print(summary("all rows", errors, agree))
     print(summary("leave one group out", held_out, held_out_agree))
     measured = [run.samples_per_s for run, _ in planned]
     predicted = [calibration.predict(plan, profile) for _, plan in planned]

@@ -45,6 +45,8 @@ class Run:
     devices: int
     layout: str               # dp x mp x pp
     samples_per_s: float      # measured
+    exact: bool = True        # False: its lengths vary below seq_length (bucketed), so its
+                              # work is not known and it only checks the fit
 
 
 def read_rows(path: str = MEASUREMENTS) -> list:
@@ -100,7 +102,8 @@ def ascend_run(row: dict) -> Run:
                       f"model.flash_attention={row['flash_attention'] == 'TRUE'}".lower()]
     return Run(f"{row['model']} ({row['device']})", row["model"].split()[0],
                FAMILY_CONFIGS[row["family"]], overrides, ASCEND_DEVICES[row["device"]], 8,
-               devices, f"{dp}x{mp}x{pp}", samples_per_s)
+               devices, f"{dp}x{mp}x{pp}", samples_per_s,
+               exact=row["family"] != "transformer")   # batches bucketed to 16-128 tokens
 
 
 def plan_rows(runs: list) -> list:
@@ -112,6 +115,13 @@ def plan_rows(runs: list) -> list:
         planned.append((run, build_plan(config, run.config, device=run.device,
                                         devices_per_server=run.devices_per_server)))
     return planned
+
+
+def fitting_runs(planned: list, profile) -> list:
+    """The (run, plan) pairs `profile`'s constants are fitted on (`DeviceProfile.fitted_on`):
+    the runs of known work, all of them or only the data-parallel ones."""
+    return [(run, plan) for run, plan in planned if run.exact and (
+        profile.fitted_on == "all" or run.layout.endswith("x1x1"))]
 
 
 def predict(plan, profile) -> float:
@@ -228,13 +238,15 @@ def _fastest_agree(members: list, profile) -> bool:
 
 
 def leave_one_group_out(planned: list, profile, names) -> tuple:
-    """Each (model, devices) group predicted by a fit on the other groups' rows: (the
-    relative error of every row, in `planned`'s order; {group: whether its predicted
-    fastest layout is its measured fastest}, for groups of more than one row)."""
+    """Each (model, devices) group predicted by a fit on the other groups' rows (those
+    `fitting_runs` allows): (the relative error of every row, in `planned`'s order;
+    {group: whether its predicted fastest layout is its measured fastest}, for groups of
+    more than one row)."""
     found, agree = {}, {}
     for key, members in groups(planned).items():
         held_out = {id(plan) for _, plan in members}
-        rest = [(run, plan) for run, plan in planned if id(plan) not in held_out]
+        rest = [(run, plan) for run, plan in fitting_runs(planned, profile)
+                if id(plan) not in held_out]
         fitted = with_constants(profile, fit(rest, profile, names))
         found.update(zip((id(plan) for _, plan in members), errors(members, fitted)))
         if len(members) > 1:

@@ -260,6 +260,20 @@ def _slice_bytes(info, split, bytes_per_element=None) -> float:
     return info.numel * size / parts
 
 
+def _moved_bytes(call, params) -> float:
+    """Bytes one pass of an operator reads and writes on one device: the slices of its
+    inputs and outputs. A parameter, or the compute-dtype copy a Cast makes of it, where no
+    strategy here says its layout is the slice its consumers' strategies give it."""
+    def moved(info, split):
+        param = params.get(info.param) if split is None and info.param else None
+        whole = _slice_bytes(info, split)
+        return whole * param.slice_numel / max(param.numel, 1) if param else whole
+
+    return (sum(moved(info, _input_split(call, index, info))
+                for index, info in enumerate(call.tensors))
+            + sum(moved(out, out.layout) for out in call.outputs))
+
+
 def _input_split(call, index, info):
     if call.strategy is not None and index < len(call.strategy) and \
             len(call.strategy[index]) == len(info.shape):
@@ -663,10 +677,7 @@ def estimate_compute(rec, parallel: ParallelConfig,
             continue
         if call.name not in ("MatMul", "BatchMatMul") or not call.outputs:
             if call.name not in VIEWS:
-                moved = (sum(_slice_bytes(info, _input_split(call, index, info))
-                             for index, info in enumerate(call.tensors))
-                         + sum(_slice_bytes(out, out.layout) for out in call.outputs))
-                compute.memory_bytes += micro_steps * passes * moved
+                compute.memory_bytes += micro_steps * passes * _moved_bytes(call, rec.params)
             continue
         flops = micro_steps * matmul_flops(call)
         gradients = sum(1 for info in call.tensors[:2] if info.needs_grad)

@@ -44,6 +44,10 @@ class DeviceProfile:
     memory_efficiency: float        # achieved fraction of memory bandwidth, other operators
     kernel_overhead: float          # seconds per operator launch (forward or backward)
     fitted: List[str] = field(default_factory=list)   # constants fitted to measurements
+    # the measured runs they are fitted on: "all", or "data_parallel" (runs with no model
+    # or pipeline parallel: compute without the links, which are then datasheet values
+    # that the other runs check)
+    fitted_on: str = "all"
 
     def peak(self, precision: str) -> float:
         return self.peak_flops["fp32" if precision == "fp32" else "fp16"]
@@ -68,7 +72,7 @@ def load_profile(key: str, devices_per_server: int = 0) -> DeviceProfile:
         matmul_efficiency=efficiency["matmul"], attention_efficiency=efficiency["attention"],
         memory_efficiency=efficiency["memory_bound"],
         kernel_overhead=efficiency["kernel_overhead_us"] * 1e-6,
-        fitted=list(raw.get("fitted", [])))
+        fitted=list(raw.get("fitted", [])), fitted_on=raw.get("fitted_on", "all"))
 
 
 def _link(raw: dict) -> Link:
