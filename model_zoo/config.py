@@ -136,7 +136,7 @@ class TrainConfig:
                               f"{self.loss_spike_factor}")
         if self.min_lr > self.lr:
             raise ConfigError(f"train.min_lr={self.min_lr} is above train.lr={self.lr}")
-        _check_choice(self, "train", "precision", ("fp32", "fp16"))
+        _check_choice(self, "train", "precision", ("fp32", "fp16", "bf16"))
         _check_choice(self, "train", "lr_schedule", ("cosine", "inverse_sqrt"))
         _check_choice(self, "train", "checkpoint_format", ("ckpt", "safetensors"))
         _check_choice(self, "train", "device_target", ("auto", "CPU", "Ascend"))
@@ -167,8 +167,7 @@ class Config:
             self.parallel.micro_batch_size(self.train.global_batch_size,
                                            self.train.grad_accumulation),
             self.model.seq_length)
-        self.parallel.check_divisible("model.num_layers", self.model.num_layers,
-                                      by="pipeline_stage")
+        self.parallel.recomputed_blocks(self.model.num_layers)   # and the stages' blocks
 
     def to_dict(self) -> dict:
         return {section: dataclasses.asdict(getattr(self, section)) for section in SECTIONS}
@@ -315,7 +314,12 @@ def coerce(value: Any, hint, key: str):
         options = [arg for arg in typing.get_args(hint) if arg is not type(None)]
         if value is None:
             return None
-        return coerce(value, options[0], key)
+        for option in options[:-1]:
+            try:
+                return coerce(value, option, key)
+            except ConfigError:
+                continue
+        return coerce(value, options[-1], key)
     if origin in (list, List):
         (item,) = typing.get_args(hint) or (Any,)
         if isinstance(value, (str, int, float)):

@@ -29,6 +29,7 @@ def test_layouts_cover_the_products_the_model_divides(config):
     assert not any(l.optimizer_shard for l in found if l.dp == 1)
     assert not any(l.sequence_parallel for l in found if l.mp == 1)
     assert len(set(found)) == len(found)
+    assert {l.recompute for l in found} == {False, "selective", True}
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,8 @@ def bert_config():
     ("gpt2", advisor.Layout(2, 1, 4, 4, False, True, False)),
     ("bert", advisor.Layout(2, 4, 1, 1, True, False, True)),
     ("bert", advisor.Layout(2, 2, 2, 8, False, True, False)),
+    ("gpt2", advisor.Layout(2, 2, 2, 4, "selective", False, False)),
+    ("bert", advisor.Layout(4, 2, 1, 2, "selective", True, True)),
 ], ids=lambda value: value if isinstance(value, str) else value.describe())
 def test_the_advisor_scores_a_layout_as_its_full_plan_does(config, bert_config, model,
                                                            layout):

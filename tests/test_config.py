@@ -1,9 +1,11 @@
 """Typed config: loading, `--set` overrides, every kind of user error, save/load, the CLI."""
 
+import dataclasses
 import os
 
 import pytest
 
+from conftest import run_cli
 from model_zoo import cli
 from model_zoo.config import Config, TrainConfig, load_config, save_config
 from model_zoo.errors import ConfigError
@@ -283,3 +285,41 @@ def test_cli_reports_config_errors_as_one_line(tmp_path, capsys, argv):
     assert len(lines) == 1, captured.err
     assert lines[0].startswith("error: ")
     assert "Traceback" not in captured.err and "Traceback" not in captured.out
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["parallel.recompute=2"], "parallel.recompute"),
+    (["parallel.stage_blocks=[1,1]"], "one count for each of the 1 pipeline stages"),
+    (["parallel.stage_blocks=[1]"], "holds 1 blocks but model.num_layers=2"),
+    (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
+      "parallel.stage_blocks=[2,1]"], "holds 3 blocks but model.num_layers=2"),
+    (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
+      "parallel.stage_blocks=[2,0]"], "parallel.stage_blocks must list one count"),
+    (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2", "parallel.recompute=true",
+      "parallel.recompute_blocks=[2,0]"], "recompute_blocks[0]=2 is more than the 1 blocks"),
+    (["parallel.recompute_blocks=[-1]", "parallel.recompute=true"], "0 or more each"),
+])
+def test_per_stage_knobs_are_checked_on_load(overrides, expected):
+    assert expected in config_error(TINY, overrides)
+
+
+def test_per_stage_knobs_count_blocks_as_mindformers_does():
+    parallel = load_config(TINY, ["parallel.recompute=selective"]).parallel
+    assert parallel.blocks_per_stage(2) == [2] and parallel.recomputed_blocks(2) == [2]
+    parallel = dataclasses.replace(parallel, pipeline_stage=3, stage_blocks=[3, 4, 5],
+                                   recompute_blocks=[3, 1, 0], micro_batch_num=3)
+    assert parallel.blocks_per_stage(12) == [3, 4, 5]
+    assert parallel.recomputed_blocks(12) == [3, 1, 0]
+    assert dataclasses.replace(parallel, recompute=False).recomputed_blocks(12) == [0, 0, 0]
+    assert dataclasses.replace(parallel, recompute_blocks=None).recomputed_blocks(12) == \
+        [3, 4, 5]
+
+
+def test_bf16_is_a_precision_the_cpu_refuses_in_one_line(tmp_path):
+    assert load_config(TINY, ["train.precision=bf16"]).train.precision == "bf16"
+    result = run_cli("train", TINY, "--output-dir", str(tmp_path / "out"),
+                     "--set", "train.precision=bf16")
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("error:") and "bf16 runs on Ascend 910B only" in lines[-1]
+    assert "Traceback" not in result.stderr

@@ -27,11 +27,22 @@ from model_zoo.train.loop import sink_size_of
 TINY = "model_zoo/models/gpt2/configs/tiny.yaml"
 DP2_MP2 = ["parallel.data_parallel=2", "parallel.model_parallel=2"]
 def reduced_overrides(path: str) -> list:
-    """One block per pipeline stage and one accumulation step: the layout and its pipeline
-    micro batches stay (accumulation, not part of the layout, has its own test below;
+    """One block per pipeline stage (uneven `stage_blocks`: one on the smallest stages, two
+    on the others; three blocks of a 70B model outgrow the 2 GB MindIR the dry run reads
+    its collectives from) and one accumulation step: the layout and its pipeline micro
+    batches stay (accumulation, not part of the layout, has its own test below;
     benchmarks/compile_time.py compiles the full configurations)."""
-    config = load_plan_config(path)
-    return [f"model.num_layers={config.parallel.pipeline_stage}", "train.grad_accumulation=1"]
+    parallel = load_plan_config(path).parallel
+    if parallel.stage_blocks is None:
+        return [f"model.num_layers={parallel.pipeline_stage}", "train.grad_accumulation=1"]
+    blocks = [1 + (count > min(parallel.stage_blocks)) for count in parallel.stage_blocks]
+    overrides = [f"model.num_layers={sum(blocks)}", "train.grad_accumulation=1",
+                 f"parallel.stage_blocks={blocks}"]
+    if parallel.recompute_blocks is not None:
+        recomputed = [min(wanted, held)
+                      for wanted, held in zip(parallel.recompute_blocks, blocks)]
+        overrides.append(f"parallel.recompute_blocks={recomputed}")
+    return overrides
 
 
 def first_and_last_stage(config) -> list:
@@ -83,12 +94,15 @@ LLAMA_TINY = "model_zoo/models/llama/configs/tiny.yaml"
     ["parallel.data_parallel=2", "parallel.model_parallel=2",
      "parallel.sequence_parallel=true", "parallel.optimizer_shard=true"],
     ["parallel.model_parallel=2", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
-     "parallel.vocab_emb_dp=false", "parallel.optimizer_shard=true"],
-], ids=["dp2-mp2-sp-shard", "mp2-pp2-shard"])
+     "parallel.vocab_emb_dp=false", "parallel.optimizer_shard=true", "model.num_layers=3",
+     "parallel.stage_blocks=[2,1]", "parallel.recompute=selective",
+     "parallel.recompute_blocks=[1,0]"],
+], ids=["dp2-mp2-sp-shard", "mp2-pp2-shard-uneven-selective"])
 def test_llama_grouped_heads_compile_on_every_stage(overrides):
     """LLaMA tiny (4 query heads over 2 key/value heads split by mp 2, rotary positions,
-    SwiGLU, an untied head on the last stage): MindSpore compiles every stage and its layouts
-    are the plan's."""
+    SwiGLU, an untied head on the last stage; on the pipeline, uneven stages and selective
+    recompute of the first block): MindSpore compiles every stage and its layouts are the
+    plan's."""
     config = load_plan_config(LLAMA_TINY, overrides)
     result = run_dryrun(config, LLAMA_TINY, overrides, select_ranks("stages", config.parallel))
     assert result.ok, [(rank.error, rank.layout_mismatches[:2]) for rank in result.ranks]

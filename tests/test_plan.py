@@ -187,11 +187,13 @@ def test_shipped_config_passes(relative):
     assert plan.fits and plan.ok, format_report(plan)
     config = plan.config
     name = os.path.basename(relative)
-    match = re.search(r"-d(\d+)m(\d+)p(\d+)\.yaml$", name)
+    match = re.search(r"-d(\d+)m(\d+)p(\d+)(?:-910b)?\.yaml$", name)
     short = re.search(r"-dp(\d+)(?:-mp(\d+))?\.yaml$", name)  # dp x mp layouts, no pipeline
     assert match or short, f"{name}: name a layout ...-d<dp>m<mp>p<pp>.yaml or ...-dp<dp>-mp<mp>"
     dp, mp, pp = (map(int, match.groups()) if match
                   else (int(short.group(1)), int(short.group(2) or 1), 1))
+    # planned on the device the name says: the 910B for flash attention or bf16
+    assert plan.profile.key == ("ascend910b" if name.endswith("-910b.yaml") else "ascend910")
     load_config(os.path.join(ROOT, relative))  # the trainer reads it as it is
     parallel = config.parallel
     assert (parallel.dp, parallel.mp, parallel.pipeline_stage) == (dp, mp, pp)
@@ -935,3 +937,67 @@ def test_memory_estimate_against_a_measured_cpu_run(cpu_memory_run):
     assert abs(built - memory.weights) <= max(2 * 2**20, 0.15 * memory.weights)
     assert memory.activations_per_micro_batch > 0.5 * (estimate - memory.backward_working) / 2
     assert estimate <= peak <= 1.25 * keep_everything
+
+
+# --- recompute modes and uneven stages ----------------------------------------------------------
+
+KNOBS_BASE = ["model.num_layers=6", "parallel.model_parallel=2", "parallel.pipeline_stage=2",
+              "parallel.micro_batch_num=4", "train.global_batch_size=8", "train.precision=fp16"]
+
+
+def knob_plan(*overrides):
+    path = "model_zoo/gpt2/configs/tiny.yaml"
+    return build_plan(load_plan_config(path, KNOBS_BASE + list(overrides)), path)
+
+
+def test_selective_recompute_recomputes_the_attention_core_only():
+    """Selective recompute keeps less than none and more than full recompute, and what it
+    recomputes is the attention core (MindFormers' select_recompute set): no projection."""
+    plans = {mode: knob_plan(f"parallel.recompute={mode}")
+             for mode in ("false", "selective", "true")}
+    kept = {mode: plan.memory[0].activations_per_micro_batch for mode, plan in plans.items()}
+    assert kept["false"] > kept["selective"] > kept["true"]
+    recomputed = [call for call in plans["selective"].recording.calls if call.recompute_root]
+    assert recomputed and all(call.recompute_root.endswith("attention/recomputed")
+                              for call in recomputed)
+    assert {call.name for call in recomputed} <= {"Mul", "BatchMatMul", "Cast", "Add",
+                                                   "Softmax"}
+    assert sum(call.name == "BatchMatMul" for call in recomputed) == 2 * 6   # scores, context
+    assert 0 < plans["selective"].compute[0].recompute < plans["true"].compute[0].recompute
+    assert plans["selective"].compute[0].recompute == plans["selective"].compute[0].attention / 4
+
+
+def test_stage_blocks_and_recompute_blocks_place_and_recompute_what_they_say():
+    plan = knob_plan("parallel.stage_blocks=[4,2]", "parallel.recompute=true",
+                     "parallel.recompute_blocks=[1,0]")
+    blocks = {stage: {name.split(".")[3] for name, param in plan.recording.params.items()
+                      if ".blocks." in name and param.stage == stage} for stage in (0, 1)}
+    assert blocks == {0: {"0", "1", "2", "3"}, 1: {"4", "5"}}
+    roots = {call.recompute_root for call in plan.recording.calls if call.recompute_root}
+    assert roots == {"lm.transformer.blocks.0"}
+    assert plan.compute[1].recompute == 0 < plan.compute[0].recompute
+    # the flow shop: each of the 4 micro steps at the slower stage's pace, the rest once
+    micro = [(s.compute + s.exposed_communication) / 4 for s in plan.time.stages]
+    assert plan.time.bubble == pytest.approx(sum(micro) - max(micro))
+    assert plan.time.to_dict()["bubble_s"] < max(micro)
+
+
+def test_bf16_is_planned_on_devices_that_have_it():
+    plan = knob_plan("train.precision=bf16")
+    assert plan.profile.key == "ascend910b" and not plan.violations
+    path = "model_zoo/gpt2/configs/tiny.yaml"
+    on_910 = build_plan(load_plan_config(path, KNOBS_BASE + ["train.precision=bf16"]), path,
+                        device="ascend910")
+    assert any(v.rule == "precision" for v in on_910.violations)
+
+
+def test_a_layout_fits_only_within_what_a_run_may_fill():
+    """The runtime keeps part of the device (MindFormers' max_device_memory: 30 of a 910's
+    32 GiB): a worst stage between the two does not fit."""
+    plan = knob_plan()
+    assert plan.profile.usable_memory == 30 * 2 ** 30 < plan.profile.memory
+    worst = plan.worst_stage.total
+    squeezed = dataclasses.replace(plan, profile=dataclasses.replace(
+        plan.profile, usable_memory=int(worst) - 1, memory=int(worst) + 2 ** 30))
+    assert plan.fits and not squeezed.fits
+    assert "DOES NOT FIT" in format_report(squeezed)

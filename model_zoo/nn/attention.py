@@ -56,8 +56,8 @@ def check_flash_attention(head_dim: int, attention_dropout: float, compute_dtype
     config key: another device than Ascend 910B, float32, attention dropout, a head size
     that is not a multiple of 16 up to 512."""
     check_flash_attention_device(kernel_target())
-    if compute_dtype != ms.float16:
-        raise ConfigError("model.flash_attention needs train.precision=fp16")
+    if compute_dtype not in (ms.float16, ms.bfloat16):
+        raise ConfigError("model.flash_attention needs train.precision=fp16 or bf16")
     if attention_dropout:
         raise ConfigError(f"model.flash_attention needs model.attention_dropout=0 (got "
                           f"{attention_dropout}): the dropout mask would be a (seq, seq) "
@@ -80,6 +80,32 @@ def uses_fused_attention(flash: bool, compute_dtype) -> bool:
     unless it takes FlashAttentionScore."""
     return not flash and use_cpu_kernels() and compute_dtype == ms.float32 \
         and cpu_kernels.has_dense()
+
+
+# the operators of the attention core, between the projections: what selective
+# recompute recomputes (MindFormers marks the same ones, `llama_transformer.py`)
+CORE_OPERATORS = ("repeat", "scale", "scores", "to_float", "add_causal", "add_bias", "softmax",
+                  "to_compute", "context", "fused")
+
+
+def recompute_attention_core(attention):
+    """Selective recompute (`parallel.recompute: selective`): the backward pass recomputes
+    the attention core (scores, softmax, context) of `attention` instead of keeping its
+    float32 (seq x seq) tensors; the projections keep their activations. MindSpore's own
+    Dropout is not recomputed (Primitive.recompute does not promise the same random mask),
+    so with attention dropout its output and mask are kept; the CPU kernels draw their
+    masks from a key and are recomputed whole. Flash attention keeps no (seq x seq) tensor:
+    nothing to do."""
+    if attention.use_flash:
+        return
+    for name in CORE_OPERATORS + ("attention_dropout.keyed",):
+        operator = attention
+        for part in name.split("."):
+            operator = getattr(operator, part, None)
+        # the CPU kernels are shared between layers; marking one sets its attribute
+        # `recompute` (MindSpore's add_prim_attr), so it is marked once
+        if operator is not None and not operator.attrs.get("recompute"):
+            operator.recompute()
 
 
 def fuse_head_projections(parts, num_heads: int) -> np.ndarray:
@@ -190,6 +216,7 @@ class MultiHeadAttention(nn.Cell):
             if on_cpu and not cross and not flash else None
         self.add_bias = ops.Add().shard((heads, (dp, 1, 1, 1)))
         self.softmax = ops.Softmax(axis=-1).shard((heads,))
+        self.to_float, self.to_compute = ops.Cast(), ops.Cast()
         self.context = ops.BatchMatMul().shard((heads, heads))
         self.attention_dropout = Dropout(attention_dropout, heads)
         self.hidden_dropout = stream_dropout(hidden_dropout, parallel_config)
@@ -218,6 +245,8 @@ class MultiHeadAttention(nn.Cell):
                 self.masked_below = Tensor(MASK_VALUE / 2, ms.float32)
                 self.expand_mask = ops.Tile().shard(((dp, 1, 1, 1),))
 
+
+    recompute_attention_core = recompute_attention_core
 
     def _heads(self, projected, parts: int):
         """(batch, seq, parts x hidden) laid out head by head -> `parts` tensors
@@ -318,12 +347,13 @@ class MultiHeadAttention(nn.Cell):
         """q (batch, heads, seq_q, head_dim) over k, v (batch, heads, seq_k, head_dim)."""
         seq_q = q.shape[2]
         q = self.scale(q, ops.cast(self.inv_sqrt_head_dim, self.compute_dtype))
-        scores = ops.cast(self.scores(q, k), ms.float32)
+        scores = self.to_float(self.scores(q, k), ms.float32)
         if causal_bias is not None:
             scores = self.add_causal(scores, causal_bias)
         if attention_bias is not None:
             scores = self.add_bias(scores, attention_bias)
-        probs = self.attention_dropout(ops.cast(self.softmax(scores), self.compute_dtype))
+        probs = self.attention_dropout(self.to_compute(self.softmax(scores),
+                                                       self.compute_dtype))
         context = self.context(probs, v)                       # (batch, heads, seq_q, hd)
         if seq_q > 1:   # one position (a decoding step) needs no transpose
             context = self.merge_heads(context, (0, 2, 1, 3))

@@ -10,7 +10,8 @@ from mindspore import Tensor, nn, ops
 
 from model_zoo.errors import ConfigError
 from model_zoo.nn.attention import (causal_bias, check_flash_attention,
-                                    compressed_causal_mask, uses_fused_attention)
+                                    compressed_causal_mask, recompute_attention_core,
+                                    uses_fused_attention)
 from model_zoo.nn import cpu_kernels
 from model_zoo.nn.layers import Dropout, Linear, use_cpu_kernels
 from model_zoo.parallel.config import ParallelConfig
@@ -135,6 +136,7 @@ class GroupedQueryAttention(nn.Cell):
         self.scores = ops.BatchMatMul(transpose_b=True).shard((heads, heads))
         self.add_bias = ops.Add().shard((heads, (1, 1, 1, 1)))
         self.softmax = ops.Softmax(axis=-1).shard((heads,))
+        self.to_float, self.to_compute = ops.Cast(), ops.Cast()
         self.context = ops.BatchMatMul().shard((heads, heads))
         self.attention_dropout = Dropout(attention_dropout, heads)
         self.causal_bias = causal_bias(max_seq_length)
@@ -157,6 +159,8 @@ class GroupedQueryAttention(nn.Cell):
             self.fused = cpu_kernels.kv_attention(num_heads)
             self.rotate_keys = cpu_kernels.rotary(parts=2)   # the queries: self.rotary's
             self.causal_flag = Tensor([1], ms.int32)
+
+    recompute_attention_core = recompute_attention_core
 
     def _heads(self, projected, heads: int, parts: int):
         """(batch, seq, parts x heads x head_dim) laid out head by head -> `parts` tensors
@@ -194,8 +198,9 @@ class GroupedQueryAttention(nn.Cell):
         batch, seq_q = q.shape[0], q.shape[2]
         k, v = self._to_query_heads(k), self._to_query_heads(v)
         q = self.scale(q, ops.cast(self.inv_sqrt_head_dim, self.compute_dtype))
-        scores = self.add_bias(ops.cast(self.scores(q, k), ms.float32), bias)
-        probs = self.attention_dropout(ops.cast(self.softmax(scores), self.compute_dtype))
+        scores = self.add_bias(self.to_float(self.scores(q, k), ms.float32), bias)
+        probs = self.attention_dropout(self.to_compute(self.softmax(scores),
+                                                       self.compute_dtype))
         context = self.context(probs, v)                      # (batch, heads, seq_q, hd)
         if seq_q > 1:   # one position (a decoding step) needs no transpose
             context = self.merge_heads(context, (0, 2, 1, 3))

@@ -41,6 +41,7 @@ from mindspore.common.initializer import Normal, One, Zero, initializer
 from mindspore.common.seed import _get_graph_seed  # how nn.Dropout takes its seeds
 from mindspore.ops.auto_generate import SiLU
 
+from model_zoo.errors import ConfigError
 from model_zoo.nn import cpu_kernels
 from model_zoo.parallel.config import ParallelConfig
 
@@ -49,7 +50,17 @@ MASK_VALUE = -1e9
 
 def dtype_of(precision: str):
     """MindSpore compute dtype for a `train.precision` value."""
-    return ms.float16 if precision == "fp16" else ms.float32
+    return {"fp16": ms.float16, "bf16": ms.bfloat16}.get(precision, ms.float32)
+
+
+def check_precision_device(precision: str, device_target: str, is_910b: bool = True):
+    """ConfigError unless `train.precision` runs on the device: bfloat16 needs an Ascend
+    910B (Atlas A2); the 910 has no bfloat16 Cube and MindSpore's CPU kernels none at all
+    (its CPU MatMul refuses the type)."""
+    if precision == "bf16" and (device_target != "Ascend" or not is_910b):
+        device = "CPU" if device_target == "CPU" else "Ascend 910"
+        raise ConfigError(f"train.precision=bf16 runs on Ascend 910B only, not on {device}; "
+                          f"use fp16 (with its loss scale) or fp32 there")
 
 
 _KERNEL_TARGETS = []
@@ -664,15 +675,26 @@ def vocabulary_split(parallel_config: ParallelConfig) -> int:
 
 
 def assign_pipeline_stages(blocks, parallel_config: ParallelConfig):
-    """Give each block a pipeline stage: equal contiguous groups, in order.
+    """Give each block a pipeline stage, contiguous groups in order (`stage_blocks`, else
+    equal), and recompute the first `recompute_blocks` of each stage: the whole block, or
+    with `recompute: selective` its attention core only (`recompute_attention_core`).
 
     Cells before the first block belong to stage 0 and cells after the last to the final
-    stage; the model sets those itself.
+    stage; the model sets those itself. Follows MindFormers' LayerSetting (pipeline offsets,
+    per-stage recompute counts, select_recompute), `mindformers/models/utils.py`.
     """
-    parallel_config.check_divisible("model.num_layers", len(blocks), by="pipeline_stage")
-    stages = parallel_config.pipeline_stage
-    per_stage = len(blocks) // stages
-    for index, block in enumerate(blocks):
-        block.pipeline_stage = min(index // per_stage, stages - 1)
-        if parallel_config.recompute:
-            block.recompute()
+    per_stage = parallel_config.blocks_per_stage(len(blocks))
+    recomputed = parallel_config.recomputed_blocks(len(blocks))
+    first = 0
+    for stage, (count, wanted) in enumerate(zip(per_stage, recomputed)):
+        for index, block in enumerate(blocks[first:first + count]):
+            block.pipeline_stage = stage
+            if index >= wanted:
+                continue
+            if parallel_config.recompute == "selective":
+                for _, cell in block.cells_and_names():
+                    if hasattr(cell, "recompute_attention_core"):
+                        cell.recompute_attention_core()
+            else:
+                block.recompute()
+        first += count

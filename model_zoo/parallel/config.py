@@ -6,8 +6,11 @@ and which data each rank reads.
 """
 
 from dataclasses import dataclass
+from typing import List, Optional, Union
 
 from model_zoo.errors import ConfigError
+
+RECOMPUTE_CHOICES = (False, True, "selective")
 
 
 @dataclass
@@ -20,7 +23,19 @@ class ParallelConfig:
         pipeline_stage: number of pipeline stages the layers are spread over (pp).
         micro_batch_num: micro batches per step flowing through the pipeline.
         optimizer_shard: shard optimizer state (and weights) over the data-parallel group.
-        recompute: recompute each block's activations in the backward pass.
+        recompute: false; true: recompute each block's activations in the backward pass
+            (only its input is kept); selective: recompute only the attention core of each
+            block (scores, softmax, dropout, context: the (seq x seq) tensors), keeping the
+            projections' activations (Korthikanti et al. 2022, MindFormers'
+            select_recompute); with flash attention selective keeps nothing more, since the
+            fused kernel already recomputes its scores.
+        recompute_blocks: per pipeline stage, how many of the stage's blocks (its first)
+            are recomputed as `recompute` says; the others keep their activations. Default:
+            all of them. Earlier stages hold more micro batches in flight on a 1F1B
+            pipeline, so they are the ones that need it.
+        stage_blocks: per pipeline stage, how many blocks it holds (in order). Default:
+            num_layers / pipeline_stage each. A last stage that also holds the vocabulary
+            projection runs faster with a block fewer (MindFormers' pipeline offset).
         vocab_emb_dp: keep the vocabulary embedding whole on each device (split its lookup
             by batch); when False the table is split by vocabulary over model_parallel.
         full_batch: every rank reads the whole global batch (MindSpore's "full_batch"
@@ -36,7 +51,9 @@ class ParallelConfig:
     pipeline_stage: int = 1
     micro_batch_num: int = 1
     optimizer_shard: bool = False
-    recompute: bool = False
+    recompute: Union[bool, str] = False
+    recompute_blocks: Optional[List[int]] = None
+    stage_blocks: Optional[List[int]] = None
     vocab_emb_dp: bool = True
     full_batch: bool = False
     sequence_parallel: bool = False
@@ -71,6 +88,51 @@ class ParallelConfig:
                 f"parallel.pipeline_stage={self.pipeline_stage}: each stage needs a micro batch "
                 "in flight")
         self.check_sequence_parallel()
+        self.check_recompute()
+
+    def check_recompute(self):
+        """Raise ConfigError naming the key for a recompute mode or a per-stage list that
+        is not one."""
+        if self.recompute not in RECOMPUTE_CHOICES:
+            raise ConfigError(f"parallel.recompute must be false, true or selective, got "
+                              f"{self.recompute!r}")
+        for key in ("recompute_blocks", "stage_blocks"):
+            counts = getattr(self, key)
+            least = 1 if key == "stage_blocks" else 0
+            if counts is not None and (len(counts) != self.pipeline_stage
+                                       or min(counts) < least):
+                raise ConfigError(
+                    f"parallel.{key} must list one count for each of the "
+                    f"{self.pipeline_stage} pipeline stages ({least} or more each), got "
+                    f"{counts}")
+
+    def blocks_per_stage(self, num_layers: int) -> List[int]:
+        """How many blocks each pipeline stage holds (`stage_blocks`, else even); raises
+        ConfigError naming the key when they do not add up to the model's blocks."""
+        self.check_recompute()
+        if self.stage_blocks is None:
+            self.check_divisible("model.num_layers", num_layers, by="pipeline_stage")
+            return [num_layers // self.pipeline_stage] * self.pipeline_stage
+        if sum(self.stage_blocks) != num_layers:
+            raise ConfigError(f"parallel.stage_blocks={self.stage_blocks} holds "
+                              f"{sum(self.stage_blocks)} blocks but model.num_layers="
+                              f"{num_layers}")
+        return list(self.stage_blocks)
+
+    def recomputed_blocks(self, num_layers: int) -> List[int]:
+        """How many blocks of each stage are recomputed (fully or selectively, as
+        `recompute` says): `recompute_blocks` (no more than the stage holds), else all of
+        them when recompute is on, none when off."""
+        blocks = self.blocks_per_stage(num_layers)
+        if not self.recompute:
+            return [0] * len(blocks)
+        if self.recompute_blocks is None:
+            return blocks
+        for stage, (wanted, held) in enumerate(zip(self.recompute_blocks, blocks)):
+            if wanted > held:
+                raise ConfigError(f"parallel.recompute_blocks[{stage}]={wanted} is more than "
+                                  f"the {held} blocks stage {stage} holds")
+        return list(self.recompute_blocks)
 
     def check_sequence_parallel(self):
         """Raise ConfigError if sequence parallel is asked for without model parallel."""

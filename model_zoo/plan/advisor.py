@@ -4,7 +4,9 @@ against the rules, held against the device's memory and ranked by predicted thro
 
 Layouts: dp x mp x pp = N with mp dividing the heads and pp the layers; m micro steps per
 step, powers of two from 1 (from pp on a pipeline, where they are micro batches; gradient
-accumulation otherwise) while the global batch divides; recompute on and off; the optimizer
+accumulation otherwise) while the global batch divides; recompute off, selective (the
+attention core) and full, on every block (`parallel.recompute_blocks` and uneven
+`parallel.stage_blocks` are for `model-zoo plan`: the advisor keeps stages even); the optimizer
 shard on and off (dp > 1); sequence parallel on and off (mp > 1); on an Ascend 910B, flash
 attention on and off. The config's other settings (precision, vocab_emb_dp, dropout) are
 kept.
@@ -40,7 +42,7 @@ class Layout:
     mp: int
     pp: int
     micro_steps: int
-    recompute: bool
+    recompute: object               # False, True or "selective"
     optimizer_shard: bool
     sequence_parallel: bool
     flash_attention: bool = False   # model.flash_attention (Ascend 910B)
@@ -52,7 +54,7 @@ class Layout:
             config.parallel, data_parallel=self.dp, model_parallel=self.mp,
             pipeline_stage=self.pp, micro_batch_num=self.micro_steps if pipeline else 1,
             recompute=self.recompute, optimizer_shard=self.optimizer_shard,
-            sequence_parallel=self.sequence_parallel)
+            sequence_parallel=self.sequence_parallel, recompute_blocks=None, stage_blocks=None)
         train = dataclasses.replace(config.train,
                                     grad_accumulation=1 if pipeline else self.micro_steps)
         model = config.model
@@ -61,7 +63,8 @@ class Layout:
         return dataclasses.replace(config, parallel=parallel, train=train, model=model)
 
     def describe(self) -> str:
-        options = [name for name, on in (("recompute", self.recompute),
+        recompute = "selective recompute" if self.recompute == "selective" else "recompute"
+        options = [name for name, on in ((recompute, self.recompute),
                                          ("optimizer shard", self.optimizer_shard),
                                          ("sequence parallel", self.sequence_parallel),
                                          ("flash attention", self.flash_attention)) if on]
@@ -116,11 +119,14 @@ def layouts(config, device_num: int, flash_attention: bool = False) -> List[Layo
                 continue
             micro = pp if pp > 1 else 1
             while (global_batch // dp) % micro == 0:
-                for recompute in (False, True):
+                for recompute in (False, "selective", True):
                     for shard in ((False, True) if dp > 1 else (False,)):
                         for sequence in ((False, True) if mp > 1 else (False,)):
+                            # flash attention keeps no (seq x seq) tensor: selective
+                            # recompute would mark nothing
                             found.extend(Layout(dp, mp, pp, micro, recompute, shard, sequence,
-                                                on) for on in flash)
+                                                on) for on in flash
+                                         if not (on and recompute == "selective"))
                 micro *= 2
     return found
 
@@ -134,12 +140,14 @@ class Advisor:
         self.recordings: Dict[tuple, object] = {}
         self.recording_seconds = 0.0
 
-    def recording(self, layout: Layout, micro_batch: int, blocks: int, recompute: bool):
+    def recording(self, layout: Layout, micro_batch: int, blocks: int, recompute):
         """The recording of `micro_batch` sequences per device through `blocks` blocks per
-        pipeline stage, with or without recompute, and the violations its strategies have;
-        cached by what shapes it."""
+        pipeline stage, with recompute as `recompute` says (off: a recording with its
+        checkpoints cleared), and the violations its strategies have; cached by what shapes
+        it."""
+        selective = recompute == "selective"
         key = (layout.dp, layout.mp, layout.pp, layout.sequence_parallel,
-               layout.flash_attention, micro_batch, blocks)
+               layout.flash_attention, micro_batch, blocks, selective)
         if key not in self.recordings:
             from mindspore.nn.utils import no_init_parameters
             from model_zoo.config import import_model
@@ -147,7 +155,8 @@ class Advisor:
             from model_zoo.plan.report import record_training_network
             started = time.perf_counter()
             shape = dataclasses.replace(layout, micro_steps=max(layout.pp, 1),
-                                        recompute=True, optimizer_shard=False)
+                                        recompute="selective" if selective else True,
+                                        optimizer_shard=False)
             config = shape.apply(self.config)
             config = dataclasses.replace(
                 config, model=dataclasses.replace(config.model, num_layers=blocks * layout.pp),
@@ -276,7 +285,8 @@ class Advice:
     def to_dict(self) -> dict:
         return {"device_num": self.device_num, "device": self.profile.name,
                 "devices_per_server": self.profile.devices_per_server,
-                "memory_per_device": self.profile.memory, "layouts": self.layouts,
+                "memory_per_device": self.profile.memory,
+                "usable_memory_per_device": self.profile.usable_memory, "layouts": self.layouts,
                 "breaking_rules": self.breaking_rules, "not_fitting": self.not_fitting,
                 "fitting": self.fitting, "recordings": self.recordings,
                 "recording_seconds": self.recording_seconds, "seconds": self.seconds,
@@ -300,7 +310,7 @@ def advise(config, device_num: int, device: str = "ascend910", devices_per_serve
         result = advisor.score(layout)
         if result is None:
             broken += 1
-        elif result.memory > advisor.profile.memory:
+        elif result.memory > advisor.profile.usable_memory:   # the plan's `fits`
             too_big += 1
         else:
             scored.append(result)
@@ -325,7 +335,8 @@ def format_advice(advice: Advice, config_path: str) -> str:
     """The text `model-zoo advise` prints: counts, the ranked layouts, why the best wins."""
     gib, profile = 2 ** 30, advice.profile
     lines = [f"advise: {config_path} on {advice.device_num} x {profile.name} "
-             f"({profile.devices_per_server} per server, {profile.memory / gib:.2f} GiB each)",
+             f"({profile.devices_per_server} per server, {profile.memory / gib:.2f} GiB each, "
+             f"{profile.usable_memory / gib:.2f} a run may fill)",
              f"  {advice.layouts} layouts: {advice.breaking_rules} break a rule, "
              f"{advice.not_fitting} do not fit, {advice.fitting} fit; "
              f"{advice.recordings} recordings in {advice.recording_seconds:.1f} s, "

@@ -21,10 +21,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser):
     add_overrides_argument(parser)
     parser.add_argument("--device-num", type=int, default=None,
                         help="devices the job will have (default: dp x mp x pp of the config)")
-    parser.add_argument("--device", choices=DEVICE_KEYS, default="ascend910",
+    parser.add_argument("--device", choices=DEVICE_KEYS,
                         help="device profile (model_zoo/plan/device_profiles/) whose memory "
                              "the estimate is held against and whose speeds time the step "
-                             "(ascend910: 32 GiB, ascend910b: 64 GiB, a100: 40 GiB)")
+                             "(ascend910: 32 GiB, ascend910b: 64 GiB, a100: 40 GiB; default: "
+                             "ascend910b for a config with flash attention or bf16, else "
+                             "ascend910)")
     parser.add_argument("--devices-per-server", type=int, default=0, metavar="K",
                         help="devices per server, which decides the links a collective "
                              "crosses (default: the profile's, 8)")

@@ -34,6 +34,8 @@ class DeviceProfile:
     key: str
     name: str
     memory: int                     # bytes
+    usable_memory: int              # bytes a run may fill: the device's less what the
+                                    # runtime keeps (MindFormers' max_device_memory)
     peak_flops: Dict[str, float]    # FLOP/s per compute dtype ("fp16", "fp32")
     memory_bandwidth: float         # bytes/s
     devices_per_server: int
@@ -64,6 +66,7 @@ def load_profile(key: str, devices_per_server: int = 0) -> DeviceProfile:
     links, efficiency = raw["links"], raw["efficiency"]
     return DeviceProfile(
         key=key, name=raw["name"], memory=int(raw["memory_gib"] * 2 ** 30),
+        usable_memory=int(raw.get("usable_memory_gib", raw["memory_gib"]) * 2 ** 30),
         peak_flops={dtype: tflops * 1e12 for dtype, tflops in raw["peak_tflops"].items()},
         memory_bandwidth=raw["memory_bandwidth_gbs"] * 1e9,
         devices_per_server=devices_per_server or raw["devices_per_server"],

@@ -199,11 +199,12 @@ def shown_path(path: str) -> str:
 
 def layout_table(plans: Optional[Dict[str, Plan]] = None) -> str:
     """Markdown: every shipped layout config with its devices, estimated memory, the
-    communication of its busiest stage and the predicted step time on Ascend 910."""
+    communication of its busiest stage and the predicted step time, on the device it is
+    planned on by default (`report.default_device`)."""
     lines = ["| config | parameters | dp x mp x pp | devices | micro batches x accumulation | "
-             "memory per device (worst stage, Ascend 910) | fits 32 GiB | pipeline bubble | "
-             "communication per device a step (busiest stage) | predicted step (Ascend 910) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "device | memory per device (worst stage) | fits | pipeline bubble | "
+             "communication per device a step (busiest stage) | predicted step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for path in plan_config_files():
         relative = shown_path(path)
         plan = (plans or {}).get(relative)
@@ -212,7 +213,7 @@ def layout_table(plans: Optional[Dict[str, Plan]] = None) -> str:
         p, accumulation = plan.config.parallel, plan.config.train.grad_accumulation
         lines.append(f"| `{relative}` | {_count(plan.parameter_count)} | "
                      f"{p.dp} x {p.mp} x {p.pipeline_stage} | {plan.device_num} | "
-                     f"{p.micro_batch_num} x {accumulation} | "
+                     f"{p.micro_batch_num} x {accumulation} | {plan.profile.name} | "
                      f"{_gib(plan.worst_stage.total)} GiB (stage {plan.worst_stage.stage}) | "
                      f"{'yes' if plan.fits else 'NO'} | {100 * plan.bubble:.0f}% | "
                      f"{_gib(max(c.total for c in plan.communication))} GiB | "

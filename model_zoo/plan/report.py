@@ -59,7 +59,8 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return bool(self.memory) and self.worst_stage.total <= self.device_memory
+        """The worst stage within what a run may fill of the device (`usable_memory`)."""
+        return bool(self.memory) and self.worst_stage.total <= self.profile.usable_memory
 
     @property
     def ok(self) -> bool:
@@ -93,6 +94,7 @@ class Plan:
             "checked_operator_calls": self.checked_calls,
             "violations": [v.to_dict() for v in self.violations],
             "device": {"name": self.device_name, "memory": self.device_memory,
+                       "usable_memory": self.profile.usable_memory,
                        "key": self.device,
                        "devices_per_server": self.profile.devices_per_server},
             "memory": {"stages": [m.to_dict() for m in self.memory],
@@ -174,8 +176,17 @@ def usable_parameters(plan, purpose: str) -> Dict[str, ParamInfo]:
     return plan.recording.params
 
 
+def default_device(config) -> str:
+    """The profile a config is planned on unless `--device` says: the Ascend 910B when it
+    asks for what only the 910B runs (flash attention, bfloat16), else the Ascend 910."""
+    needs_910b = (getattr(config.model, "flash_attention", False)
+                  or config.train.precision == "bf16")
+    return "ascend910b" if needs_910b else "ascend910"
+
+
 def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
-               device: str = "ascend910", customize=None, devices_per_server: int = 0) -> Plan:
+               device: Optional[str] = None, customize=None,
+               devices_per_server: int = 0) -> Plan:
     """Check `config`'s layout and operators and estimate its cost (see the module doc).
 
     Args:
@@ -194,6 +205,7 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
 
     if devices_per_server < 0:
         raise UserInputError(f"--devices-per-server must be >= 1, got {devices_per_server}")
+    device = device or default_device(config)
     profile = load_profile(device, devices_per_server)
     parallel, train = config.parallel, config.train
     device_num = device_num or parallel.device_num
@@ -208,6 +220,10 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
             "flash_attention", f"model.flash_attention: FlashAttentionScore runs on Ascend "
                                f"910B (Atlas A2) only, not on {profile.name}; plan with "
                                f"--device ascend910b"))
+    if train.precision == "bf16" and device == "ascend910":
+        violations.append(Violation(
+            "precision", "train.precision=bf16: the Ascend 910 has no bfloat16 Cube unit; "
+                         "plan with --device ascend910b (or a100), or use fp16"))
     plan = Plan(config, config_path, device_num, profile, micro_batch, violations)
     if any(v.rule == "layout" and "must be >= 1" in v.message for v in violations):
         return plan
@@ -281,9 +297,10 @@ def format_report(plan: Plan, max_violations: int = 20) -> str:
                          f"{_gib(m.activations):>8} {detail:>26} {_gib(m.total):>8}")
         worst = plan.worst_stage
         verdict = "fits" if plan.fits else "DOES NOT FIT"
-        lines.append(f"  worst stage {worst.stage}: {_gib(worst.total)} of "
-                     f"{_gib(plan.device_memory)} GiB "
-                     f"({100 * worst.total / plan.device_memory:.0f}%): {verdict}")
+        usable = plan.profile.usable_memory
+        lines.append(f"  worst stage {worst.stage}: {_gib(worst.total)} of the "
+                     f"{_gib(usable)} GiB a run may fill ({_gib(plan.device_memory)} GiB "
+                     f"device; {100 * worst.total / usable:.0f}%): {verdict}")
     if plan.communication:
         lines.append("")
         lines.append("communication per device per step, GiB")
@@ -327,8 +344,9 @@ def format_report(plan: Plan, max_violations: int = 20) -> str:
     if plan.violations:
         reasons.append(f"{len(plan.violations)} violation(s)")
     if plan.memory and not plan.fits:
-        reasons.append(f"needs {_gib(plan.worst_stage.total)} GiB per device, "
-                       f"{plan.device_name} has {_gib(plan.device_memory)}")
+        reasons.append(f"needs {_gib(plan.worst_stage.total)} GiB per device, a run may "
+                       f"fill {_gib(plan.profile.usable_memory)} of {plan.device_name}'s "
+                       f"{_gib(plan.device_memory)}")
     lines.append(f"{verdict}" + (": " + "; ".join(reasons) if reasons else ""))
     return "\n".join(lines)
 

@@ -346,9 +346,10 @@ def check_layout(parallel: ParallelConfig, device_num: int, num_layers: int,
         violation("layout", f"data_parallel {parallel.dp} x model_parallel {parallel.mp} x "
                             f"pipeline_stage {parallel.pipeline_stage} = {product} differs from "
                             f"the device number {device_num}")
-    if num_layers % parallel.pipeline_stage:
-        violation("pipeline", f"model.num_layers={num_layers} is not divisible by "
-                              f"parallel.pipeline_stage={parallel.pipeline_stage}")
+    try:
+        parallel.recomputed_blocks(num_layers)   # checks stage_blocks too
+    except ConfigError as err:
+        violation("pipeline", str(err))
     if parallel.pipeline_stage > 1 and parallel.micro_batch_num < parallel.pipeline_stage:
         violation("pipeline", f"parallel.micro_batch_num={parallel.micro_batch_num} must be at "
                               f"least parallel.pipeline_stage={parallel.pipeline_stage}: each "

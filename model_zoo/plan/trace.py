@@ -346,12 +346,34 @@ class Recorder:
                              if t.producer is not None]
                 call.stage = max(producers) if producers else 0
 
-    def _recompute_root(self):
+    def _recompute_root(self, prim):
+        """The outermost recomputed cell the call runs in; else, for a primitive marked
+        `recompute()` (selective recompute), its cell's recomputed operators as a segment
+        of their own, `<cell path>/recomputed`."""
         for cell in self.cell_stack:
             name = self.cell_names.get(id(cell))
             if name in self.recompute_roots:
                 return name
+        if prim.attrs.get("recompute"):
+            return f"{self._cell_path()}/recomputed"
         return None
+
+    def segment_checkpoints(self):
+        """The inputs each segment of recomputed primitives recomputes from: the tensors its
+        calls read that no call of the segment made (the cell-level roots record their
+        cell's inputs as it is entered)."""
+        made = {}
+        for call in self.calls:
+            root = call.recompute_root
+            if root and root.endswith("/recomputed"):
+                made.setdefault(root, set()).update(out.key for out in call.outputs)
+        for call in self.calls:
+            root = call.recompute_root
+            if root in made:
+                kept = self.checkpoints.setdefault(root, [])
+                for info in call.tensors:
+                    if info.key not in made[root] and all(info.key != k.key for k in kept):
+                        kept.append(info)
 
     # the interceptors ---------------------------------------------------------------------
     def _on_cell(self, original, cell, args, kwargs):
@@ -386,7 +408,7 @@ class Recorder:
         path = self.owners.get(id(prim)) or f"{self._cell_path() or '<network>'}/{name}"
         stage = self._stage()
         call = OpCall(len(self.calls), name, path, self._cell_path(), prim, strategy_of(prim),
-                      recorded_args, [], 0 if stage is None else stage, self._recompute_root(),
+                      recorded_args, [], 0 if stage is None else stage, self._recompute_root(prim),
                       staged=stage is not None)
         if self.compute:
             result = original(prim, *args, **kwargs)
@@ -518,6 +540,7 @@ def record(net: nn.Cell, inputs, *, compute: bool = False, stages: int = 1,
         net.set_train(training)
         ms.set_context(mode=mode)
     recorder.place_unstaged()
+    recorder.segment_checkpoints()
     return Recording(recorder.calls, _parameters(net, recorder), recorder.checkpoints,
                      input_infos, stages, output)
 

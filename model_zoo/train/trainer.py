@@ -19,7 +19,7 @@ from model_zoo.parallel.context import (data_shard, eval_network_compiles, gradi
                                         micro_batching, parameter_init, sync_shared_parameters,
                                         wrap_eval_network, wrap_train_step)
 from model_zoo.nn.attention import check_flash_attention_device
-from model_zoo.nn.layers import dtype_of, kernels_for
+from model_zoo.nn.layers import check_precision_device, dtype_of, kernels_for
 from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
 from model_zoo.parallel.resume import gathered_steps, resume_point
 from model_zoo.train.checkpoint import (list_checkpoints, load_weights, read_checkpoint,
@@ -162,6 +162,7 @@ def train(config: Config, output_dir: str, resume: bool = False, on_save=None,
     context = init_parallel(config.parallel, config.train.device_target)
     if getattr(config.model, "flash_attention", False):
         check_flash_attention_device(context.device_target, is_ascend_910b())
+    check_precision_device(config.train.precision, context.device_target, is_ascend_910b())
     if context.distributed:
         output_dir = os.path.join(output_dir, f"rank_{context.rank}")
     with directory_in_use(output_dir):
