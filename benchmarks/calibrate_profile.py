@@ -22,12 +22,14 @@ from model_zoo.plan.devices import load_profile
 
 
 def summary(name: str, errors: list, agree: dict) -> str:
-    absolute = [abs(e) for e in errors]
+    absolute = [abs(e) for e in errors if e is not None]
+    if not absolute:
+        return f"{name}: no row"
     fastest = (f"; the fastest layout predicted in {sum(agree.values())} of {len(agree)} "
                f"groups" if agree else "")
     return (f"{name}: median error {100 * statistics.median(absolute):.1f}%, mean "
             f"{100 * statistics.mean(absolute):.1f}%, max {100 * max(absolute):.1f}% over "
-            f"{len(errors)} rows{fastest}")
+            f"{len(absolute)} rows{fastest}")
 
 
 def main():
@@ -59,7 +61,8 @@ def main():
     for (run, plan), error, other in zip(planned, errors, held_out):
         print(f"{run.name:{width}} {run.layout:>12} {run.samples_per_s:>9.2f} "
               f"{calibration.predict(plan, profile):>9.2f} {100 * error:>+6.1f}% "
-              f"{100 * other:>+8.1f}%{'' if id(plan) in fitted_ids else '  check'}")
+              f"{'n/a' if other is None else f'{100 * other:+.1f}%':>9}"
+              f"{'' if id(plan) in fitted_ids else '  check'}")
     agree = calibration.fastest_agree(planned, profile)
     print(f"fitted on {len(fitting)} of the {len(planned)} rows "
           f"({profile.fitted_on}: {', '.join(profile.fitted) or 'nothing'})")
@@ -72,7 +75,7 @@ def main():
     for (model, devices), same in agree.items():
         print(f"  {model} on {devices} device{'s' if devices > 1 else ''}: the fastest "
               f"predicted is {'the fastest measured' if same else 'NOT the fastest measured'}"
-              f"{'' if held_out_agree[(model, devices)] else ' (NOT with the group left out)'}")
+              f"{'' if held_out_agree.get((model, devices), True) else ' (NOT with the group left out)'}")
     print(f"done in {time.perf_counter() - started:.1f} s")
 
 

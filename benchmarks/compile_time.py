@@ -26,6 +26,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from model_zoo.plan.docs import cluster_config_files, shown_path  # noqa: E402
+from model_zoo.plan.dryrun import blocks_overrides  # noqa: E402
 from model_zoo.plan.report import load_plan_config  # noqa: E402
 
 
@@ -36,7 +37,7 @@ def measure(path: str, blocks_per_stage: int, timeout: float) -> dict:
     layers = config.model.num_layers
     if blocks_per_stage:
         layers = blocks_per_stage * parallel.pipeline_stage
-        overrides.append(f"model.num_layers={layers}")
+        overrides += blocks_overrides(parallel, [blocks_per_stage] * parallel.pipeline_stage)
     last = (parallel.pipeline_stage - 1) * parallel.devices_per_stage
     ranks = ",".join(str(rank) for rank in sorted({0, last}))
     command = [sys.executable, "-m", "model_zoo", "dryrun", path, "--ranks", ranks, "--json",

@@ -44,6 +44,11 @@ class ModelConfig:
             raise ConfigError(f"model.hidden_size={self.hidden_size} is not divisible by "
                               f"model.num_heads={self.num_heads}")
 
+    @property
+    def pipeline_blocks(self) -> int:
+        """The blocks the pipeline stages share (`parallel.stage_blocks` adds up to it)."""
+        return self.num_layers
+
     def check_fractions(self, *keys):
         """Rates such as dropout must lie in [0, 1); ConfigError naming the key."""
         for key in keys:
@@ -167,7 +172,7 @@ class Config:
             self.parallel.micro_batch_size(self.train.global_batch_size,
                                            self.train.grad_accumulation),
             self.model.seq_length)
-        self.parallel.recomputed_blocks(self.model.num_layers)   # and the stages' blocks
+        self.parallel.recomputed_blocks(self.model.pipeline_blocks)   # and stage_blocks
 
     def to_dict(self) -> dict:
         return {section: dataclasses.asdict(getattr(self, section)) for section in SECTIONS}

@@ -211,7 +211,7 @@ def test_parallel_checks_run_on_load():
     message = config_error(TINY, ["parallel.pipeline_stage=2", "parallel.micro_batch_num=1"])
     assert "parallel.micro_batch_num=1" in message and "parallel.pipeline_stage=2" in message
     message = config_error(TINY, ["parallel.pipeline_stage=3", "parallel.micro_batch_num=4"])
-    assert "model.num_layers=2" in message and "pipeline_stage=3" in message
+    assert "the model's 2 blocks" in message and "pipeline_stage=3" in message
     message = config_error(TINY, ["parallel.data_parallel=3"])
     assert "train.global_batch_size=16" in message
 
@@ -288,11 +288,12 @@ def test_cli_reports_config_errors_as_one_line(tmp_path, capsys, argv):
 
 
 @pytest.mark.parametrize("overrides, expected", [
-    (["parallel.recompute=2"], "parallel.recompute"),
+    (["parallel.recompute=full"], "parallel.recompute must be false, true or selective"),
+    (["parallel.recompute_blocks=[1]"], "needs parallel.recompute true or selective"),
     (["parallel.stage_blocks=[1,1]"], "one count for each of the 1 pipeline stages"),
-    (["parallel.stage_blocks=[1]"], "holds 1 blocks but model.num_layers=2"),
+    (["parallel.stage_blocks=[1]"], "holds 1 blocks but the model has 2"),
     (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
-      "parallel.stage_blocks=[2,1]"], "holds 3 blocks but model.num_layers=2"),
+      "parallel.stage_blocks=[2,1]"], "holds 3 blocks but the model has 2"),
     (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
       "parallel.stage_blocks=[2,0]"], "parallel.stage_blocks must list one count"),
     (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2", "parallel.recompute=true",
@@ -310,7 +311,10 @@ def test_per_stage_knobs_count_blocks_as_mindformers_does():
                                    recompute_blocks=[3, 1, 0], micro_batch_num=3)
     assert parallel.blocks_per_stage(12) == [3, 4, 5]
     assert parallel.recomputed_blocks(12) == [3, 1, 0]
-    assert dataclasses.replace(parallel, recompute=False).recomputed_blocks(12) == [0, 0, 0]
+    assert dataclasses.replace(parallel, recompute=False,
+                               recompute_blocks=None).recomputed_blocks(12) == [0, 0, 0]
+    with pytest.raises(ConfigError, match="needs parallel.recompute true or selective"):
+        dataclasses.replace(parallel, recompute=False).recomputed_blocks(12)
     assert dataclasses.replace(parallel, recompute_blocks=None).recomputed_blocks(12) == \
         [3, 4, 5]
 
@@ -323,3 +327,16 @@ def test_bf16_is_a_precision_the_cpu_refuses_in_one_line(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines[-1].startswith("error:") and "bf16 runs on Ascend 910B only" in lines[-1]
     assert "Traceback" not in result.stderr
+
+
+def test_the_transformers_stages_share_its_encoder_and_decoder_layers():
+    """The Transformer's pipeline blocks are its encoder and then its decoder layers."""
+    path = os.path.join(os.path.dirname(CONFIG_DIR), "..", "transformer", "configs",
+                        "tiny.yaml")
+    layers = load_config(path).model.num_layers
+    base = ["parallel.pipeline_stage=2", "parallel.micro_batch_num=2"]
+    config = load_config(path, base + [f"parallel.stage_blocks=[{layers + 1},{layers - 1}]"])
+    assert config.parallel.blocks_per_stage(config.model.pipeline_blocks) == [layers + 1,
+                                                                               layers - 1]
+    assert f"but the model has {2 * layers}" in config_error(
+        path, base + [f"parallel.stage_blocks=[{layers},1]"])

@@ -20,7 +20,7 @@ from model_zoo.parallel.context import eval_network_compiles
 from model_zoo.parallel.strategy_file import parameter_layout
 from model_zoo.plan import cuda_stubs
 from model_zoo.plan.docs import MODELS_DIR, cluster_config_files
-from model_zoo.plan.dryrun import compare_layouts, run_dryrun, select_ranks
+from model_zoo.plan.dryrun import blocks_overrides, compare_layouts, run_dryrun, select_ranks
 from model_zoo.plan.report import build_plan, load_plan_config
 from model_zoo.train.loop import sink_size_of
 
@@ -29,20 +29,14 @@ DP2_MP2 = ["parallel.data_parallel=2", "parallel.model_parallel=2"]
 def reduced_overrides(path: str) -> list:
     """One block per pipeline stage (uneven `stage_blocks`: one on the smallest stages, two
     on the others; three blocks of a 70B model outgrow the 2 GB MindIR the dry run reads
-    its collectives from) and one accumulation step: the layout and its pipeline micro
-    batches stay (accumulation, not part of the layout, has its own test below;
-    benchmarks/compile_time.py compiles the full configurations)."""
+    its collectives from), one accumulation step and as few pipeline micro batches as
+    stages (MindSpore unrolls each micro batch into the graph): the layout stays, the
+    strategies do not depend on the counts (accumulation and micro batches have their own
+    test below; benchmarks/compile_time.py compiles the full configurations)."""
     parallel = load_plan_config(path).parallel
-    if parallel.stage_blocks is None:
-        return [f"model.num_layers={parallel.pipeline_stage}", "train.grad_accumulation=1"]
-    blocks = [1 + (count > min(parallel.stage_blocks)) for count in parallel.stage_blocks]
-    overrides = [f"model.num_layers={sum(blocks)}", "train.grad_accumulation=1",
-                 f"parallel.stage_blocks={blocks}"]
-    if parallel.recompute_blocks is not None:
-        recomputed = [min(wanted, held)
-                      for wanted, held in zip(parallel.recompute_blocks, blocks)]
-        overrides.append(f"parallel.recompute_blocks={recomputed}")
-    return overrides
+    counts = parallel.stage_blocks or [1] * parallel.pipeline_stage
+    return blocks_overrides(parallel, [1 + (n > min(counts)) for n in counts]) + [
+        "train.grad_accumulation=1", f"parallel.micro_batch_num={parallel.pipeline_stage}"]
 
 
 def first_and_last_stage(config) -> list:
@@ -275,14 +269,13 @@ PARITY_BASE = ["model.num_layers=2", "model.dropout=0.0", "model.attention_dropo
 # as all-reduces: dryrun_cpu.as_all_reduces). Not pipeline stages, for want of CPU
 # Send/Receive kernels ("Unsupported op [Send] on CPU").
 PARITY_LAYOUTS = {"dp2": ["parallel.data_parallel=2"],
-                  "mp2": ["parallel.model_parallel=2"],
                   "dp2mp2": ["parallel.data_parallel=2", "parallel.model_parallel=2"],
                   "mp2-optimizer-shard": ["parallel.model_parallel=2",
                                           "parallel.optimizer_shard=true"],
                   "mp2-sequence-parallel": ["parallel.model_parallel=2",
                                             "parallel.sequence_parallel=true"],
                   "mp4": ["parallel.model_parallel=4"]}
-SAME_ON_CPU = ("dp2", "mp2", "mp4")   # layouts whose collectives the CPU runs as compiled
+SAME_ON_CPU = ("dp2", "mp4")   # layouts whose collectives the CPU runs as compiled
 
 
 def one_device_steps(config, batches, checkpoint):

@@ -214,7 +214,8 @@ def test_shipped_config_passes(relative):
 def test_llama_layouts_fit_ascend_910(name, billions, devices):
     """The shipped LLaMA layouts: the published sizes (LLaMA-2 7B is 6.74B parameters, 70B
     68.98B), each on its device count within an Ascend 910's 32 GiB by the plan."""
-    (relative,) = [path for path in CONFIGS if os.path.basename(path).startswith(f"{name}-")]
+    (relative,) = [path for path in CONFIGS if os.path.basename(path).startswith(f"{name}-")
+                   and not path.endswith("-910b.yaml")]
     plan = shipped(relative)
     assert abs(plan.parameter_count / 1e9 - billions) < 0.05 * billions
     assert plan.device_num == devices
@@ -256,7 +257,7 @@ def test_too_few_micro_batches():
 
 def test_layers_not_divisible_by_stages():
     plan = build_plan(tiny(pp=2, micro=2, layers=3))
-    assert any("model.num_layers=3 is not divisible by parallel.pipeline_stage=2" in m
+    assert any("the model's 3 blocks do not divide into parallel.pipeline_stage=2" in m
                for m in messages(plan))
 
 
@@ -961,7 +962,7 @@ def test_selective_recompute_recomputes_the_attention_core_only():
     assert recomputed and all(call.recompute_root.endswith("attention/recomputed")
                               for call in recomputed)
     assert {call.name for call in recomputed} <= {"Mul", "BatchMatMul", "Cast", "Add",
-                                                   "Softmax"}
+                                                   "Softmax", "StridedSlice"}   # causal bias
     assert sum(call.name == "BatchMatMul" for call in recomputed) == 2 * 6   # scores, context
     assert 0 < plans["selective"].compute[0].recompute < plans["true"].compute[0].recompute
     assert plans["selective"].compute[0].recompute == plans["selective"].compute[0].attention / 4

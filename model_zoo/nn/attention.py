@@ -84,8 +84,8 @@ def uses_fused_attention(flash: bool, compute_dtype) -> bool:
 
 # the operators of the attention core, between the projections: what selective
 # recompute recomputes (MindFormers marks the same ones, `llama_transformer.py`)
-CORE_OPERATORS = ("repeat", "scale", "scores", "to_float", "add_causal", "add_bias", "softmax",
-                  "to_compute", "context", "fused")
+CORE_OPERATORS = ("repeat", "scale", "scores", "to_float", "slice_causal", "add_causal",
+                  "add_bias", "softmax", "to_compute", "context")
 
 
 def recompute_attention_core(attention):
@@ -93,18 +93,15 @@ def recompute_attention_core(attention):
     the attention core (scores, softmax, context) of `attention` instead of keeping its
     float32 (seq x seq) tensors; the projections keep their activations. MindSpore's own
     Dropout is not recomputed (Primitive.recompute does not promise the same random mask),
-    so with attention dropout its output and mask are kept; the CPU kernels draw their
-    masks from a key and are recomputed whole. Flash attention keeps no (seq x seq) tensor:
+    so with attention dropout its output and mask are kept. The fused CPU kernels are one
+    instance shared by every layer (marking one would mark them all) and keep only their
+    probabilities: they are left as they are. Flash attention keeps no (seq x seq) tensor:
     nothing to do."""
     if attention.use_flash:
         return
-    for name in CORE_OPERATORS + ("attention_dropout.keyed",):
-        operator = attention
-        for part in name.split("."):
-            operator = getattr(operator, part, None)
-        # the CPU kernels are shared between layers; marking one sets its attribute
-        # `recompute` (MindSpore's add_prim_attr), so it is marked once
-        if operator is not None and not operator.attrs.get("recompute"):
+    for name in CORE_OPERATORS:
+        operator = getattr(attention, name, None)
+        if operator is not None:
             operator.recompute()
 
 

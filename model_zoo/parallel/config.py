@@ -106,24 +106,32 @@ class ParallelConfig:
                     f"{self.pipeline_stage} pipeline stages ({least} or more each), got "
                     f"{counts}")
 
-    def blocks_per_stage(self, num_layers: int) -> List[int]:
-        """How many blocks each pipeline stage holds (`stage_blocks`, else even); raises
-        ConfigError naming the key when they do not add up to the model's blocks."""
+    def blocks_per_stage(self, blocks: int) -> List[int]:
+        """How many of the model's `blocks` (`ModelConfig.pipeline_blocks`: its layers, the
+        Transformer's encoder and decoder layers) each pipeline stage holds (`stage_blocks`,
+        else even); raises ConfigError naming the key when they do not add up."""
         self.check_recompute()
         if self.stage_blocks is None:
-            self.check_divisible("model.num_layers", num_layers, by="pipeline_stage")
-            return [num_layers // self.pipeline_stage] * self.pipeline_stage
-        if sum(self.stage_blocks) != num_layers:
+            if blocks % self.pipeline_stage:
+                raise ConfigError(
+                    f"model.num_layers: the model's {blocks} blocks do not divide into "
+                    f"parallel.pipeline_stage={self.pipeline_stage} equal stages; change "
+                    f"either, or list each stage's blocks in parallel.stage_blocks")
+            return [blocks // self.pipeline_stage] * self.pipeline_stage
+        if sum(self.stage_blocks) != blocks:
             raise ConfigError(f"parallel.stage_blocks={self.stage_blocks} holds "
-                              f"{sum(self.stage_blocks)} blocks but model.num_layers="
-                              f"{num_layers}")
+                              f"{sum(self.stage_blocks)} blocks but the model has {blocks} "
+                              f"(model.num_layers)")
         return list(self.stage_blocks)
 
-    def recomputed_blocks(self, num_layers: int) -> List[int]:
+    def recomputed_blocks(self, blocks: int) -> List[int]:
         """How many blocks of each stage are recomputed (fully or selectively, as
         `recompute` says): `recompute_blocks` (no more than the stage holds), else all of
         them when recompute is on, none when off."""
-        blocks = self.blocks_per_stage(num_layers)
+        blocks = self.blocks_per_stage(blocks)
+        if not self.recompute and self.recompute_blocks is not None:
+            raise ConfigError("parallel.recompute_blocks says how many blocks of each stage "
+                              "to recompute: it needs parallel.recompute true or selective")
         if not self.recompute:
             return [0] * len(blocks)
         if self.recompute_blocks is None:

@@ -212,7 +212,7 @@ class Advisor:
         rule (of the layout, or of its operators' strategies)."""
         config = layout.apply(self.config)
         parallel, train = config.parallel, config.train
-        if check_layout(parallel, parallel.device_num, config.model.num_layers,
+        if check_layout(parallel, parallel.device_num, config.model.pipeline_blocks,
                         train.global_batch_size, train.grad_accumulation,
                         config.model.seq_length):
             return None
@@ -293,11 +293,12 @@ class Advice:
                 "top": [s.to_dict() for s in self.best]}
 
 
-def advise(config, device_num: int, device: str = "ascend910", devices_per_server: int = 0,
+def advise(config, device_num: int, device: Optional[str] = None, devices_per_server: int = 0,
            top: int = 5) -> Advice:
     """Score every layout, keep those that fit, rank them by samples/s and plan the best
     `top` in full (a layout the full plan refuses is replaced by the next one)."""
-    from model_zoo.plan.report import build_plan
+    from model_zoo.plan.report import build_plan, default_device
+    device = device or default_device(config)
     if device_num < 1:
         raise UserInputError(f"--device-num must be >= 1, got {device_num}")
     if top < 1:

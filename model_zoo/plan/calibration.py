@@ -241,12 +241,15 @@ def leave_one_group_out(planned: list, profile, names) -> tuple:
     """Each (model, devices) group predicted by a fit on the other groups' rows (those
     `fitting_runs` allows): (the relative error of every row, in `planned`'s order;
     {group: whether its predicted fastest layout is its measured fastest}, for groups of
-    more than one row)."""
+    more than one row). A group whose rows are all the fit has is not predicted: None."""
     found, agree = {}, {}
     for key, members in groups(planned).items():
         held_out = {id(plan) for _, plan in members}
         rest = [(run, plan) for run, plan in fitting_runs(planned, profile)
                 if id(plan) not in held_out]
+        if not rest:
+            found.update((id(plan), None) for _, plan in members)
+            continue
         fitted = with_constants(profile, fit(rest, profile, names))
         found.update(zip((id(plan) for _, plan in members), errors(members, fitted)))
         if len(members) > 1:

@@ -111,8 +111,9 @@ def add_advise_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("config", help="YAML config whose model and global batch to lay out")
     add_overrides_argument(parser)
     parser.add_argument("--device-num", type=int, required=True, help="devices of the job")
-    parser.add_argument("--device", choices=DEVICE_KEYS, default="ascend910",
-                        help="device profile (model_zoo/plan/device_profiles/)")
+    parser.add_argument("--device", choices=DEVICE_KEYS,
+                        help="device profile (model_zoo/plan/device_profiles/; default: as "
+                             "`model-zoo plan` picks it)")
     parser.add_argument("--devices-per-server", type=int, default=0, metavar="K",
                         help="devices per server (default: the profile's)")
     parser.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")

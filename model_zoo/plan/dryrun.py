@@ -79,6 +79,19 @@ class DryRun:
                 "plan_violations": self.plan_violations, "ranks": ranks}
 
 
+def blocks_overrides(parallel, blocks: List[int]) -> List[str]:
+    """The `--set` overrides that compile a layout with `blocks[k]` blocks on stage k (fewer
+    than the config's, to compile fast): the model's depth, and the config's per-stage
+    `stage_blocks` and `recompute_blocks` cut to them."""
+    overrides = [f"model.num_layers={sum(blocks)}"]
+    if parallel.stage_blocks is not None:
+        overrides.append(f"parallel.stage_blocks={list(blocks)}")
+    if parallel.recompute_blocks is not None:
+        overrides.append(f"parallel.recompute_blocks="
+                         f"{[min(n, held) for n, held in zip(parallel.recompute_blocks, blocks)]}")
+    return overrides
+
+
 def select_ranks(spec: str, parallel) -> List[int]:
     """The ranks `--ranks` names: "stages" (the first rank of every pipeline stage), "all",
     or a comma-separated list."""

@@ -87,7 +87,9 @@ class Plan:
                        "devices_per_stage": parallel.devices_per_stage,
                        "micro_batch_num": parallel.micro_batch_num,
                        "optimizer_shard": parallel.optimizer_shard,
-                       "recompute": parallel.recompute, "vocab_emb_dp": parallel.vocab_emb_dp,
+                       "recompute": parallel.recompute,
+                       "recompute_blocks": parallel.recompute_blocks,
+                       "stage_blocks": parallel.stage_blocks, "vocab_emb_dp": parallel.vocab_emb_dp,
                        "full_batch": parallel.full_batch},
             "batch": {"global": train.global_batch_size, "grad_accumulation": train.grad_accumulation,
                       "micro_batch": self.micro_batch, "precision": train.precision},
@@ -176,6 +178,17 @@ def usable_parameters(plan, purpose: str) -> Dict[str, ParamInfo]:
     return plan.recording.params
 
 
+def recompute_text(parallel) -> str:
+    """`parallel.recompute` as the report says it, with its per-stage counts and the
+    stages' blocks when the config sets them."""
+    text = {False: "off", True: "on", "selective": "selective"}[parallel.recompute]
+    if parallel.recompute and parallel.recompute_blocks is not None:
+        text += f" (blocks per stage {parallel.recompute_blocks})"
+    if parallel.stage_blocks is not None:
+        text += f", stage blocks {parallel.stage_blocks}"
+    return text
+
+
 def default_device(config) -> str:
     """The profile a config is planned on unless `--device` says: the Ascend 910B when it
     asks for what only the 910B runs (flash attention, bfloat16), else the Ascend 910."""
@@ -211,7 +224,7 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
     device_num = device_num or parallel.device_num
     if device_num < 1:
         raise UserInputError(f"--device-num must be >= 1, got {device_num}")
-    violations = check_layout(parallel, device_num, config.model.num_layers,
+    violations = check_layout(parallel, device_num, config.model.pipeline_blocks,
                               train.global_batch_size, train.grad_accumulation,
                               config.model.seq_length)
     micro_batch = micro_batch_size(config)
@@ -275,7 +288,7 @@ def format_report(plan: Plan, max_violations: int = 20) -> str:
                  f"model_parallel {parallel.mp} x pipeline_stage {parallel.pipeline_stage} "
                  f"({parallel.devices_per_stage} devices per stage)")
     lines.append(f"          micro batches {parallel.micro_batch_num}, optimizer shard "
-                 f"{on[parallel.optimizer_shard]}, recompute {on[parallel.recompute]}, "
+                 f"{on[parallel.optimizer_shard]}, recompute {recompute_text(parallel)}, "
                  f"vocab_emb_dp {on[parallel.vocab_emb_dp]}, sequence parallel "
                  f"{on[parallel.sequence_parallel]}, precision {train.precision}")
     lines.append(f"  batch: global {train.global_batch_size} = {train.grad_accumulation} "

@@ -324,7 +324,7 @@ def check_recording(rec: "Recording", parallel: ParallelConfig, device_num: int)
     return found
 
 
-def check_layout(parallel: ParallelConfig, device_num: int, num_layers: int,
+def check_layout(parallel: ParallelConfig, device_num: int, blocks: int,
                  global_batch_size: int, accumulation: int,
                  seq_length: int) -> List[Violation]:
     """The layout's own rules: device number (G10), product, stages, micro batches, batch."""
@@ -347,7 +347,7 @@ def check_layout(parallel: ParallelConfig, device_num: int, num_layers: int,
                             f"pipeline_stage {parallel.pipeline_stage} = {product} differs from "
                             f"the device number {device_num}")
     try:
-        parallel.recomputed_blocks(num_layers)   # checks stage_blocks too
+        parallel.recomputed_blocks(blocks)   # checks stage_blocks too
     except ConfigError as err:
         violation("pipeline", str(err))
     if parallel.pipeline_stage > 1 and parallel.micro_batch_num < parallel.pipeline_stage:

@@ -100,7 +100,9 @@ def collective_seconds(kind, amount, size, stride, times, profile: DeviceProfile
     link = (profile.between_servers
             if spans_servers(size, stride, profile.devices_per_server)
             else profile.inside_server)
-    return amount / link.bandwidth_for(size) + times * ring_steps(kind, size) * link.latency
+    # a send/receive goes over one link, whatever the group it is placed in spans
+    peers = 2 if kind == "send_receive" else size
+    return amount / link.bandwidth_for(peers) + times * ring_steps(kind, size) * link.latency
 
 
 def estimate_time(compute, communication, memory, parallel, precision: str,

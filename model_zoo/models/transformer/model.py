@@ -51,6 +51,11 @@ class TransformerConfig(ModelConfig):
     length_penalty: float = 0.6
     max_decode_extra: int = 50
 
+    @property
+    def pipeline_blocks(self) -> int:
+        """Encoder and decoder layers, in that order, are the pipeline's blocks."""
+        return 2 * self.num_layers
+
     # Copied from model_zoo.models.gpt2.model.GPT2Config.ffn_size
     @property
     def ffn_size(self) -> int:
