@@ -9,7 +9,7 @@ profile's free constants on all rows first and prints them (to put in its YAML).
     python benchmarks/calibrate_profile.py --csv OTHER.csv   # rows of the same columns
 
 The rows are LiBai's 42 published A100 runs (model_zoo/plan/measurements/libai_a100.csv,
-columns and shapes in ../shared/measurements/README.md); `model_zoo.plan.calibration`
+columns and shapes in model_zoo/plan/measurements/README.md); `model_zoo.plan.calibration`
 plans each one with the project's bert-large / gpt2-1024 config.
 """
 

@@ -137,7 +137,7 @@ def test_spearman_against_a_hand_count():
 
 def test_the_ascend_rows_read_as_their_model_cards_state():
     """ms/step rows: samples/s = global batch / step; tokens/s/p rows: figure x devices /
-    seq (../shared/measurements/README.md)."""
+    seq (model_zoo/plan/measurements/README.md)."""
     runs = {run.name: run for run in calibration.read_rows(
         calibration.DEVICE_MEASUREMENTS["ascend910"])}
     bert = runs["BERT-base pretrain (Ascend 910)"]

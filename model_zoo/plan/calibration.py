@@ -5,7 +5,7 @@ check the fit on what it was not fitted on (leave one group out).
 `measurements/libai_a100.csv` holds the 42 runs LiBai v0.2.0 published for BERT-large and
 GPT-2-medium shapes on A100s (docs/source/tutorials/get_started/Benchmark.md of
 Oneflow-Inc/libai: data, tensor and pipeline parallel alone, two axes and three axes, 1-32
-GPUs; columns in ../shared/measurements/README.md). A row becomes the project's
+GPUs; columns in model_zoo/plan/measurements/README.md). A row becomes the project's
 bert-large / gpt2-1024 config with the row's layers, layout and batch: pipeline runs take
 the micro steps as micro batches, the others as gradient accumulation.
 """
@@ -73,7 +73,7 @@ def libai_run(row: dict) -> Run:
 
 
 def ascend_run(row: dict) -> Run:
-    """A row of ascend_calibration.csv (columns in ../shared/measurements/README.md): its
+    """A row of ascend_calibration.csv (columns in model_zoo/plan/measurements/README.md): its
     model's dimensions set on the family's config; the vocabulary rounded up to a multiple
     of 128 (as Megatron pads it) so that every model-parallel split divides it."""
     dp, mp, pp = int(row["dp"]), int(row["mp"]), int(row["pp"])
