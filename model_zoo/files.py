@@ -26,6 +26,19 @@ def check_file(path, what: str, error=UserInputError, empty_ok: bool = True):
         raise error(f"{what} {path!r} is empty (0 bytes)")
 
 
+def read_text_lines(path, what: str, error=UserInputError) -> list:
+    """The lines of the UTF-8 text file `path` (without their line ends); `error` naming
+    `what` (e.g. "--input") when it is missing or is not UTF-8 text."""
+    check_file(path, what, error)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().splitlines()
+    except UnicodeDecodeError as err:
+        raise error(f"{what} {path!r} is not UTF-8 text: byte {err.start} is "
+                    f"{err.object[err.start:err.start + 1]!r}; convert it (e.g. iconv -t "
+                    f"UTF-8)") from None
+
+
 def write_atomically(path, content):
     """Write text or bytes to `path` via a temporary file in the same directory."""
     path = os.fspath(path)

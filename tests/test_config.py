@@ -125,6 +125,14 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
     assert "line 4" in message
 
 
+def test_a_key_written_twice_is_refused_with_its_line(tmp_path):
+    """PyYAML keeps the last of two equal keys silently; the config refuses them."""
+    path = write(tmp_path, "model:\n  name: gpt2\ntrain:\n  lr: 1.0e-3\n  steps: 5\n"
+                           "  lr: 2.0e-3\n")
+    message = config_error(path)
+    assert "key 'lr' appears twice" in message and "line 6" in message
+
+
 def test_bad_indentation_line(tmp_path):
     path = write(tmp_path, "model:\n  name: gpt2\n   bad: 1\n")
     assert "line 3" in config_error(path)

@@ -18,7 +18,7 @@ from model_zoo.data import (BUILTIN_PYTHON_DOCS, count_samples, create_dataset, 
                             parse_token_ids)
 from model_zoo.data.streaming import BuildOptions
 from model_zoo.errors import UserInputError
-from model_zoo.files import check_file
+from model_zoo.files import read_text_lines
 from model_zoo.train.checkpoint import load_network
 
 from model_zoo.causal_lm.data import (build_dataset, describe_build, lm_dataset_ready,
@@ -154,10 +154,8 @@ def read_prompts(args, tokenizer, vocab_size: int, dataset_dir: str) -> list:
     tokenizer to encode it."""
     path = args.input or args.prompt_ids_file
     if path:
-        check_file(path, "--input" if args.input else "--prompt-ids-file")
-        with open(path, encoding="utf-8") as handle:
-            texts = [(f"{path} line {number}", line.rstrip("\n"))
-                     for number, line in enumerate(handle, 1)]
+        texts = [(f"{path} line {number}", line) for number, line in enumerate(
+            read_text_lines(path, "--input" if args.input else "--prompt-ids-file"), 1)]
     else:
         texts = [("--prompt-ids" if args.prompt_ids is not None else "--prompt",
                   args.prompt_ids if args.prompt_ids is not None else args.prompt)]

@@ -16,6 +16,7 @@ from mindspore import ops
 from model_zoo.config import Config, DataConfig
 from model_zoo.data import Tokenizer
 from model_zoo.errors import DataError, UserInputError
+from model_zoo.files import read_text_lines
 from model_zoo.train.checkpoint import load_network
 
 from .data import (BUILTIN_LOCALE_DE, TOKENIZER_FILE, build_translation_dataset,
@@ -204,18 +205,18 @@ def sample_text(config: Config, network) -> str:
 
 def run_translate(config: Config, ckpt: str, args) -> str:
     """`model-zoo translate`: one translation per input line (a file or standard input)."""
+    if args.beam is not None and args.beam < 1:
+        raise UserInputError(f"--beam {args.beam}: a beam holds at least 1 hypothesis (1 is "
+                             f"greedy); leave it out for the config's model.beam_size")
     tokenizer = _tokenizer(config)
     if args.input:
-        if not os.path.isfile(args.input):
-            raise UserInputError(f"--input {args.input}: no such file")
-        with open(args.input, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
+        lines = read_text_lines(args.input, "--input")
     else:
         lines = sys.stdin.read().splitlines()
     limit = config.model.seq_length
     source_ids = [tokenizer.encode(line)[:limit - 1] + [tokenizer.eos_id] for line in lines]
     network = load_network(config, ckpt)
-    beam = args.beam or config.model.beam_size
+    beam = config.model.beam_size if args.beam is None else args.beam
     translations = translate_ids(config, network.transformer, source_ids, beam)
     return "\n".join(tokenizer.decode(ids) if line.strip() else ""
                      for line, ids in zip(lines, translations))
