@@ -51,9 +51,7 @@ class ModelConfig:
 
     def check_fractions(self, *keys):
         """Rates such as dropout must lie in [0, 1); ConfigError naming the key."""
-        for key in keys:
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ConfigError(f"model.{key} must be in [0, 1), got {getattr(self, key)}")
+        check_fractions(self, "model", keys)
 
 
 @dataclass
@@ -66,6 +64,17 @@ class DataConfig:
     def validate(self):
         if not self.dataset_dir:
             raise ConfigError("data.dataset_dir is empty: give the directory of the dataset")
+        # read on every load, also when the dataset is already built and the key unused
+        check_fractions(self, "data", [key for key in ("heldout_fraction",)
+                                       if hasattr(self, key)])
+
+
+def check_fractions(section_obj, section: str, keys):
+    """Each of `keys` of the section must lie in [0, 1); ConfigError naming the key."""
+    for key in keys:
+        value = getattr(section_obj, key)
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"{section}.{key} must be in [0, 1), got {value}")
 
 
 @dataclass

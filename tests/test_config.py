@@ -203,6 +203,7 @@ def test_wrong_type_names_key(override, shown):
     ("model.dropout=1.0", "model.dropout"),
     ("model.ffn_hidden_size=-1", "model.ffn_hidden_size"),
     ("data.dataset_dir=''", "data.dataset_dir"),
+    ("data.heldout_fraction=1.5", "data.heldout_fraction must be in [0, 1), got 1.5"),
     ("parallel.data_parallel=0", "parallel.data_parallel"),
     ("parallel.micro_batch_num=0", "parallel.micro_batch_num"),
 ])
