@@ -90,15 +90,18 @@ def directory_in_use(directory: str):
     it, and the next run takes it over)."""
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise UserInputError(f"--output-dir {directory!r} is a file, not a directory")
-    os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, LOCK_FILE)
     with contextlib.ExitStack() as stack:
         try:
+            os.makedirs(directory, exist_ok=True)
             handle = stack.enter_context(_locked_file(path, blocking=False))
         except BlockingIOError:
             raise UserInputError(f"{directory} is in use by another run (pid "
                                  f"{_read_holder(path)}); wait for it to end, or choose "
                                  f"another --output-dir") from None
+        except OSError as err:   # read-only, no permission, a full disk
+            raise UserInputError(f"--output-dir {directory!r}: cannot write there "
+                                 f"({err.strerror}); choose a writable --output-dir") from None
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
         handle.flush()

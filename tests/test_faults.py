@@ -340,3 +340,25 @@ def test_a_signal_during_the_last_step_stops_before_the_evaluation():
         with pytest.raises(TrainingInterrupted) as stopped:
             stop.steps_done(10, "step_00000010.ckpt")
     assert stopped.value.exit_status == 143 and stopped.value.step == 10
+
+
+def test_a_built_dataset_whose_lock_cannot_be_taken_trains_and_an_unwritable_output_is_one_line(
+        tiny_dataset, tmp_path):
+    """A complete dataset on a mount where its build lock cannot be written (here: a folder
+    where the lock file would go; root writes through read-only permissions) trains as it
+    is; an --output-dir that cannot be created is one error line."""
+    from conftest import write_tiny_config
+    dataset = tmp_path / "dataset"
+    shutil.copytree(tiny_dataset, dataset)
+    (tmp_path / "dataset.lock").mkdir()   # open(..., "a+") of the lock fails
+    config = write_tiny_config(tmp_path / "tiny.yaml", dataset, {"train.steps": 1})
+    blocked = tmp_path / "a_file"
+    blocked.write_text("keep me")
+
+    refused = run_cli("train", config, "--output-dir", blocked / "run")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        f"error: --output-dir {str(blocked / 'run')!r}: cannot write there")
+
+    result = run_cli("train", config, "--output-dir", tmp_path / "run")
+    assert result.returncode == 0, result.stderr

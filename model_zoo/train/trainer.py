@@ -11,7 +11,7 @@ import numpy as np
 import mindspore as ms
 
 from model_zoo.config import Config, import_model, read_yaml, save_config
-from model_zoo.errors import CheckpointError, UserInputError
+from model_zoo.errors import CheckpointError, DataError, UserInputError
 from model_zoo.data.manifest import building, verify_dataset
 from model_zoo.files import directory_in_use
 from model_zoo.parallel.context import (data_shard, eval_network_compiles, gradient_reducer,
@@ -174,8 +174,15 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
     """`train` once this process holds `output_dir`."""
     check_output_dir(output_dir, config, resume, context.distributed)
     shard = data_shard(config.parallel, context.rank, config.train.global_batch_size)
-    with building(config.data.dataset_dir):
-        module.prepare_data(config)
+    try:
+        with building(config.data.dataset_dir):
+            module.prepare_data(config)
+    except OSError as err:
+        # a built dataset on a read-only mount trains as it is (its lock cannot be taken)
+        if not module.dataset_ready(config):
+            raise DataError(f"data.dataset_dir {config.data.dataset_dir!r}: cannot build the "
+                            f"dataset there ({err.strerror or err}); free space or give a "
+                            f"writable directory") from None
     verify_dataset(config.data.dataset_dir, getattr(config.data, "sources", None), verify_data)
 
     os.makedirs(output_dir, exist_ok=True)
