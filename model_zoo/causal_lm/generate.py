@@ -26,11 +26,16 @@ What a language model (`lm`, e.g. GPT2LMHeadModel, LlamaForCausalLM) offers the 
                                the last position, the caches written in place.
 """
 
+import sys
+import time
+
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
 from model_zoo.nn.attention import cache_index, step_inputs
+
+PROGRESS_SECONDS = 10.0   # the window path prints its progress this often
 
 
 def _check_arguments(prompt_ids, max_new_tokens, seq_length, top_k, top_p, temperature,
@@ -250,6 +255,10 @@ def generate_ids(lm, prompts, max_new_tokens: int, **options) -> list:
         if generator is None:
             generator = lm.cached_generator = CachedGenerator(lm)
         return generator.generate(prompts, max_new_tokens, **options)
+    print(f"note: a prompt plus {int(max_new_tokens)} new tokens is longer than the model's "
+          f"{seq_length} positions: generating through a sliding window without the "
+          f"key/value cache (each token runs the whole window; progress every "
+          f"{PROGRESS_SECONDS:.0f} s)", file=sys.stderr, flush=True)
     return [generate(lm, prompt, max_new_tokens, seq_length=seq_length, **options)
             for prompt in prompts]
 
@@ -282,7 +291,12 @@ def generate(lm, prompt_ids, max_new_tokens: int, *, seq_length: int, greedy: bo
     tokens = list(prompt)
     new_ids = []
     window = np.zeros((1, seq_length), dtype=np.int32)
-    for _ in range(int(max_new_tokens)):
+    started = reported = time.perf_counter()
+    for done in range(int(max_new_tokens)):
+        if done and time.perf_counter() - reported >= PROGRESS_SECONDS:
+            reported = time.perf_counter()
+            print(f"generated {done}/{int(max_new_tokens)} tokens "
+                  f"({done / (reported - started):.1f} tokens/s)", file=sys.stderr, flush=True)
         context = tokens[-seq_length:]
         window[:] = 0
         window[0, :len(context)] = context

@@ -176,3 +176,17 @@ def test_generate_ids_takes_the_window_path_past_the_positions(lm):
 def test_repetition_penalty_against_a_hand_count():
     scores = penalise_repetition([2.0, -1.0, 0.5, 3.0], [0, 1, 1], 2.0)
     np.testing.assert_allclose(scores, [1.0, -2.0, 0.5, 3.0])
+
+
+def test_the_window_path_says_so_and_reports_its_progress(lm, capsys, monkeypatch):
+    """More new tokens than positions take the uncached window: one note, then a progress
+    line with throughput every PROGRESS_SECONDS (0 here: every token)."""
+    from model_zoo.causal_lm import generate as generation
+    monkeypatch.setattr(generation, "PROGRESS_SECONDS", 0.0)
+    ids = generation.generate_ids(lm, [[1, 2, 3]], SEQ + 2)
+    assert len(ids[0]) == SEQ + 2
+    lines = capsys.readouterr().err.splitlines()
+    assert "longer than the model's 8 positions" in lines[0]
+    progress = [line for line in lines if line.startswith("generated ")]
+    assert progress[0].startswith(f"generated 1/{SEQ + 2} tokens (")
+    assert progress[-1].startswith(f"generated {SEQ + 1}/{SEQ + 2} tokens")
