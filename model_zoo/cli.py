@@ -11,6 +11,7 @@ model's code, MindSpore and the plan are imported when a command that needs them
 
 import argparse
 import json
+import signal
 import sys
 from typing import Optional
 
@@ -205,10 +206,32 @@ def run(args) -> int:
     return 0
 
 
+class Stopped(BaseException):
+    """A stop signal outside the training loop (imports, a dataset build, an evaluation):
+    `main` ends the command with one line instead of a traceback or silence."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    # until the training loop installs its own handlers (it saves a checkpoint first)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stop)
     try:
         return run(args)
     except UserInputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except (Stopped, KeyboardInterrupt) as stop:
+        signum = getattr(stop, "signum", signal.SIGINT)
+        print(f"error: stopped by {signal.Signals(signum).name}; nothing was saved beyond "
+              f"what was already written (a dataset build resumes where it stopped)",
+              file=sys.stderr)
+        return 128 + signum

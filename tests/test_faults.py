@@ -362,3 +362,24 @@ def test_a_built_dataset_whose_lock_cannot_be_taken_trains_and_an_unwritable_out
 
     result = run_cli("train", config, "--output-dir", tmp_path / "run")
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_the_dataset_build_is_one_line(tmp_path, signum):
+    """Ctrl-C or SIGTERM before the training loop (here: while the dataset is built) ends
+    with one `error:` line and 128 + the signal, not a traceback or silence."""
+    from conftest import write_tiny_config
+    config = write_tiny_config(tmp_path / "tiny.yaml", tmp_path / "dataset")
+    process = subprocess.Popen([sys.executable, "-m", "model_zoo", "train", config,
+                                "--output-dir", str(tmp_path / "run")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:   # the build has begun
+        if line.startswith("building the dataset"):
+            break
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signum, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"error: stopped by {signal.Signals(signum).name}; nothing was saved beyond what was "
+        f"already written (a dataset build resumes where it stopped)")
