@@ -178,6 +178,7 @@ def run(args) -> int:
         from model_zoo.train.trainer import default_output_dir, train
         if args.train_url and args.output_dir:
             raise UserInputError("give --output-dir or --train-url, not both")
+        from model_zoo.parallel.context import launched_ranks
         from model_zoo.train.interrupt import TooManyBadSteps, TrainingInterrupted
         storage = CloudStorage(args.data_url, args.train_url)
         output_dir = storage.prepare(config, args.output_dir or default_output_dir(args.config),
@@ -188,8 +189,10 @@ def run(args) -> int:
         except TrainingInterrupted as stopped:
             overrides = "".join(f" --set {override}" for override in args.overrides)
             failed = isinstance(stopped, TooManyBadSteps)
-            print(f"{'error: ' if failed else ''}{stopped}; continue with: model-zoo train "
-                  f"{args.config}{overrides} --output-dir {output_dir} --resume",
+            again = (f"model-zoo train {args.config}{overrides} --output-dir {output_dir} "
+                     f"--resume" if launched_ranks() == 1 else
+                     "the launch command again with --resume (the launcher prints it)")
+            print(f"{'error: ' if failed else ''}{stopped}; continue with: {again}",
                   file=sys.stderr if failed else sys.stdout, flush=True)
             return stopped.exit_status
     elif args.command == "export":

@@ -7,6 +7,7 @@ Corrupt and mismatched inputs are in test_cli.py (one error line each)."""
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -173,7 +174,7 @@ def test_a_full_disk_keeps_older_checkpoints(write_config, small_disk):
 def run_two_ranks_until_signalled(config, out, send_signal):
     """Start 2 data-parallel CPU ranks with scripts/run_distribute_train.sh, call
     `send_signal(launcher, rank_pids)` once both logged step 3; returns (launcher exit
-    status, its stderr)."""
+    status, its stderr, its stdout)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     job = subprocess.Popen(
         ["bash", os.path.join(root, "scripts", "run_distribute_train.sh"), "2",
@@ -194,11 +195,11 @@ def run_two_ranks_until_signalled(config, out, send_signal):
             assert time.monotonic() < deadline and job.poll() is None, job.stderr.read()
             time.sleep(0.2)
         send_signal(job, pids)
-        _, stderr = job.communicate(timeout=180)
+        stdout, stderr = job.communicate(timeout=180)
     finally:
         if job.poll() is None:
             job.kill()
-    return job.returncode, stderr
+    return job.returncode, stderr, stdout
 
 
 def assert_both_ranks_stopped_at_one_step(out):
@@ -218,7 +219,7 @@ def test_a_signal_to_one_rank_stops_both_at_the_same_step(write_config, tmp_path
     config = write_config({"train.steps": 100000, "train.log_steps": 1,
                            "train.save_steps": 100000})
     out = tmp_path / "out"
-    status, stderr = run_two_ranks_until_signalled(
+    status, stderr, _ = run_two_ranks_until_signalled(
         config, out, lambda job, pids: os.kill(pids[1], signal.SIGTERM))
     assert status == 143, stderr
     rank_0 = (out / "rank_0" / "train.log").read_text()
@@ -241,11 +242,23 @@ def test_the_launcher_forwards_a_signal_to_every_rank(write_config, tmp_path):
     config = write_config({"train.steps": 100000, "train.log_steps": 1,
                            "train.save_steps": 100000})
     out = tmp_path / "out"
-    status, stderr = run_two_ranks_until_signalled(
+    status, stderr, stdout = run_two_ranks_until_signalled(
         config, out, lambda job, pids: job.send_signal(signal.SIGINT))
     assert status == 130, stderr
     assert "received SIGINT: asking every rank to save a checkpoint and stop" in stderr
-    assert_both_ranks_stopped_at_one_step(out)
+    step = assert_both_ranks_stopped_at_one_step(out)
+    # the ranks point at the launcher, which prints the one command that resumes the job
+    assert "continue with: the launch command again with --resume" in (
+        out / "rank_0" / "train.log").read_text()
+    prefix = "the ranks saved a checkpoint and stopped; continue the job with: "
+    (line,) = [line for line in stdout.splitlines() if line.startswith(prefix)]
+    again = shlex.split(line[len(prefix):])
+    assert again[:3] == ["python3", "-m", "model_zoo.launch"] and again[-1] == "--resume"
+    resumed = subprocess.run([sys.executable] + again[1:] + ["--set", f"train.steps={step + 1}"],
+                             capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, GLOG_v="3"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"step {step + 1}/{step + 1}" in (out / "rank_1" / "train.log").read_text()
 
 
 @pytest.fixture(scope="module")

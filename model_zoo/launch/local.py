@@ -29,6 +29,7 @@ second signal is forwarded too, and the workers then exit at once.
 
 import argparse
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -317,17 +318,32 @@ def main(argv=None) -> int:
     parser.add_argument("--port", type=int, default=0, help="scheduler port (default: a free one)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the command every process runs, after --")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --")
     if args.devices:
-        return launch_devices(command, args.devices, args.output_dir, args.grace,
-                              args.timeout, args.stop_timeout)
-    if args.workers < 1:
-        parser.error("--workers must be >= 1")
-    return launch(command, args.workers, args.output_dir, args.grace, args.cluster_timeout,
-                  args.timeout, args.port, args.stop_timeout)
+        status = launch_devices(command, args.devices, args.output_dir, args.grace,
+                                args.timeout, args.stop_timeout)
+    else:
+        if args.workers < 1:
+            parser.error("--workers must be >= 1")
+        status = launch(command, args.workers, args.output_dir, args.grace,
+                        args.cluster_timeout, args.timeout, args.port, args.stop_timeout)
+    if status in STOPPED_STATUSES and "train" in command:
+        print(f"the ranks saved a checkpoint and stopped; continue the job with: "
+              f"{resume_command(argv)}", flush=True)
+    return status
+
+
+def resume_command(argv) -> str:
+    """This launch again, its training command with --resume (the ranks' own resume lines
+    are for one process: run alone, a rank finds fewer devices than its layout needs)."""
+    again = ["python3", "-m", "model_zoo.launch"] + list(argv)
+    if "--resume" not in again:
+        again.append("--resume")
+    return shlex.join(again)
 
 
 if __name__ == "__main__":
