@@ -171,6 +171,19 @@ def test_a_full_disk_keeps_older_checkpoints(write_config, small_disk):
     assert f"(step {newest})" in result.stdout
 
 
+def test_a_disk_too_full_for_the_first_checkpoint_says_to_start_again(write_config,
+                                                                       small_disk):
+    """With no checkpoint saved yet there is nothing to --resume from: the error says so."""
+    config = write_config({"train.steps": 2, "train.save_steps": 1, "model.hidden_size": 256,
+                           "model.num_heads": 4})   # a 1 MB disk holds no checkpoint
+    result = run_cli("train", config, "--output-dir", small_disk / "run")
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = [line for line in result.stderr.splitlines() if line.strip()][-1]
+    assert line.startswith("error: cannot save the step 1 checkpoint") and (
+        "no checkpoint was saved before it, so free some space and start the run again "
+        "(without --resume)") in line
+
+
 def run_two_ranks_until_signalled(config, out, send_signal):
     """Start 2 data-parallel CPU ranks with scripts/run_distribute_train.sh, call
     `send_signal(launcher, rank_pids)` once both logged step 3; returns (launcher exit

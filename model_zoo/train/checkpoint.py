@@ -67,10 +67,13 @@ def save_checkpoint(cell, output_dir: str, step: int, keep: int, sliced: bool = 
         remove_partial_checkpoints(output_dir)
         needed = sum(param.data.nbytes for param in cell.get_parameters())
         free = shutil.disk_usage(os.path.dirname(path)).free
+        then = ("the older checkpoints are kept, free some space and continue with --resume"
+                if list_checkpoints(output_dir) else
+                "no checkpoint was saved before it, so free some space and start the run "
+                "again (without --resume)")
         raise DiskError(f"cannot save the step {step} checkpoint in {os.path.dirname(path)}: "
                         f"{err.strerror or err} (it needs {megabytes(needed)}, "
-                        f"{megabytes(free)} free); the older checkpoints are kept, free some "
-                        f"space and continue with --resume") from None
+                        f"{megabytes(free)} free); {then}") from None
     for _, old in list_checkpoints(output_dir)[:-keep]:
         os.remove(old)
     return path
