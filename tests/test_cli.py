@@ -257,6 +257,28 @@ def test_resume_falls_back_past_an_unreadable_checkpoint(trained, tmp_path):
         for entry, new in zip(original, _metrics(run_dir))]
 
 
+def test_a_checkpoint_whose_bytes_changed_fails_its_checksum(trained, tmp_path):
+    """One flipped bit in a weight still parses, and would evaluate to a wrong loss (Inf for
+    an exponent bit): MindSpore's CRC, written with every checkpoint, refuses it. `eval`
+    is one error line; `--resume` renames it aside and resumes from the one before."""
+    run_dir = _copy_run(trained, tmp_path)
+    newest = run_dir / "checkpoints" / "step_00000004.ckpt"
+    data = bytearray(newest.read_bytes())
+    data[int(len(data) * 0.6)] ^= 0x40
+    newest.write_bytes(data)
+
+    evaluated = run_cli("eval", trained["config"], "--ckpt", newest)
+    assert evaluated.returncode == 2
+    assert evaluated.stderr.strip().splitlines()[-1] == (
+        f"error: checkpoint {str(newest)!r} fails the checksum it was saved with: its bytes "
+        f"changed since (a flipped bit, a damaged copy)")
+
+    result = run_cli("train", trained["config"], "--output-dir", run_dir, "--resume")
+    assert result.returncode == 0, result.stderr
+    assert "renamed it to step_00000004.ckpt.unreadable" in result.stdout
+    assert "(step 2)" in result.stdout
+
+
 def test_resume_with_more_steps_keeps_the_schedule(trained, tmp_path):
     """The trained run decays lr 1e-2 -> 1e-3 over 4 steps; extending it keeps the floor
     unless train.lr_schedule_steps asks for a new length."""

@@ -60,8 +60,10 @@ def save_checkpoint(cell, output_dir: str, step: int, keep: int, sliced: bool = 
         # _exec_save); the final name appears only once the file is whole. A failure is
         # reported below as one line, without MindSpore's CRITICAL log of it
         with silent_logging():
+            # crc_check: MindSpore's own checksum of the file, verified on every load
             ms.save_checkpoint(cell, partial_path(path), integrated_save=not sliced,
-                               choice_func=saved_in_checkpoints, format=file_format)
+                               choice_func=saved_in_checkpoints, format=file_format,
+                               crc_check=True)
         os.replace(partial_path(path), path)
     except OSError as err:
         remove_partial_checkpoints(output_dir)
@@ -107,21 +109,30 @@ def megabytes(size: int) -> str:
 
 
 def read_checkpoint(path: str) -> dict:
-    """Parameters of a checkpoint file; CheckpointError if it is missing or unreadable."""
+    """Parameters of a checkpoint file; CheckpointError if it is missing, unreadable, or
+    fails the checksum it was saved with (a file saved without one loads unchecked)."""
     check_file(path, "checkpoint", CheckpointError, empty_ok=False)
     try:
-        return ms.load_checkpoint(path, format=file_format_of(path))
+        with silent_logging():
+            return ms.load_checkpoint(path, format=file_format_of(path), crc_check=True)
     except Exception as err:  # MindSpore raises ValueError/RuntimeError on bad files
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    try:   # whole but for its values: what a checksum catches and a parser does not
+        with silent_logging():
+            ms.load_checkpoint(path, format=file_format_of(path))
+    except Exception:  # noqa: BLE001 - not even parsable: the first error says why
         raise CheckpointError(f"checkpoint {path!r} cannot be read: {first_line}") from None
+    raise CheckpointError(f"checkpoint {path!r} fails the checksum it was saved with: its "
+                          f"bytes changed since (a flipped bit, a damaged copy)") from None
 
 
 def saved_step(path: str) -> int:
     """The train step a checkpoint was saved at, read without loading its weights."""
     check_file(path, "checkpoint", CheckpointError, empty_ok=False)
     try:
-        values = ms.load_checkpoint(path, choice_func=lambda name: name == STEP_COUNTER,
-                                    format=file_format_of(path))
+        with silent_logging():
+            values = ms.load_checkpoint(path, choice_func=lambda name: name == STEP_COUNTER,
+                                        format=file_format_of(path), crc_check=True)
         return int(values[STEP_COUNTER].asnumpy())
     except Exception as err:  # noqa: BLE001 - MindSpore's errors on bad files, a KeyError
         raise CheckpointError(f"checkpoint {path!r} holds no readable step counter "
