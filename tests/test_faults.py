@@ -409,3 +409,15 @@ def test_a_signal_during_the_dataset_build_is_one_line(tmp_path, signum):
     assert stderr.strip().splitlines()[-1] == (
         f"error: stopped by {signal.Signals(signum).name}; nothing was saved beyond what was "
         f"already written (a dataset build resumes where it stopped)")
+
+
+def test_a_disk_that_fills_during_the_dataset_build_is_named(small_disk, tmp_path):
+    """MindRecord's writer reports a full disk as it reports rows of another schema; the
+    build tells them apart by the space left and says which."""
+    from conftest import write_tiny_config
+    config = write_tiny_config(tmp_path / "tiny.yaml", small_disk / "dataset")
+    result = run_cli("train", config, "--output-dir", tmp_path / "run")
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: {small_disk / 'dataset'}") and (
+        "no space left to write rows" in line and "the build resumes" in line), line

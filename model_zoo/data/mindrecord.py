@@ -2,6 +2,7 @@
 
 import itertools
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from mindspore.mindrecord import FileWriter
 from model_zoo.errors import DataError
 
 ROWS_PER_WRITE = 4096
+WRITER_PAGE_BYTES = 32 * 2 ** 20   # FileWriter's default page (shard_writer: 32 MB)
 
 
 def index_path(path):
@@ -43,6 +45,15 @@ def write_mindrecord(path, schema, rows, *, description, overwrite=False):
             try:
                 writer.write_raw_data(chunk)
             except RuntimeError:
+                # FileWriter says the same for a full disk as for rows of another schema
+                free = shutil.disk_usage(staging).free
+                needed = sum(getattr(value, "nbytes", 0) for row in chunk
+                             for value in row.values())
+                if free < needed + WRITER_PAGE_BYTES:
+                    raise DataError(f"{path}: no space left to write rows {first_row}.."
+                                    f"{row_count - 1} ({free / 2**20:.1f} MB free on its "
+                                    f"disk); free some space and run again: the build "
+                                    f"resumes") from None
                 raise DataError(f"{path}: none of rows {first_row}..{row_count - 1} match the "
                                 f"schema {schema}") from None
         writer.commit()
