@@ -95,10 +95,11 @@ def test_vocab_divisible_only_when_split():
 def test_layers_not_divisible_by_pipeline_stage():
     message = build_error(small_config(num_layers=3),
                           ParallelConfig(pipeline_stage=2, micro_batch_num=2))
-    assert "model.num_layers=3" in message and "parallel.pipeline_stage=2" in message
+    assert "model.num_layers: the model's 3 blocks" in message
+    assert "parallel.pipeline_stage=2" in message
     message = build_error(small_config(num_layers=1),
                           ParallelConfig(pipeline_stage=2, micro_batch_num=2))
-    assert "model.num_layers=1" in message
+    assert "model.num_layers: the model's 1 blocks" in message
 
 
 def test_valid_hybrid_layout_builds():

@@ -213,7 +213,7 @@ class MultiHeadAttention(nn.Cell):
             if on_cpu and not cross and not flash else None
         self.add_bias = ops.Add().shard((heads, (dp, 1, 1, 1)))
         self.softmax = ops.Softmax(axis=-1).shard((heads,))
-        self.to_float, self.to_compute = ops.Cast(), ops.Cast()
+        self.to_float, self.to_compute = (ops.Cast().shard((heads,)) for _ in range(2))
         self.context = ops.BatchMatMul().shard((heads, heads))
         self.attention_dropout = Dropout(attention_dropout, heads)
         self.hidden_dropout = stream_dropout(hidden_dropout, parallel_config)

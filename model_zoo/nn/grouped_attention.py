@@ -136,7 +136,7 @@ class GroupedQueryAttention(nn.Cell):
         self.scores = ops.BatchMatMul(transpose_b=True).shard((heads, heads))
         self.add_bias = ops.Add().shard((heads, (1, 1, 1, 1)))
         self.softmax = ops.Softmax(axis=-1).shard((heads,))
-        self.to_float, self.to_compute = ops.Cast(), ops.Cast()
+        self.to_float, self.to_compute = (ops.Cast().shard((heads,)) for _ in range(2))
         self.context = ops.BatchMatMul().shard((heads, heads))
         self.attention_dropout = Dropout(attention_dropout, heads)
         self.causal_bias = causal_bias(max_seq_length)
