@@ -268,14 +268,13 @@ PARITY_BASE = ["model.num_layers=2", "model.dropout=0.0", "model.attention_dropo
 # Layouts whose compiled steps run on CPU ranks (sub-group all-gathers and reduce-scatters
 # as all-reduces: dryrun_cpu.as_all_reduces). Not pipeline stages, for want of CPU
 # Send/Receive kernels ("Unsupported op [Send] on CPU").
-PARITY_LAYOUTS = {"dp2": ["parallel.data_parallel=2"],
-                  "dp2mp2": ["parallel.data_parallel=2", "parallel.model_parallel=2"],
+PARITY_LAYOUTS = {"dp2mp2": ["parallel.data_parallel=2", "parallel.model_parallel=2"],
                   "mp2-optimizer-shard": ["parallel.model_parallel=2",
                                           "parallel.optimizer_shard=true"],
                   "mp2-sequence-parallel": ["parallel.model_parallel=2",
                                             "parallel.sequence_parallel=true"],
                   "mp4": ["parallel.model_parallel=4"]}
-SAME_ON_CPU = ("dp2", "mp4")   # layouts whose collectives the CPU runs as compiled
+SAME_ON_CPU = ("mp4",)   # layouts whose collectives the CPU runs as compiled
 
 
 def one_device_steps(config, batches, checkpoint):
