@@ -56,16 +56,23 @@ def read_rows(path: str = MEASUREMENTS) -> list:
     return [ascend_run(row) if "figure" in row else libai_run(row) for row in rows]
 
 
+def layout_overrides(dp, mp, pp, micro_batches, recompute, optimizer_shard, global_batch,
+                     accumulation) -> list:
+    """The `--set` overrides of a measured run's layout and batch (fp16, as all were)."""
+    return [f"parallel.data_parallel={dp}", f"parallel.model_parallel={mp}",
+            f"parallel.pipeline_stage={pp}", f"parallel.micro_batch_num={micro_batches}",
+            f"parallel.recompute={str(recompute).lower()}",
+            f"parallel.optimizer_shard={str(optimizer_shard).lower()}",
+            f"train.global_batch_size={global_batch}", f"train.grad_accumulation={accumulation}",
+            "train.precision=fp16"]
+
+
 def libai_run(row: dict) -> Run:
     dp, tp, pp = int(row["dp"]), int(row["tp"]), int(row["pp"])
     micro_steps = int(row["global_batch"]) // (int(row["micro_batch"]) * dp)
-    overrides = [
-        f"model.num_layers={row['layers']}", f"parallel.data_parallel={dp}",
-        f"parallel.model_parallel={tp}", f"parallel.pipeline_stage={pp}",
-        f"parallel.micro_batch_num={micro_steps if pp > 1 else 1}",
-        f"parallel.recompute={'true' if row['recompute'] == '1' else 'false'}",
-        "parallel.optimizer_shard=false", f"train.global_batch_size={row['global_batch']}",
-        f"train.grad_accumulation={1 if pp > 1 else micro_steps}", "train.precision=fp16"]
+    overrides = [f"model.num_layers={row['layers']}"] + layout_overrides(
+        dp, tp, pp, micro_steps if pp > 1 else 1, row["recompute"] == "1", False,
+        int(row["global_batch"]), 1 if pp > 1 else micro_steps)
     return Run(f"{row['model']} {row['config']}", row["model"], LIBAI_CONFIGS[row["model"]],
                overrides, "a100", int(row["gpus_per_node"]),
                int(row["nodes"]) * int(row["gpus_per_node"]), f"{dp}x{tp}x{pp}",
@@ -88,13 +95,9 @@ def ascend_run(row: dict) -> Run:
     overrides = [
         f"model.num_layers={row['layers']}", f"model.hidden_size={row['hidden']}",
         f"model.num_heads={row['heads']}", f"model.seq_length={seq}",
-        f"model.vocab_size={-(-int(row['vocab']) // 128) * 128}",
-        f"parallel.data_parallel={dp}", f"parallel.model_parallel={mp}",
-        f"parallel.pipeline_stage={pp}", f"parallel.micro_batch_num={micro_batches}",
-        f"parallel.recompute={'false' if row['recompute'] in ('', 'none') else 'true'}",
-        f"parallel.optimizer_shard={'true' if row['optimizer_shard'] == 'TRUE' else 'false'}",
-        f"train.global_batch_size={global_batch}", f"train.grad_accumulation={accumulation}",
-        "train.precision=fp16"]
+        f"model.vocab_size={-(-int(row['vocab']) // 128) * 128}"] + layout_overrides(
+        dp, mp, pp, micro_batches, row["recompute"] not in ("", "none"),
+        row["optimizer_shard"] == "TRUE", global_batch, accumulation)
     if row["family"] in ("baichuan2", "transformer"):
         overrides.append(f"model.ffn_hidden_size={row['ffn']}")
     if row["family"] == "baichuan2":
