@@ -73,9 +73,10 @@ def main():
     print(f"Spearman rank correlation, all rows: "
           f"{calibration.spearman(measured, predicted):.3f}")
     for (model, devices), same in agree.items():
+        held_out = held_out_agree.get((model, devices), True)
         print(f"  {model} on {devices} device{'s' if devices > 1 else ''}: the fastest "
               f"predicted is {'the fastest measured' if same else 'NOT the fastest measured'}"
-              f"{'' if held_out_agree.get((model, devices), True) else ' (NOT with the group left out)'}")
+              f"{'' if held_out else ' (NOT with the group left out)'}")
     print(f"done in {time.perf_counter() - started:.1f} s")
 
 

@@ -21,6 +21,7 @@ from model_zoo.launch.rank_table import add_rank_table_arguments, run_rank_table
 from model_zoo.parallel.checkpoint_command import add_checkpoint_arguments
 from model_zoo.plan.command import (add_advise_arguments, add_dryrun_arguments,
                                     add_plan_arguments)
+from model_zoo.train.interrupt import Stopped, stop_at_once
 
 MODEL_SUBCOMMANDS = {"data": "build a model's dataset from text files",
                      "convert": "import a Hugging Face checkpoint"}
@@ -209,24 +210,9 @@ def run(args) -> int:
     return 0
 
 
-class Stopped(BaseException):
-    """A stop signal outside the training loop (imports, a dataset build, an evaluation):
-    `main` ends the command with one line instead of a traceback or silence."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stop(signum, frame):
-    raise Stopped(signum)
-
-
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    # until the training loop installs its own handlers (it saves a checkpoint first)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _stop)
+    stop_at_once()   # until the training loop installs its own handlers
     try:
         return run(args)
     except UserInputError as err:

@@ -65,8 +65,8 @@ class DataConfig:
         if not self.dataset_dir:
             raise ConfigError("data.dataset_dir is empty: give the directory of the dataset")
         # read on every load, also when the dataset is already built and the key unused
-        check_fractions(self, "data", [key for key in ("heldout_fraction",)
-                                       if hasattr(self, key)])
+        if hasattr(self, "heldout_fraction"):
+            check_fractions(self, "data", ["heldout_fraction"])
 
 
 def check_fractions(section_obj, section: str, keys):

@@ -89,8 +89,8 @@ class GroupedQueryAttention(nn.Cell):
         compute_dtype: dtype of the matmuls; softmax runs in float32.
         init_std, output_init_std: init of the projections and of the output projection.
         flash: scores, softmax and context in one FlashAttentionScore (Ascend 910B,
-            `model.flash_attention`; needs float16 or bfloat16, no attention dropout, a head size that
-            is a multiple of 16): it takes the key/value heads as they are, without the
+            `model.flash_attention`; needs float16 or bfloat16, no attention dropout, a head
+            size that is a multiple of 16): it takes the key/value heads as they are, without the
             repeat (`head_num` query heads over fewer key/value heads, as MindFormers'
             LLaMA calls it), BNSD, split (dp, mp, 1, 1), the causal mask as the compressed
             2048 x 2048 triangle (sparse_mode 2). Incremental decoding keeps the plain path.

@@ -128,15 +128,15 @@ class ParallelConfig:
         """How many blocks of each stage are recomputed (fully or selectively, as
         `recompute` says): `recompute_blocks` (no more than the stage holds), else all of
         them when recompute is on, none when off."""
-        blocks = self.blocks_per_stage(blocks)
+        per_stage = self.blocks_per_stage(blocks)
         if not self.recompute and self.recompute_blocks is not None:
             raise ConfigError("parallel.recompute_blocks says how many blocks of each stage "
                               "to recompute: it needs parallel.recompute true or selective")
         if not self.recompute:
-            return [0] * len(blocks)
+            return [0] * len(per_stage)
         if self.recompute_blocks is None:
-            return blocks
-        for stage, (wanted, held) in enumerate(zip(self.recompute_blocks, blocks)):
+            return per_stage
+        for stage, (wanted, held) in enumerate(zip(self.recompute_blocks, per_stage)):
             if wanted > held:
                 raise ConfigError(f"parallel.recompute_blocks[{stage}]={wanted} is more than "
                                   f"the {held} blocks stage {stage} holds")

@@ -85,6 +85,10 @@ def stage_of(cell) -> Optional[int]:
         return None
 
 
+# the recompute root of a cell's primitives marked `recompute()` (selective recompute)
+RECOMPUTED_SEGMENT = "/recomputed"
+
+
 def is_recomputed(cell) -> bool:
     """How MindSpore 2.10 records `Cell.recompute()`: the cell is flagged as configured and
     its scope (and its children's) is prefixed `recompute_`."""
@@ -355,7 +359,7 @@ class Recorder:
             if name in self.recompute_roots:
                 return name
         if prim.attrs.get("recompute"):
-            return f"{self._cell_path()}/recomputed"
+            return f"{self._cell_path()}{RECOMPUTED_SEGMENT}"
         return None
 
     def segment_checkpoints(self):
@@ -365,14 +369,15 @@ class Recorder:
         made = {}
         for call in self.calls:
             root = call.recompute_root
-            if root and root.endswith("/recomputed"):
+            if root and root.endswith(RECOMPUTED_SEGMENT):
                 made.setdefault(root, set()).update(out.key for out in call.outputs)
         for call in self.calls:
             root = call.recompute_root
             if root in made:
                 kept = self.checkpoints.setdefault(root, [])
                 for info in call.tensors:
-                    if info.key not in made[root] and all(info.key != k.key for k in kept):
+                    if info.key not in made[root]:
+                        made[root].add(info.key)   # kept once
                         kept.append(info)
 
     # the interceptors ---------------------------------------------------------------------

@@ -43,6 +43,27 @@ class TooManyBadSteps(TrainingInterrupted):
         return BAD_STEPS_STATUS
 
 
+class Stopped(BaseException):
+    """A stop signal outside the training loop (imports, a dataset build, an evaluation,
+    the other commands): `model-zoo` ends with one line instead of a traceback or silence.
+    A BaseException, as KeyboardInterrupt is, so that cleanups (write_atomically's) run."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped(signum)
+
+
+def stop_at_once():
+    """Make SIGINT and SIGTERM raise Stopped (MindSpore's own handlers end the process
+    without a word); the training loop's StopRequests replaces them while it runs."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _raise_stopped)
+
+
 class StopRequests:
     """While active, SIGINT and SIGTERM set `signum` instead of ending the process; the loop
     checks `requested` after each step. A second signal exits at once. Once the steps are
