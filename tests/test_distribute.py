@@ -319,9 +319,9 @@ def test_bad_steps_are_skipped_on_every_rank_then_the_run_stops_to_resume(tmp_pa
     """A diverging run (train.lr=1e30): from step 2 the loss is not finite; both ranks skip
     steps 2-4 together (the step's losses and decisions are all-reduced), then stop after
     train.max_bad_steps=2 in a row with the step 4 checkpoint (every value finite: the bad
-    steps changed nothing), an `error:` line giving the --resume command and exit status
-    3, which the launcher passes on. The same through the sink path's Model.train, which
-    the loop stops the way MindSpore documents (`request_stop`)."""
+    steps changed nothing), an `error:` line pointing to the launcher's --resume command and
+    exit status 3, which the launcher passes on with that command. The same through the sink
+    path's Model.train, which the loop stops the way MindSpore documents (`request_stop`)."""
     config = write_config({"train.steps": 50, "train.save_steps": 50, "train.log_steps": 1,
                            "train.global_batch_size": 8, "parallel.data_parallel": 2,
                            "train.lr": 1e30, "train.max_bad_steps": 2,
@@ -333,15 +333,16 @@ def test_bad_steps_are_skipped_on_every_rank_then_the_run_stops_to_resume(tmp_pa
         capture_output=True, text=True, timeout=300, env=dict(os.environ, GLOG_v="3"))
     assert result.returncode == 3, result.stderr[-2000:]
     assert "the ranks stopped after too many bad steps" in result.stderr
+    assert re.search(r"continue the job with: python3 -m model_zoo.launch --workers 2 .* "
+                     r"--resume$", result.stdout.strip(), re.M)
     for rank in (0, 1):
         log = (out / f"rank_{rank}" / "train.log").read_text()
         for step in (2, 3, 4):
             assert f"step {step} skipped: the loss is" in log
         assert "step 5" not in log
         assert re.search(r"error: more than 2 steps in a row were skipped .*; stopped after "
-                         r"step 4, "
-                         r"saved \S+step_00000004.ckpt; continue with: model-zoo train "
-                         r"\S+ --output-dir \S+ --resume", log)
+                         r"step 4, saved \S+step_00000004.ckpt; continue with: the launch "
+                         r"command again with --resume \(the launcher prints it\)", log)
         saved = read_checkpoint(out / f"rank_{rank}" / "checkpoints" / "step_00000004.ckpt")
         assert int(saved["train_step"]) == 4
         assert all(np.all(np.isfinite(value)) for value in saved.values())
