@@ -64,24 +64,26 @@ def test_every_verb_and_subcommand_has_its_hook(name):
             check_signature(name, run, getattr(module, run), ["args"])
 
 
-def test_a_folder_lists_only_the_hooks_it_defines(tmp_path, monkeypatch):
-    """lazy_hooks reads the submodules without importing them: an optional hook a folder
-    leaves out is not offered (so `model-zoo data` does not list it), one it has resolves."""
+def test_a_folder_lists_the_hooks_it_declares_and_imports_them_on_use(tmp_path, monkeypatch):
+    """lazy_hooks lists exactly the declared names without importing anything; a hook that
+    its submodule re-exports from elsewhere resolves; an undeclared one does not exist."""
     folder = tmp_path / "sketch"
     folder.mkdir()
     (folder / "__init__.py").write_text(
         "from model_zoo.models.base import lazy_hooks\n"
-        "__getattr__, __dir__ = lazy_hooks(__name__, {'ModelConfig': 'model:Config'})\n")
+        "__getattr__, __dir__ = lazy_hooks(__name__, {'ModelConfig': 'model:Config',\n"
+        "                                             'evaluate': 'tasks'})\n")
     (folder / "model.py").write_text("class Config:\n    pass\n")
-    (folder / "tasks.py").write_text("def evaluate(config, network):\n    return {}\n"
-                                     "imported = True\n")
+    (folder / "shared.py").write_text("def evaluate(config, network):\n    return {}\n")
+    (folder / "tasks.py").write_text("from sketch.shared import evaluate  # noqa: F401\n"
+                                     "def run_data_command(args):\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("sketch")
     assert dir(module) == ["ModelConfig", "evaluate"]
-    assert "tasks" not in vars(module)            # nothing imported to list the names
+    assert "sketch.tasks" not in sys.modules and "sketch.model" not in sys.modules
     assert module.evaluate(None, None) == {} and module.ModelConfig.__name__ == "Config"
     with pytest.raises(AttributeError):
-        module.run_data_command
+        module.run_data_command   # defined in tasks.py, but not declared
 
 
 def test_command_line_and_launch_import_no_mindspore():

@@ -258,13 +258,6 @@ def decode_text(path: Path, raw: bytes, line: int) -> str:
                         f"{column})") from None
 
 
-def decoded_lines(path: Path):
-    """(text, line number) of each line of a UTF-8 file (gunzipped for .gz), without its
-    newline; DataError naming the file and line of what cannot be read."""
-    for raw, _, number in raw_lines(path, 0, 1):
-        yield decode_text(path, raw, number), number
-
-
 def _text_documents(path: Path, offset: int, line: int, json_key=None):
     """(text, (offset, line), size) of each document of a plain text file: runs of lines
     that are not blank (ASCII whitespace only), joined with newlines. Lines end at "\n"

@@ -2,8 +2,8 @@
 
 The trainer, the plan and the command line reach a model only through these names, so a
 copy of a folder under a new name is a new model, with nothing to register. A folder's
-`__init__.py` imports nothing heavy: it maps each name to the submodule that defines it
-(`lazy_hooks`), so `model-zoo --help` lists every folder's commands without importing
+`__init__.py` imports nothing heavy: its `HOOKS` dict maps each name to the submodule that
+defines it (`lazy_hooks`), so `model-zoo --help` lists every folder's commands without importing
 MindSpore, and a model's code is imported when one of its commands runs.
 
 Required hooks are the members of `ModelFolder`; `OPTIONAL_HOOKS` are used when present.
@@ -12,8 +12,6 @@ Required hooks are the members of `ModelFolder`; `OPTIONAL_HOOKS` are used when 
 
 import importlib
 import inspect
-import os
-import re
 import sys
 from typing import Protocol
 
@@ -71,26 +69,15 @@ OPTIONAL_HOOKS = {
 }
 
 
-# Where a folder's hooks live unless its __init__ says otherwise: the user paths in tasks.py,
-# the verbs' arguments in commands.py, `model-zoo data` in data.py.
-STANDARD_LOCATIONS = {
-    **{name: "tasks" for name in ("build_train_network", "create_train_dataset",
-                                  "prepare_data", "dataset_ready", "evaluate", "plan_inputs",
-                                  "sample_text", "inference_graphs", "create_heldout_dataset")},
-    "add_commands": "commands", "add_data_arguments": "data", "run_data_command": "data",
-}
-
-
 def lazy_hooks(package: str, hooks: dict):
     """`__getattr__` and `__dir__` for a model folder's `__init__.py` (PEP 562).
 
-    `hooks` maps each name (beyond `STANDARD_LOCATIONS`, which it may override) to
-    "submodule" (same name there) or "submodule:attribute"; the submodule is imported,
-    relative to `package`, on the name's first use.
+    `hooks` declares every hook the folder provides: name -> "submodule" (the same name
+    there) or "submodule:attribute", relative to `package`; the submodule is imported on the
+    name's first use. Nothing is read or imported to list them, so a hook may be defined
+    anywhere its submodule imports it from.
     """
-    folder = os.path.dirname(sys.modules[package].__file__)
-    hooks = {**{name: module for name, module in STANDARD_LOCATIONS.items()
-                if _defines(folder, module, name)}, **hooks}
+    hooks = dict(hooks)
 
     def __getattr__(name):
         target = hooks.get(name)
@@ -105,17 +92,6 @@ def lazy_hooks(package: str, hooks: dict):
         return sorted(hooks)
 
     return __getattr__, __dir__
-
-
-def _defines(folder: str, module: str, name: str) -> bool:
-    """Whether `folder/module.py` defines `name` at its top level, read without importing it
-    (an optional hook a folder leaves out is then not listed)."""
-    path = os.path.join(folder, module + ".py")
-    if not os.path.isfile(path):
-        return False
-    with open(path, encoding="utf-8") as handle:
-        source = handle.read()
-    return re.search(rf"^(?:def|class) {name}\b|^{name}\s*=", source, re.M) is not None
 
 
 def folder_name(module_name: str) -> str:

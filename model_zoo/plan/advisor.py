@@ -58,7 +58,7 @@ class Layout:
         train = dataclasses.replace(config.train,
                                     grad_accumulation=1 if pipeline else self.micro_steps)
         model = config.model
-        if self.flash_attention or getattr(model, "flash_attention", False):
+        if self.flash_attention or model.flash_attention:
             model = dataclasses.replace(model, flash_attention=self.flash_attention)
         return dataclasses.replace(config, parallel=parallel, train=train, model=model)
 
@@ -105,10 +105,9 @@ def _divisors(n: int) -> List[int]:
 
 def layouts(config, device_num: int, flash_attention: bool = False) -> List[Layout]:
     """Every layout of the module docstring for `device_num` devices; with
-    `flash_attention` (an Ascend 910B and a model that has it) each also with it on."""
+    `flash_attention` (an Ascend 910B) each also with it on."""
     model, global_batch = config.model, config.train.global_batch_size
-    flash = (False, True) if flash_attention and hasattr(model, "flash_attention") else (
-        (getattr(model, "flash_attention", False),))
+    flash = (False, True) if flash_attention else (model.flash_attention,)
     found = []
     for mp in _divisors(device_num):
         if model.num_heads % mp or model.hidden_size % mp:

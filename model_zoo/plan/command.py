@@ -11,7 +11,9 @@ from model_zoo.config import add_overrides_argument
 from model_zoo.errors import UserInputError
 from model_zoo.plan.devices import DEVICE_KEYS
 
-DOC_PATH = os.path.join("docs", "parallelism.md")   # the guide, from the repository root
+# the guide in a source checkout (an editable install's repository; a wheel has no docs/)
+DOC_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "docs", "parallelism.md")
 
 # --- the command ------------------------------------------------------------------------------
 
@@ -36,8 +38,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser):
                              "(what `model-zoo checkpoint` and transform_checkpoints read)")
     docs = parser.add_mutually_exclusive_group()
     docs.add_argument("--update-docs", nargs="?", const=DOC_PATH, metavar="DOC",
-                      help=f"instead of a plan: rewrite the generated sections of DOC "
-                           f"(default {DOC_PATH}, from the repository root)")
+                      help="instead of a plan: rewrite the generated sections of DOC "
+                           "(default: docs/parallelism.md of this source checkout)")
     docs.add_argument("--strategy-table", action="store_true",
                       help="instead of a plan: print every sharded layer's operators and "
                            "strategies (markdown)")
@@ -94,8 +96,8 @@ def update_docs(path: str) -> int:
     """Rewrite the generated sections of the parallelism guide at `path`."""
     from model_zoo.plan.docs import generated_sections, render_doc
     if not os.path.isfile(path):
-        raise UserInputError(f"--update-docs: {path!r} does not exist (run from the "
-                             f"repository root, or give the guide's path)")
+        raise UserInputError(f"--update-docs: {path!r} does not exist (an installed package "
+                             f"has no docs/: give the guide's path in a source checkout)")
     with open(path, encoding="utf-8") as handle:
         text = handle.read()
     text = render_doc(text, generated_sections(), path)

@@ -333,8 +333,9 @@ class TrainStep(nn.Cell):
         # a step), so there the loss and its gradients come from one pass (value_and_grad)
         self.single_pass = use_cpu_kernels()
         if self.single_pass:
-            # no overflow status to clear between the passes (an Ascend-only read)
-            assert not self.gradient_norm.float_status
+            if self.gradient_norm.float_status:   # an Ascend 910 read, cleared between passes
+                raise ValueError("the single-pass step (CPU kernels) cannot read the device's "
+                                 "overflow status")
             self.loss_and_grads = ops.value_and_grad(ScaledLoss(network), None, self.weights,
                                                      has_aux=True)
         self.stop_vote = stop_vote if stop_vote is not None else StopVote()

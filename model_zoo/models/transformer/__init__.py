@@ -1,14 +1,27 @@
 """The Transformer for translation: an encoder-decoder with a joint vocabulary.
 
-Its hooks (the model-folder contract, model_zoo/models/base.py) live where
-`base.STANDARD_LOCATIONS` says, plus those named below, each imported on first use.
+`HOOKS` declares its hooks (the model-folder contract, model_zoo/models/base.py) and
+the submodule defining each, imported on first use.
 """
 
 from model_zoo.models.base import lazy_hooks
 
-__getattr__, __dir__ = lazy_hooks(__name__, {
+HOOKS = {   # every hook of the model-folder contract, and the submodule defining it
     "ModelConfig": "model:TransformerConfig",
     "DataConfig": "tasks:TransformerDataConfig",
+    "build_train_network": "tasks",
+    "create_train_dataset": "tasks",
+    "prepare_data": "tasks",
+    "dataset_ready": "tasks",
+    "evaluate": "tasks",
+    "plan_inputs": "tasks",
+    "sample_text": "tasks",
+    "inference_graphs": "tasks",
+    "create_heldout_dataset": "tasks",
+    "add_commands": "commands",
     "batch_tokens": "tasks",
     "run_translate": "tasks",
-})
+    "add_data_arguments": "data",
+    "run_data_command": "data",
+}
+__getattr__, __dir__ = lazy_hooks(__name__, HOOKS)

@@ -339,13 +339,3 @@ def read_parallel_files(source_path, target_path, *, stats=None) -> List[Pair]:
     if stats is not None:
         stats.update(found[""])
     return pairs
-
-
-def read_pair_file(path, languages=("en", "de"), *, stats=None) -> List[Pair]:
-    """The pairs of one `.tsv` or `.jsonl` file of pairs, optionally gzipped."""
-    found = {}
-    entry = PairEntry(PAIR_FILE, (str(path),), "", tuple(languages))
-    pairs = [(pair.source, pair.target) for pair in iter_pairs([entry], stats=found)]
-    if stats is not None:
-        stats.update(found[""])
-    return pairs
