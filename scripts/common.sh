@@ -14,6 +14,15 @@ fail() {
     exit 2
 }
 
+# The config file CONFIG names: as given, or the shipped config its short form
+# model_zoo/<model>/configs/X.yaml stands for (as `model-zoo train` reads it).
+config_file() {  # CONFIG
+    local path
+    path=$("$PYTHON" -c "import sys; from model_zoo.config import shipped_config as s; print(s(sys.argv[1]))" "$1")
+    [ -f "$path" ] || fail "config file $1 does not exist"
+    echo "$path"
+}
+
 require_positive() {  # NAME VALUE
     case "$2" in
         ''|*[!0-9]*|0) fail "$1 must be a positive number, got '$2'" ;;

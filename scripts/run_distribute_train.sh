@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Distributed training on one server: one process per device.
 #
-# Usage: bash scripts/run_distribute_train.sh DEVICE_NUM RANK_TABLE_FILE [CONFIG] [args for `model-zoo train`]
+# Usage: bash scripts/run_distribute_train.sh DEVICE_NUM [RANK_TABLE_FILE] [CONFIG] [args for `model-zoo train`]
 #   DEVICE_NUM       devices of the whole job (all servers): 1, 2, 4, 8, 16, ...
-#   RANK_TABLE_FILE  HCCL rank table (JSON v1.0) listing them; see rank_tables/
+#   RANK_TABLE_FILE  HCCL rank table (JSON v1.0, a .json file) listing them; see rank_tables/.
+#                    Ascend needs it; CPU workers do not (checked when given)
 #   CONFIG           YAML config (default: model_zoo/models/gpt2/configs/tiny.yaml); on Ascend its
 #                    layout data_parallel x model_parallel x pipeline_stage must equal DEVICE_NUM
 #   e.g. bash scripts/run_distribute_train.sh 8 rank_tables/rank_table_8p.json \
 #            model_zoo/models/gpt2/configs/gpt2-small.yaml --output-dir outputs/small
+#        bash scripts/run_distribute_train.sh 2 model_zoo/gpt2/configs/tiny.yaml   # 2 CPU workers
 #
 # Ascend: the rank table is validated first; each of this server's devices gets a working
 # folder OUTPUT_DIR/rank_<RANK_ID>/ with env.txt and train.log, and a launcher in the
@@ -26,25 +28,32 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
-if [ $# -lt 2 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
+if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
     usage
     exit 1
 fi
 DEVICE_NUM=$1
-RANK_TABLE=$2
-shift 2
+shift
+require_positive DEVICE_NUM "$DEVICE_NUM"
+RANK_TABLE=""
+if [ $# -gt 0 ] && [ "${1%.json}" != "$1" ]; then
+    RANK_TABLE=$1
+    shift
+fi
 CONFIG=$DEFAULT_CONFIG
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
     CONFIG=$1
     shift
 fi
-require_positive DEVICE_NUM "$DEVICE_NUM"
-[ -f "$CONFIG" ] || fail "config file $CONFIG does not exist"
-[ -f "$RANK_TABLE" ] || fail "rank table $RANK_TABLE does not exist"
-
-OUTPUT_DIR=$(output_dir_of "$CONFIG" "$@")
-"$PYTHON" -m model_zoo rank-table validate "$RANK_TABLE" --device-num "$DEVICE_NUM" >/dev/null
+CONFIG=$(config_file "$CONFIG")
 TARGET=$(device_target)
+if [ -n "$RANK_TABLE" ]; then
+    [ -f "$RANK_TABLE" ] || fail "rank table $RANK_TABLE does not exist"
+    "$PYTHON" -m model_zoo rank-table validate "$RANK_TABLE" --device-num "$DEVICE_NUM" >/dev/null
+elif [ "$TARGET" = "Ascend" ]; then
+    fail "Ascend needs the HCCL rank table (a .json file) after DEVICE_NUM; see rank_tables/"
+fi
+OUTPUT_DIR=$(output_dir_of "$CONFIG" "$@")
 
 if [ "$TARGET" != "Ascend" ]; then
     echo "no Ascend device: starting $DEVICE_NUM data-parallel CPU workers (logs in $OUTPUT_DIR/rank_<i>/train.log)"

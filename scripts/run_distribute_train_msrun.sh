@@ -30,7 +30,7 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
     shift
 fi
 require_positive WORKER_NUM "$WORKER_NUM"
-[ -f "$CONFIG" ] || fail "config file $CONFIG does not exist"
+CONFIG=$(config_file "$CONFIG")
 
 OUTPUT_DIR=$(output_dir_of "$CONFIG" "$@")
 TARGET=$(device_target)

@@ -15,5 +15,5 @@ if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
 fi
 CONFIG=$1
 shift
-[ -f "$CONFIG" ] || fail "config file $CONFIG does not exist"
+CONFIG=$(config_file "$CONFIG")
 exec "$PYTHON" -m model_zoo train "$CONFIG" "$@"

@@ -161,12 +161,24 @@ def test_rank_table_mismatch_stops_before_anything_starts(tmp_path, write_config
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args", [[], ["2"]])
-def test_wrong_argument_count_prints_the_usage(args):
+@pytest.mark.parametrize("args", [[], ["--help"]])
+def test_no_arguments_or_help_prints_the_usage(args):
     result = run_script(args)
     assert result.returncode == 1
-    assert "Usage: bash scripts/run_distribute_train.sh DEVICE_NUM RANK_TABLE_FILE" in result.stdout
+    assert ("Usage: bash scripts/run_distribute_train.sh DEVICE_NUM [RANK_TABLE_FILE] [CONFIG]"
+            in result.stdout)
     assert "default: model_zoo/models/gpt2/configs/tiny.yaml" in result.stdout
+
+
+def test_the_script_reads_config_paths_as_train_does_and_wants_a_rank_table_on_ascend():
+    """The short form model_zoo/<model>/configs/X.yaml is the shipped config (as for `model-zoo
+    train`); a missing config is named; only Ascend needs a rank table."""
+    result = run_script(["2", "model_zoo/gpt2/configs/nothere.yaml"])
+    assert result.returncode == 2
+    assert "error: config file model_zoo/gpt2/configs/nothere.yaml does not exist" in result.stderr
+    result = run_script(["2", "model_zoo/gpt2/configs/tiny.yaml"], env={"DEVICE_TARGET": "Ascend"})
+    assert result.returncode == 2
+    assert "error: Ascend needs the HCCL rank table" in result.stderr
 
 
 def test_msrun_launcher_trains_two_cpu_workers(tmp_path, write_config):
