@@ -25,7 +25,7 @@ setup(
         "sacrebleu",   # the Transformer's evaluation (BLEU), run at the end of its training
     ],
     extras_require={
-        "dev": ["pytest", "torch==2.13.0", "transformers"],
+        "dev": ["pytest", "ruff", "torch==2.13.0", "transformers"],
     },
     entry_points={"console_scripts": ["model-zoo=model_zoo.cli:main"]},
 )

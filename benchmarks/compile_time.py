@@ -2,7 +2,8 @@
 compiler, measured with the command users run, `model-zoo dryrun`.
 
     python benchmarks/compile_time.py                                # every shipped layout
-    python benchmarks/compile_time.py --configs model_zoo/models/gpt2/configs/plan/gpt-100b-d1m8p16.yaml
+    python benchmarks/compile_time.py \
+        --configs model_zoo/models/gpt2/configs/plan/gpt-100b-d1m8p16.yaml
     python benchmarks/compile_time.py --blocks-per-stage 0           # full depth (slow)
 
 Each config is compiled for the first rank of its first and last pipeline stage, with all

@@ -22,14 +22,14 @@ def config():
 
 def test_layouts_cover_the_products_the_model_divides(config):
     found = advisor.layouts(config, 8)
-    assert {(l.dp, l.mp, l.pp) for l in found} == {
+    assert {(layout.dp, layout.mp, layout.pp) for layout in found} == {
         (dp, mp, pp) for mp in (1, 2, 4) for pp in (1, 2, 4) for dp in (8 // (mp * pp),)
         if dp * mp * pp == 8}
-    assert all(l.micro_steps >= l.pp for l in found)
-    assert not any(l.optimizer_shard for l in found if l.dp == 1)
-    assert not any(l.sequence_parallel for l in found if l.mp == 1)
+    assert all(layout.micro_steps >= layout.pp for layout in found)
+    assert not any(layout.optimizer_shard for layout in found if layout.dp == 1)
+    assert not any(layout.sequence_parallel for layout in found if layout.mp == 1)
     assert len(set(found)) == len(found)
-    assert {l.recompute for l in found} == {False, "selective", True}
+    assert {layout.recompute for layout in found} == {False, "selective", True}
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +119,9 @@ def test_on_an_ascend_910b_flash_attention_is_a_layout_option():
     config = load_plan_config(TINY, ["model.num_layers=4", "model.num_heads=4",
                                      "model.hidden_size=64", "train.global_batch_size=32",
                                      "model.attention_dropout=0", "train.precision=fp16"])
-    assert {l.flash_attention for l in advisor.layouts(config, 8, flash_attention=True)} == \
-        {False, True}
-    assert not any(l.flash_attention for l in advisor.layouts(config, 8))
+    found = advisor.layouts(config, 8, flash_attention=True)
+    assert {layout.flash_attention for layout in found} == {False, True}
+    assert not any(layout.flash_attention for layout in advisor.layouts(config, 8))
     layout = advisor.Layout(2, 2, 2, 4, True, False, False, flash_attention=True)
     scored = advisor.Advisor(config, "ascend910b").score(layout)
     plan = build_plan(layout.apply(config), device="ascend910b")

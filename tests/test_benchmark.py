@@ -45,7 +45,8 @@ def test_flops_count_every_linear_layer(model):
     m, samples = config.model, config.train.global_batch_size
     with no_init_parameters():
         network = import_model(model).build_train_network(config, dtype_of("fp32"))
-    linear_params = sum(cell.in_features * cell.out_features for _, cell in network.cells_and_names()
+    linear_params = sum(cell.in_features * cell.out_features
+                        for _, cell in network.cells_and_names()
                         if isinstance(cell, Linear))
     seq = m.seq_length
     attention_layers = m.num_layers * (3 if model == "transformer" else 1)

@@ -41,7 +41,8 @@ def test_tiny_loads_into_typed_sections():
     assert isinstance(config.train, TrainConfig)
     assert isinstance(config.data, GPT2DataConfig)
     assert config.model.name == "gpt2"
-    assert (config.model.num_layers, config.model.hidden_size, config.model.num_heads) == (2, 128, 4)
+    model = config.model
+    assert (model.num_layers, model.hidden_size, model.num_heads) == (2, 128, 4)
     assert config.model.ffn_size == 4 * 128
     assert config.train.lr == pytest.approx(3e-3) and isinstance(config.train.lr, float)
     assert isinstance(config.train.steps, int) and config.train.steps > 0

@@ -2,8 +2,8 @@
 
 Every shipped layout is compiled for the first rank of its first and last pipeline stage,
 at one block per stage and one accumulation step (`reduced_overrides`), and MindSpore's
-parameter layouts are held against the plan's. The compiles are MindSpore's (its dry run on the wheel's GPU plugin);
-nothing here stands in for them.
+parameter layouts are held against the plan's. The compiles are MindSpore's (its dry run on
+the wheel's GPU plugin); nothing here stands in for them.
 """
 
 import json

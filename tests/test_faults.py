@@ -124,7 +124,8 @@ def test_output_dir_naming_a_file(write_config, tmp_path):
     target.write_text("keep me")
     result = run_cli("train", config, "--output-dir", target)
     assert result.returncode == 2
-    assert result.stderr.strip() == f"error: --output-dir {str(target)!r} is a file, not a directory"
+    assert result.stderr.strip() == (f"error: --output-dir {str(target)!r} is a file, not a "
+                                     f"directory")
     assert target.read_text() == "keep me"
 
 

@@ -329,8 +329,9 @@ def test_every_primitive_has_a_valid_strategy(mp):
 
 def test_primitive_count_scales_with_layers():
     net, _ = benchmark_net(1, 2, False)
-    per_block = [p for name, _, _, p in primitives(net) if name.startswith("lm.transformer.blocks.0.")]
-    all_blocks = [p for name, _, _, p in primitives(net) if name.startswith("lm.transformer.blocks.")]
+    found = primitives(net)
+    per_block = [p for name, _, _, p in found if name.startswith("lm.transformer.blocks.0.")]
+    all_blocks = [p for name, _, _, p in found if name.startswith("lm.transformer.blocks.")]
     assert len(all_blocks) == 24 * len(per_block)
 
 

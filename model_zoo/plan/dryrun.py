@@ -233,7 +233,8 @@ def _collect(request: Path, rank: int, stage: int, process, timed_out: Optional[
         result.error = f"the compile process {how}" + (f": {tail}" if tail else "")
         return result, {}
     found = json.loads(path.read_text())
-    for key in ("compiled", "compile_s", "sink_size", "eval_compile_s", "eval_collectives", "eval_error",
+    for key in ("compiled", "compile_s", "sink_size", "eval_compile_s", "eval_collectives",
+                "eval_error",
                 "peak_rss_mb", "collectives", "collective_groups", "error"):
         setattr(result, key, found[key])
     strategy = folder / "strategy.ckpt"

@@ -92,7 +92,8 @@ class Plan:
                        "stage_blocks": parallel.stage_blocks,
                        "vocab_emb_dp": parallel.vocab_emb_dp,
                        "full_batch": parallel.full_batch},
-            "batch": {"global": train.global_batch_size, "grad_accumulation": train.grad_accumulation,
+            "batch": {"global": train.global_batch_size,
+                      "grad_accumulation": train.grad_accumulation,
                       "micro_batch": self.micro_batch, "precision": train.precision},
             "checked_operator_calls": self.checked_calls,
             "violations": [v.to_dict() for v in self.violations],
@@ -352,7 +353,8 @@ def format_report(plan: Plan, max_violations: int = 20) -> str:
         for violation in plan.violations[:max_violations]:
             lines.append(f"  {violation}")
         if len(plan.violations) > max_violations:
-            lines.append(f"  ... and {len(plan.violations) - max_violations} more (--json lists all)")
+            lines.append(f"  ... and {len(plan.violations) - max_violations} more "
+                         f"(--json lists all)")
     verdict = "OK" if plan.ok else "FAILED"
     reasons = []
     if plan.violations:

@@ -93,8 +93,8 @@ def pretraining_dir(documents, tmp_path_factory):
 @pytest.fixture(scope="module")
 def classification_dir(pretraining_dir, tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("bert_classification") / "data"
-    bert_classification.build_classification_dataset(output_dir, pretraining_dir / "tokenizer.model",
-                                           seq_length=32, seed=1)
+    bert_classification.build_classification_dataset(
+        output_dir, pretraining_dir / "tokenizer.model", seq_length=32, seed=1)
     return output_dir
 
 
@@ -447,8 +447,9 @@ def test_classification_dataset(classification_dir, pretraining_dir, topic_split
                                  batch_size=1, shuffle=False, repeat=False)
         read = [tuple(column.reshape(-1).tolist() for column in batch)
                 for batch in dataset.create_tuple_iterator(output_numpy=True, num_epochs=1)]
-        expected = [(*bert_classification.encode_classification_example(tokenizer, example.text, 32),
-                     [example.label]) for example in examples]
+        encode = bert_classification.encode_classification_example
+        expected = [(*encode(tokenizer, example.text, 32), [example.label])
+                    for example in examples]
         if split == "dev":
             assert read == expected  # dev keeps source order
         else:
@@ -475,10 +476,11 @@ def test_classification_dataset(classification_dir, pretraining_dir, topic_split
 def test_classification_rejects_other_tokenizers(classification_dir, tmp_path):
     other = train_tokenizer(["Some text. More text here."] * 20, tmp_path / "other.model", 40)
     with pytest.raises(DataError, match="not a BERT tokenizer"):
-        bert_classification.build_classification_dataset(tmp_path / "out", other.model_path, seq_length=32)
+        bert_classification.build_classification_dataset(tmp_path / "out", other.model_path,
+                                                         seq_length=32)
     with pytest.raises(DataError, match="tokenizer model not found"):
-        bert_classification.build_classification_dataset(tmp_path / "out", tmp_path / "missing.model",
-                                               seq_length=32)
+        bert_classification.build_classification_dataset(
+            tmp_path / "out", tmp_path / "missing.model", seq_length=32)
     assert not (tmp_path / "out").exists()
     other_bert = bert_data.train_bert_tokenizer(["Some text. More text here."] * 20,
                                                 tmp_path / "bert.model", VOCAB // 10)
