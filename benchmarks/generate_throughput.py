@@ -218,7 +218,7 @@ def beam_cli(rounds: int) -> list:
     nothing."""
     from model_zoo.config import import_model, load_config
     from model_zoo.models.transformer.tasks import EVAL_BATCH, translate_ids
-    from model_zoo.train.checkpoint import load_network
+    from model_zoo.checkpoint.files import load_network
     overrides = ["model.dropout=0", "model.attention_dropout=0",
                  f"model.length_penalty={BEAM['length_penalty']}"]
     config = load_config(TINY_TRANSFORMER, overrides)

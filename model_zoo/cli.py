@@ -18,7 +18,7 @@ from typing import Optional
 from model_zoo.config import add_overrides_argument, available_models, import_model, load_config
 from model_zoo.errors import UserInputError
 from model_zoo.launch.rank_table import add_rank_table_arguments, run_rank_table_command
-from model_zoo.parallel.checkpoint_command import add_checkpoint_arguments
+from model_zoo.checkpoint.command import add_checkpoint_arguments
 from model_zoo.plan.command import (add_advise_arguments, add_dryrun_arguments,
                                     add_plan_arguments)
 from model_zoo.train.interrupt import Stopped, stop_at_once
@@ -165,7 +165,7 @@ def run(args) -> int:
         from model_zoo.plan.command import run_advise_command
         return run_advise_command(args)
     if args.command == "checkpoint":
-        from model_zoo.parallel.checkpoint_command import run_checkpoint_command
+        from model_zoo.checkpoint.command import run_checkpoint_command
         return run_checkpoint_command(args)
     if args.command in MODEL_SUBCOMMANDS:
         return run_model_subcommand(args.command, args.model, args.arguments)
@@ -202,7 +202,7 @@ def run(args) -> int:
                                             args.output).items():
             print(f"{name}: {path}")
     elif args.command == "eval":
-        from model_zoo.train.checkpoint import evaluate_checkpoint
+        from model_zoo.checkpoint.files import evaluate_checkpoint
         print(json.dumps(evaluate_checkpoint(config, args.ckpt)))
     else:
         hook = "run_" + args.command.replace("-", "_")

@@ -135,7 +135,7 @@ def run_convert(args, from_hf, to_hf) -> int:
     if missing or args.hf_dir:
         raise UserInputError("--to-hf takes --config and --ckpt (and no --hf-dir)")
     from model_zoo.config import load_config
-    from model_zoo.train.checkpoint import load_network
+    from model_zoo.checkpoint.files import load_network
     config = load_config(args.config)
     hf_config, tensors = to_hf(config, load_network(config, args.ckpt))
     write_hf_folder(args.output_dir, hf_config, tensors, args.overwrite)

@@ -52,7 +52,7 @@ def assert_same_entries(got: dict, expected: dict, where=""):
 
 def assert_slices_as_planned(directory, full):
     """Every rank's file holds, of every entry, the slice the plan gives that rank."""
-    from model_zoo.parallel.checkpoints import layout_config, plan_layout, rank_file
+    from model_zoo.checkpoint.layouts import layout_config, plan_layout, rank_file
     layout = plan_layout(layout_config(os.path.join(directory, "config.yaml")))
     held = set()
     for rank in range(layout.device_num):
@@ -66,7 +66,7 @@ def assert_slices_as_planned(directory, full):
 
 
 def test_split_transform_merge_round_trip(trained, tmp_path):
-    from model_zoo.train.checkpoint import saved_step
+    from model_zoo.checkpoint.files import saved_step
     full = entries(trained["ckpt"])
     assert any(name.startswith("adam_m.") for name in full)
     assert saved_step(str(trained["ckpt"])) == 4   # what a sharded --resume reads first
@@ -191,7 +191,7 @@ def test_bad_input_is_one_error_line_and_writes_nothing(trained, tmp_path, case)
 def test_one_rank_gets_its_slices_from_any_layout(trained, tmp_path):
     """What a semi-auto run does after compiling: MindSpore's per-rank transform, from the
     full checkpoint or from another layout's slices, gives each rank what split gives it."""
-    from model_zoo.parallel.checkpoints import rank_file, rank_slices
+    from model_zoo.checkpoint.layouts import rank_file, rank_slices
     split_dir, moved_dir = tmp_path / "d2m2p2", tmp_path / "d1m4p2"
     assert run_cli("checkpoint", "split", trained["config"], "--ckpt", trained["ckpt"],
                    "--output-dir", split_dir, *D2M2P2).returncode == 0
@@ -276,7 +276,7 @@ def test_a_pipeline_rank_cuts_its_slices_with_its_own_strategy_file(trained, tmp
     """On a cluster a rank of stage 1 has only its stage's strategy file (entries without
     the stage): merged by MindSpore first (`stage_strategy`), the per-rank transform from
     the full checkpoint gives it what split gives it."""
-    from model_zoo.parallel.checkpoints import layout_config, rank_file, rank_slices, \
+    from model_zoo.checkpoint.layouts import layout_config, rank_file, rank_slices, \
         stage_strategy, strategy_names
     split_dir, run_dir = tmp_path / "split", tmp_path / "run"
     assert run_cli("checkpoint", "split", trained["config"], "--ckpt", trained["ckpt"],
@@ -304,12 +304,12 @@ D2M2 = ["--set", "parallel.data_parallel=2", "--set", "parallel.model_parallel=2
 
 def test_resume_on_another_layout_cuts_each_rank_from_a_snapshot(trained, tmp_path):
     """`--resume` of a sharded run on a bigger layout (4 ranks d2m2 -> 8 ranks d2m2p2), as
-    every rank runs it before and after compiling (`parallel.resume`, then the per-rank
+    every rank runs it before and after compiling (`checkpoint.resume`, then the per-rank
     transform of `restore_sliced`): ranks in rank order, each writing its new config as the
     trainer does; ranks 4-7 have no folder yet. Each rank gets the slices split gives it,
     training state and step included; the old files are renamed, not lost."""
-    from model_zoo.parallel.checkpoints import layout_config, rank_file, rank_slices
-    from model_zoo.parallel.resume import resume_point
+    from model_zoo.checkpoint.layouts import layout_config, rank_file, rank_slices
+    from model_zoo.checkpoint.resume import resume_point
     from model_zoo.config import save_config
     old_dir, new_dir, run_dir = tmp_path / "d2m2", tmp_path / "d2m2p2", tmp_path / "run"
     for target, layout in ((old_dir, D2M2), (new_dir, D2M2P2)):

@@ -360,7 +360,7 @@ def test_mindspores_strategy_file_carries_the_optimizer_state_to_another_layout(
     shard, moments included."""
     import mindspore as ms
     import numpy as np
-    from model_zoo.parallel.checkpoints import rank_slices, split, strategy_names
+    from model_zoo.checkpoint.layouts import rank_slices, split, strategy_names
     from model_zoo.parallel.replication import device_piece
     from model_zoo.parallel.strategy_file import laid_out_names
     source = load_plan_config(TINY, PARITY_BASE + ["parallel.model_parallel=4"])

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import run_cli
-from model_zoo.train.checkpoint import CHECKPOINT_PATTERN as CHECKPOINT
+from model_zoo.checkpoint.files import CHECKPOINT_PATTERN as CHECKPOINT
 
 
 def start_training(config, run_dir):

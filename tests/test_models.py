@@ -112,7 +112,7 @@ def _verb_arguments():
     cases = []
     for name in MODELS:
         config = f"model_zoo/models/{name}/configs/tiny.yaml"
-        cases.append((["eval", config, "--ckpt", "x.ckpt"], "model_zoo.train.checkpoint",
+        cases.append((["eval", config, "--ckpt", "x.ckpt"], "model_zoo.checkpoint.files",
                       "evaluate_checkpoint"))
         cases.append((["export", config, "--ckpt", "x.ckpt"], "model_zoo.train.export",
                       "export_checkpoint"))
@@ -143,3 +143,27 @@ def test_every_command_that_runs_a_network_runs_it_compiled(argv, module, hook, 
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
     assert modes == [ms.GRAPH_MODE]
+
+
+def test_imports_go_one_way():
+    """docs/architecture.md: `parallel` imports neither `train` nor `checkpoint`, and
+    `checkpoint` imports nothing of `train` but the step (what a checkpoint holds) and the
+    loop's `log`: no import cycle between them (read from the source, at any depth)."""
+    import ast
+    import os
+    import model_zoo
+    root = os.path.dirname(model_zoo.__file__)
+    allowed = {"parallel": set(), "checkpoint": {"model_zoo.train.step", "model_zoo.train.loop"}}
+    for package, exceptions in allowed.items():
+        for name in os.listdir(os.path.join(root, package)):
+            if not name.endswith(".py"):
+                continue
+            tree = ast.parse(open(os.path.join(root, package, name), encoding="utf-8").read())
+            imported = {node.module for node in ast.walk(tree)
+                        if isinstance(node, ast.ImportFrom) and node.module}
+            imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                         for alias in node.names}
+            wrong = {module for module in imported - exceptions
+                     if module.startswith(("model_zoo.train", "model_zoo.checkpoint"))
+                     and not module.startswith(f"model_zoo.{package}")}
+            assert not wrong, f"model_zoo/{package}/{name} imports {sorted(wrong)}"

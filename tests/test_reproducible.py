@@ -11,7 +11,7 @@ import yaml
 from conftest import write_jsonl
 from model_zoo.config import load_config
 from model_zoo.nn import cpu_kernels
-from model_zoo.train.checkpoint import list_checkpoints, read_checkpoint
+from model_zoo.checkpoint.files import list_checkpoints, read_checkpoint
 from model_zoo.train.metrics import read_metrics
 from model_zoo.train.trainer import train
 

@@ -10,7 +10,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from model_zoo.config import TrainConfig, load_config
 from model_zoo.models.gpt2.model import GPT2Config, GPT2ForTraining
-from model_zoo.train.checkpoint import list_checkpoints, read_checkpoint
+from model_zoo.checkpoint.files import list_checkpoints, read_checkpoint
 from model_zoo.train.metrics import read_metrics
 from model_zoo.train.schedule import WarmupCosineSchedule
 from model_zoo.train.step import TrainStep, build_optimizer, saved_in_checkpoints
@@ -74,7 +74,7 @@ def test_tiny_run_writes_outputs_and_learns(write_config, tmp_path):
 def test_periodic_heldout_evaluation(write_config, tmp_path):
     """train.eval_steps: held-out entries every 5 steps and at the end, each the metrics of
     that step's checkpoint, and the training losses those of a run without them."""
-    from model_zoo.train.checkpoint import evaluate_checkpoint
+    from model_zoo.checkpoint.files import evaluate_checkpoint
     settings = {"train.steps": 12, "train.log_steps": 4, "train.save_steps": 5,
                 "train.keep_checkpoints": 3}
     plain = run_train(write_config(settings), tmp_path / "plain")
@@ -382,7 +382,7 @@ def test_checkpoints_leave_out_the_gradient_buffers_and_still_resume(tmp_path):
     """A cluster step's gradient buffers (`accu_grads.*`, summed over the micro batches and
     cleared after each step) are zeros at every save: checkpoints leave them out, and a
     step loads its checkpoint back (weights, moments, step) with the buffers at zero."""
-    from model_zoo.train.checkpoint import load_weights, save_checkpoint
+    from model_zoo.checkpoint.files import load_weights, save_checkpoint
     network = MeanOfLinear()
     schedule = WarmupCosineSchedule(1e-2, 1e-3, 0, 100)
     step = TrainStep(network, build_optimizer(network, TrainConfig(), schedule), schedule,

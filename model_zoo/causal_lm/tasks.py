@@ -19,7 +19,7 @@ from model_zoo.data import (BUILTIN_PYTHON_DOCS, count_samples, create_dataset, 
 from model_zoo.data.streaming import BuildOptions
 from model_zoo.errors import UserInputError
 from model_zoo.files import read_text_lines
-from model_zoo.train.checkpoint import load_network
+from model_zoo.checkpoint.files import load_network
 
 from model_zoo.causal_lm.data import (build_dataset, describe_build, lm_dataset_ready,
                                       split_files)

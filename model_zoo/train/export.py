@@ -13,7 +13,7 @@ import mindspore as ms
 
 from model_zoo.config import import_model
 from model_zoo.errors import UserInputError
-from model_zoo.train.checkpoint import load_network
+from model_zoo.checkpoint.files import load_network
 
 
 def export_paths(output: str, names) -> dict:

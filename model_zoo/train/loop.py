@@ -21,7 +21,7 @@ from collections import deque
 
 from mindspore.train import Callback, Model
 
-from model_zoo.train.checkpoint import save_checkpoint
+from model_zoo.checkpoint.files import save_checkpoint
 from model_zoo.train.interrupt import TooManyBadSteps, TrainingInterrupted
 from model_zoo.train.metrics import progress_line
 from model_zoo.train.step import BAD_STEP_REASONS

@@ -3,7 +3,6 @@
 import hashlib
 import itertools
 import json
-import math
 import os
 import time
 
@@ -21,16 +20,15 @@ from model_zoo.parallel.context import (data_shard, eval_network_compiles, gradi
 from model_zoo.nn.attention import check_flash_attention_device
 from model_zoo.nn.layers import check_precision_device, dtype_of, kernels_for
 from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
-from model_zoo.parallel.resume import gathered_steps, resume_point
-from model_zoo.train.checkpoint import (list_checkpoints, load_weights, read_checkpoint,
-                                        remove_partial_checkpoints, saved_step)
+from model_zoo.checkpoint.files import list_checkpoints, load_weights
+from model_zoo.checkpoint.resume import resume_from_checkpoint, restore_sliced, sharded_resume
 from model_zoo.train.interrupt import StopRequests
 from model_zoo.train.loop import (SinkFeed, TrainingLoop, log, outputs_read_every,
                                   run_fed_steps, sink_size_of)
 from model_zoo.train.metrics import MetricsLog, plot_loss_curve, read_metrics
 from model_zoo.train.schedule import build_schedule
 from model_zoo.train.step import (GradientNorm, StopVote, TrainStep, build_optimizer,
-                                  loss_weight_of, needed_from_checkpoints, uses_float_status)
+                                  loss_weight_of, uses_float_status)
 
 
 def default_output_dir(config_path: str) -> str:
@@ -42,7 +40,7 @@ def check_output_dir(output_dir: str, config: Config, resume: bool, distributed:
     """Refuse to start where it would overwrite a previous run, or resume an incompatible one.
     A resumed run keeps the learning-rate schedule length of the run it continues. A rank
     of a distributed run may have no checkpoint of its own (the run had fewer ranks): it
-    resumes from the others' (`resumable_checkpoints`, `parallel.resume`), and checks
+    resumes from the others' (`checkpoint.resume`), and checks
     against rank 0's config."""
     checkpoints = list_checkpoints(output_dir)
     if checkpoints and not resume:
@@ -76,80 +74,6 @@ def keep_schedule_length(config: Config, saved_train: dict):
     if train.lr_schedule == "cosine":
         log(f"the learning-rate schedule keeps its length of {saved_length} steps (train.steps "
             f"is now {train.steps}); set train.lr_schedule_steps to change it")
-
-
-def resumable_checkpoints(output_dir: str, context) -> list:
-    """(step, path) of the checkpoints this rank may resume from, oldest first (sharded
-    runs: `parallel.resume`). With several ranks, only up to the newest step every rank
-    that saved any has: a kill or a full disk between two ranks' saves leaves them a step
-    apart, and ranks that resumed apart would wait for each other forever. The ranks tell
-    each other their steps (`gathered_steps`), so each reads only its own folder, and
-    servers with local disks agree too. A data-parallel rank the run did not have yet
-    resumes from another rank's checkpoints (data-parallel ranks hold the same state),
-    which it must see: one server or shared storage."""
-    own = list_checkpoints(output_dir)
-    if not context.distributed:
-        return own
-    saved = [steps for steps in gathered_steps([step for step, _ in own], context.device_num)
-             if steps]
-    if not saved:
-        raise CheckpointError(f"--resume: none of the {context.device_num} ranks has a "
-                              f"checkpoint (this rank's folder: {output_dir})")
-    common = set.intersection(*saved)
-    if not common:
-        raise CheckpointError(f"--resume: the {len(saved)} ranks that saved checkpoints "
-                              f"share no checkpoint step")
-    if not own:
-        parent = os.path.dirname(output_dir)
-        lenders = [rank for rank in range(context.device_num) if list_checkpoints(
-            os.path.join(parent, f"rank_{rank}"))]
-        if not lenders:
-            raise CheckpointError(f"--resume: this rank has no checkpoint of its own and sees "
-                                  f"no other rank's in {parent}: a resume on more ranks needs "
-                                  f"the run's rank folders on one server or shared storage")
-        own = list_checkpoints(os.path.join(parent, f"rank_{lenders[0]}"))
-        log(f"this rank has no checkpoint of its own (the run had {len(saved)} ranks): it "
-            f"resumes from rank {lenders[0]}'s, as data-parallel ranks hold the same state")
-    if max(common) < own[-1][0]:
-        log(f"resuming from step {max(common)}, the newest step every rank saved")
-    return [(step, path) for step, path in own if step <= max(common)]
-
-
-def resume_from_checkpoint(step_cell, output_dir: str, context) -> int:
-    """Load the newest readable checkpoint of the run into `step_cell`; returns its step.
-    Newer unreadable ones are renamed to `*.unreadable`, and only once an older one loaded."""
-    for leftover in remove_partial_checkpoints(output_dir):
-        log(f"removed {leftover}, left by an interrupted save")
-    unreadable = []
-    for _, path in reversed(resumable_checkpoints(output_dir, context)):
-        try:
-            load_weights(step_cell, path)
-        except CheckpointError as err:
-            unreadable.append((path, err))
-            continue
-        for bad, err in unreadable:
-            if os.path.dirname(os.path.dirname(bad)) != output_dir:   # another rank's
-                log(f"warning: {err}")
-                continue
-            os.replace(bad, bad + ".unreadable")
-            log(f"warning: {err}; renamed it to {os.path.basename(bad)}.unreadable")
-        step = int(step_cell.step.asnumpy())
-        log(f"resuming from {path} (step {step})")
-        return step
-    raise CheckpointError(f"--resume: no readable checkpoint in {output_dir}/checkpoints; "
-                          f"{unreadable[0][1]}")
-
-
-def sharded_saved_step(path: str, step: int) -> int:
-    """The step of a sharded run's checkpoint. Its ranks must all resume from one step, so
-    an unreadable file is not skipped on one rank alone (as `resume_from_checkpoint` does):
-    the error says how to make every rank take the step before."""
-    try:
-        return saved_step(path)
-    except CheckpointError as err:
-        raise CheckpointError(f"{err}; every rank resumes from the same step, so rename "
-                              f"step_{step:08d}.* to *.unreadable in every rank folder's "
-                              f"checkpoints/ and resume again from the step before") from None
 
 
 def train(config: Config, output_dir: str, resume: bool = False, on_save=None,
@@ -191,13 +115,8 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
     start_step = 0
     resume_path = resharded_from = None
     if context.semi_auto and resume:   # loaded once the step is compiled (restore_sliced)
-        saved = gathered_steps([step for step, _ in list_checkpoints(output_dir)],
-                               context.device_num)
-        point = resume_point(output_dir, config, log, saved)
-        if point.cut:
-            resharded_from, start_step = point.path, point.step
-        else:
-            resume_path, start_step = point.path, sharded_saved_step(point.path, point.step)
+        resume_path, resharded_from, start_step = sharded_resume(output_dir, config,
+                                                                 context.device_num)
     elif resume:
         start_step = resume_from_checkpoint(step_cell, output_dir, context)
     elif config.train.init_checkpoint:
@@ -309,54 +228,6 @@ def evaluate_run(module, config: Config, network, output_dir: str, on_save,
     if on_save is not None:
         on_save(output_dir)
     return result
-
-
-def restore_sliced(compile_step, step_cell, network, config, rank: int, output_dir: str,
-                   strategy_file: str, resume_path=None, resharded_from=None):
-    """Semi-auto runs: parameters are cut into this rank's slices only when the step is
-    compiled, so the step is compiled first (`compile_step()`, which writes the layout's
-    strategy file) and the slices are loaded then, as MindFormers does (build the model,
-    then load). Three sources:
-    - --resume on the same layout (`resume_path`): the rank's own checkpoint;
-    - --resume on another layout (`resharded_from`, `parallel.resume`): this rank's slices
-      cut from a snapshot of the run, training state and step included;
-    - train.init_checkpoint, a full checkpoint or a sliced directory of any layout: the
-      model's weights only (not its optimizer state or step).
-    Slices are cut by MindSpore's transform_checkpoint_by_rank (`checkpoints.rank_slices`).
-    A rank holds, and must find, only the entries MindSpore laid out on it (with pipeline
-    stages, its stage's). Only a cluster runs this path: MindSpore refuses semi-auto
-    parallel on CPU."""
-    from model_zoo.parallel.checkpoints import (STRATEGY_FILE, rank_slices, stage_strategy,
-                                                strategy_names)
-    compile_step()
-    held = strategy_names(strategy_file)
-    if resume_path:
-        path, target, values = resume_path, step_cell, read_checkpoint(resume_path)
-    else:
-        source = resharded_from or config.train.init_checkpoint
-        work = os.path.join(output_dir, "strategy")
-        target_strategy = stage_strategy(strategy_file, config.parallel,
-                                         os.path.join(work, "merged_strategy.ckpt"))
-        path = rank_slices(source, rank, target_strategy, os.path.join(work, "cut_slices.ckpt"))
-        log(f"cut {source} into this rank's slices: {path}")
-        values = read_checkpoint(path)
-        if resharded_from:   # drop only the other stages' entries, passed whole
-            target, laid_out = step_cell, strategy_names(os.path.join(source, STRATEGY_FILE))
-            values = {name: value for name, value in values.items()
-                      if name in held or name not in laid_out}
-        else:
-            target = network
-            values = {name: value for name, value in values.items() if name in held}
-    not_loaded, _ = ms.load_param_into_net(target, values, strict_load=False)
-    # scalars (the step, the loss scale) are in no strategy file, yet every rank has them
-    parameters = target.parameters_dict()
-    missing = [name for name in not_loaded if needed_from_checkpoints(name)
-               and (name in held or math.prod(parameters[name].shape) <= 1)]
-    if target is step_cell and missing:
-        raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "
-                              f"{len(missing)} parameters of this rank, e.g. {missing[0]!r}")
-    log(f"loaded {path}" + (f"; left at their initialisation: {', '.join(missing)}"
-                            if missing else ""))
 
 
 def build_model(module, config: Config, context):

@@ -16,7 +16,7 @@ from model_zoo.data import (BUILTIN_PYTHON_DOCS, HFTokenizer, create_dataset, lo
                             parse_token_ids, read_manifest, split_paths)
 from model_zoo.data.streaming import BuildOptions
 from model_zoo.errors import ConfigError, DataError, UserInputError
-from model_zoo.train.checkpoint import load_network
+from model_zoo.checkpoint.files import load_network
 
 from .classification import (CLASSIFICATION_COLUMNS, CLASSIFICATION_FILES,
                              build_classification_dataset, classification_dataset_ready)

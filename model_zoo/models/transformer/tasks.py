@@ -17,7 +17,7 @@ from model_zoo.config import Config, DataConfig
 from model_zoo.data import Tokenizer
 from model_zoo.errors import DataError, UserInputError
 from model_zoo.files import read_text_lines
-from model_zoo.train.checkpoint import load_network
+from model_zoo.checkpoint.files import load_network
 
 from .data import (BUILTIN_LOCALE_DE, TOKENIZER_FILE, build_translation_dataset,
                    create_translation_dataset, read_examples, reference_file,

@@ -20,7 +20,7 @@ from model_zoo.models.bert.fill_mask import fill_mask, format_fill_mask  # noqa:
 from model_zoo.models.bert.model import BertForPreTraining, LogitsCell  # noqa: E402
 from model_zoo.config import load_config  # noqa: E402
 from model_zoo.errors import CheckpointError, DataError  # noqa: E402
-from model_zoo.train.checkpoint import load_weights, read_checkpoint  # noqa: E402
+from model_zoo.checkpoint.files import load_weights, read_checkpoint  # noqa: E402
 
 SEQ, VOCAB = 32, 120
 CLS, SEP, MASK = 101, 102, 103  # BERT's usual ids, which the converter assumes by default

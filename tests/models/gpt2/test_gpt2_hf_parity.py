@@ -20,7 +20,7 @@ from model_zoo.errors import CheckpointError, DataError  # noqa: E402
 from model_zoo.models.gpt2.convert import convert_hf_gpt2  # noqa: E402
 from model_zoo.causal_lm.generate import CachedGenerator, generate  # noqa: E402
 from model_zoo.models.gpt2.model import GPT2ForTraining  # noqa: E402
-from model_zoo.train.checkpoint import load_weights, read_checkpoint  # noqa: E402
+from model_zoo.checkpoint.files import load_weights, read_checkpoint  # noqa: E402
 
 SEQ, VOCAB = 32, 101
 

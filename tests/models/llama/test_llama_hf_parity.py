@@ -22,7 +22,7 @@ from model_zoo.config import load_config  # noqa: E402
 from model_zoo.errors import CheckpointError, DataError  # noqa: E402
 from model_zoo.models.llama.convert import convert_hf_llama  # noqa: E402
 from model_zoo.models.llama.model import LlamaForTraining  # noqa: E402
-from model_zoo.train.checkpoint import load_weights, read_checkpoint  # noqa: E402
+from model_zoo.checkpoint.files import load_weights, read_checkpoint  # noqa: E402
 
 SEQ, VOCAB = 32, 101
 

@@ -27,7 +27,7 @@ from model_zoo.errors import CheckpointError, UserInputError
 from model_zoo.parallel.replication import device_piece, stage_of_rank
 from model_zoo.parallel.strategy_file import (STRATEGY_FILE, laid_out_names, strategy_map,
                                              write_strategy_file)
-from model_zoo.train.checkpoint import file_format_of, list_checkpoints, read_checkpoint
+from model_zoo.checkpoint.files import file_format_of, list_checkpoints, read_checkpoint
 
 CONFIG_FILE = "config.yaml"
 PREFIX = "checkpoint_"

@@ -14,7 +14,7 @@ saved under another layout than its config now asks for, it:
    save (a later `--resume` then starts from the snapshot again);
 3. once its step is compiled, cuts its slices of the new layout from the snapshot with
    MindSpore's transform_checkpoint_by_rank and loads them, optimizer state and step
-   included (`trainer.restore_sliced`).
+   included (`restore_sliced`).
 
 MindFormers' auto_trans_ckpt does the same on shared storage
 (mindformers/tools/ckpt_transform/transform_checkpoint.py), with ranks waiting on each
@@ -27,11 +27,17 @@ Only a cluster runs the sharded path; the tests run steps 1-3 on the files of a 
 """
 
 import dataclasses
+import math
 import os
 
+import mindspore as ms
+
 from model_zoo.errors import CheckpointError, UserInputError
-from model_zoo.parallel import checkpoints
-from model_zoo.train.checkpoint import list_checkpoints, saved_step
+from model_zoo.checkpoint import layouts
+from model_zoo.checkpoint.files import (list_checkpoints, load_weights, read_checkpoint,
+                                        remove_partial_checkpoints, saved_step)
+from model_zoo.train.loop import log
+from model_zoo.train.step import needed_from_checkpoints
 
 SNAPSHOTS = "earlier_layouts"
 RESUME_CANDIDATES = 64   # newest checkpoint steps each rank tells the others it holds
@@ -54,7 +60,7 @@ def layout_tag(parallel) -> str:
             f"{parallel.device_num}ranks")
 
 
-def same_layout(a: checkpoints.Layout, b: checkpoints.Layout) -> bool:
+def same_layout(a: layouts.Layout, b: layouts.Layout) -> bool:
     """True when both layouts give every parameter the same slices on the same ranks."""
     from model_zoo.parallel.strategy_file import strategy_map
     names = sorted(set(a.params) | set(b.params))
@@ -95,16 +101,16 @@ def resume_point(output_dir: str, config, log, saved=None) -> ResumePoint:
     after = snapshot[0] if snapshot else -1
     own = [(step, path) for step, path in list_checkpoints(output_dir) if step > after]
     reference = output_dir if own else os.path.join(run_dir, "rank_0")
-    config_path = os.path.join(reference, checkpoints.CONFIG_FILE)
-    recorded = (checkpoints.layout_config(config_path) if os.path.isfile(config_path)
+    config_path = os.path.join(reference, layouts.CONFIG_FILE)
+    recorded = (layouts.layout_config(config_path) if os.path.isfile(config_path)
                 else None)
     listed = [step for step, _ in list_checkpoints(reference) if step > after]
     if recorded is None or not listed:
         return _from_snapshot(snapshot, output_dir, log)
-    current, earlier = checkpoints.plan_layout(config), checkpoints.plan_layout(recorded)
+    current, earlier = layouts.plan_layout(config), layouts.plan_layout(recorded)
     if same_layout(earlier, current):
         try:
-            step = checkpoints.newest_common_step(run_dir, current.device_num, after, saved)
+            step = layouts.newest_common_step(run_dir, current.device_num, after, saved)
         except CheckpointError as err:
             if snapshot is None:
                 raise CheckpointError(f"--resume: {err}") from None
@@ -118,15 +124,15 @@ def resume_point(output_dir: str, config, log, saved=None) -> ResumePoint:
     log(f"the layout changed from {earlier.describe()} ({earlier.device_num} ranks) to "
         f"{current.describe()} ({current.device_num} ranks): this rank's slices are cut "
         f"from {path} once the step is compiled")
-    return ResumePoint(saved_step(checkpoints.rank_file(path, 0)), path, cut=True)
+    return ResumePoint(saved_step(layouts.rank_file(path, 0)), path, cut=True)
 
 
 def _set_aside(output_dir: str, upto, log):
     """Rename this rank's checkpoints (up to step `upto`, or all) to `step_N.<layout>.ckpt`,
     the layout of its config.yaml (this rank writes it only once it resumed), so they are
     kept but never resumed from again."""
-    config_path = os.path.join(output_dir, checkpoints.CONFIG_FILE)
-    tag = (layout_tag(checkpoints.layout_config(config_path).parallel)
+    config_path = os.path.join(output_dir, layouts.CONFIG_FILE)
+    tag = (layout_tag(layouts.layout_config(config_path).parallel)
            if os.path.isfile(config_path) else "earlier-layout")
     moved = 0
     for step, path in list_checkpoints(output_dir):
@@ -150,7 +156,7 @@ def _snapshot(run_dir: str, recorded, listed: list, after: int, log) -> str:
     reference folder (after another rank set its files aside, only a snapshot of one of
     them will do)."""
     try:
-        step = checkpoints.newest_common_step(run_dir, recorded.parallel.device_num, after)
+        step = layouts.newest_common_step(run_dir, recorded.parallel.device_num, after)
     except CheckpointError as err:
         found = _newest_snapshot(run_dir)
         if found is not None and found[0] in listed:   # set aside after its snapshot
@@ -159,7 +165,7 @@ def _snapshot(run_dir: str, recorded, listed: list, after: int, log) -> str:
     target = os.path.join(run_dir, SNAPSHOTS, f"step_{step:08d}")
     if not os.path.isdir(target):
         try:
-            checkpoints.collect(run_dir, target, step, config=recorded)
+            layouts.collect(run_dir, target, step, config=recorded)
             log(f"snapshot of step {step} of the earlier layout: {target}")
         except (OSError, UserInputError):
             if not os.path.isdir(target):   # not a race another rank won: a real error
@@ -184,3 +190,135 @@ def _from_snapshot(snapshot, output_dir: str, log) -> ResumePoint:
     log(f"this rank resumes from the snapshot {snapshot[1]}: its slices are cut from it "
         f"once the step is compiled")
     return ResumePoint(snapshot[0], snapshot[1], cut=True)
+
+
+def resumable_checkpoints(output_dir: str, context) -> list:
+    """(step, path) of the checkpoints this rank may resume from, oldest first (sharded
+    runs: `resume_point`). With several ranks, only up to the newest step every rank
+    that saved any has: a kill or a full disk between two ranks' saves leaves them a step
+    apart, and ranks that resumed apart would wait for each other forever. The ranks tell
+    each other their steps (`gathered_steps`), so each reads only its own folder, and
+    servers with local disks agree too. A data-parallel rank the run did not have yet
+    resumes from another rank's checkpoints (data-parallel ranks hold the same state),
+    which it must see: one server or shared storage."""
+    own = list_checkpoints(output_dir)
+    if not context.distributed:
+        return own
+    saved = [steps for steps in gathered_steps([step for step, _ in own], context.device_num)
+             if steps]
+    if not saved:
+        raise CheckpointError(f"--resume: none of the {context.device_num} ranks has a "
+                              f"checkpoint (this rank's folder: {output_dir})")
+    common = set.intersection(*saved)
+    if not common:
+        raise CheckpointError(f"--resume: the {len(saved)} ranks that saved checkpoints "
+                              f"share no checkpoint step")
+    if not own:
+        parent = os.path.dirname(output_dir)
+        lenders = [rank for rank in range(context.device_num) if list_checkpoints(
+            os.path.join(parent, f"rank_{rank}"))]
+        if not lenders:
+            raise CheckpointError(f"--resume: this rank has no checkpoint of its own and sees "
+                                  f"no other rank's in {parent}: a resume on more ranks needs "
+                                  f"the run's rank folders on one server or shared storage")
+        own = list_checkpoints(os.path.join(parent, f"rank_{lenders[0]}"))
+        log(f"this rank has no checkpoint of its own (the run had {len(saved)} ranks): it "
+            f"resumes from rank {lenders[0]}'s, as data-parallel ranks hold the same state")
+    if max(common) < own[-1][0]:
+        log(f"resuming from step {max(common)}, the newest step every rank saved")
+    return [(step, path) for step, path in own if step <= max(common)]
+
+
+def resume_from_checkpoint(step_cell, output_dir: str, context) -> int:
+    """Load the newest readable checkpoint of the run into `step_cell`; returns its step.
+    Newer unreadable ones are renamed to `*.unreadable`, and only once an older one loaded."""
+    for leftover in remove_partial_checkpoints(output_dir):
+        log(f"removed {leftover}, left by an interrupted save")
+    unreadable = []
+    for _, path in reversed(resumable_checkpoints(output_dir, context)):
+        try:
+            load_weights(step_cell, path)
+        except CheckpointError as err:
+            unreadable.append((path, err))
+            continue
+        for bad, err in unreadable:
+            if os.path.dirname(os.path.dirname(bad)) != output_dir:   # another rank's
+                log(f"warning: {err}")
+                continue
+            os.replace(bad, bad + ".unreadable")
+            log(f"warning: {err}; renamed it to {os.path.basename(bad)}.unreadable")
+        step = int(step_cell.step.asnumpy())
+        log(f"resuming from {path} (step {step})")
+        return step
+    raise CheckpointError(f"--resume: no readable checkpoint in {output_dir}/checkpoints; "
+                          f"{unreadable[0][1]}")
+
+
+def sharded_resume(output_dir: str, config, device_num: int) -> tuple:
+    """(own checkpoint, snapshot to cut slices from, step) a semi-auto rank resumes from:
+    its own checkpoint on the same layout (the snapshot None), else the run's snapshot of
+    the earlier layout (its own checkpoint None). Loaded once the step is compiled
+    (`restore_sliced`)."""
+    saved = gathered_steps([step for step, _ in list_checkpoints(output_dir)], device_num)
+    point = resume_point(output_dir, config, log, saved)
+    if point.cut:
+        return None, point.path, point.step
+    return point.path, None, sharded_saved_step(point.path, point.step)
+
+
+def sharded_saved_step(path: str, step: int) -> int:
+    """The step of a sharded run's checkpoint. Its ranks must all resume from one step, so
+    an unreadable file is not skipped on one rank alone (as `resume_from_checkpoint` does):
+    the error says how to make every rank take the step before."""
+    try:
+        return saved_step(path)
+    except CheckpointError as err:
+        raise CheckpointError(f"{err}; every rank resumes from the same step, so rename "
+                              f"step_{step:08d}.* to *.unreadable in every rank folder's "
+                              f"checkpoints/ and resume again from the step before") from None
+
+
+def restore_sliced(compile_step, step_cell, network, config, rank: int, output_dir: str,
+                   strategy_file: str, resume_path=None, resharded_from=None):
+    """Semi-auto runs: parameters are cut into this rank's slices only when the step is
+    compiled, so the step is compiled first (`compile_step()`, which writes the layout's
+    strategy file) and the slices are loaded then, as MindFormers does (build the model,
+    then load). Three sources:
+    - --resume on the same layout (`resume_path`): the rank's own checkpoint;
+    - --resume on another layout (`resharded_from`, `resume_point`): this rank's slices
+      cut from a snapshot of the run, training state and step included;
+    - train.init_checkpoint, a full checkpoint or a sliced directory of any layout: the
+      model's weights only (not its optimizer state or step).
+    Slices are cut by MindSpore's transform_checkpoint_by_rank (`checkpoints.rank_slices`).
+    A rank holds, and must find, only the entries MindSpore laid out on it (with pipeline
+    stages, its stage's). Only a cluster runs this path: MindSpore refuses semi-auto
+    parallel on CPU."""
+    compile_step()
+    held = layouts.strategy_names(strategy_file)
+    if resume_path:
+        path, target, values = resume_path, step_cell, read_checkpoint(resume_path)
+    else:
+        source = resharded_from or config.train.init_checkpoint
+        work = os.path.join(output_dir, "strategy")
+        target_strategy = layouts.stage_strategy(strategy_file, config.parallel,
+                                         os.path.join(work, "merged_strategy.ckpt"))
+        path = layouts.rank_slices(source, rank, target_strategy, os.path.join(work, "cut_slices.ckpt"))
+        log(f"cut {source} into this rank's slices: {path}")
+        values = read_checkpoint(path)
+        if resharded_from:   # drop only the other stages' entries, passed whole
+            target, laid_out = step_cell, layouts.strategy_names(os.path.join(source, layouts.STRATEGY_FILE))
+            values = {name: value for name, value in values.items()
+                      if name in held or name not in laid_out}
+        else:
+            target = network
+            values = {name: value for name, value in values.items() if name in held}
+    not_loaded, _ = ms.load_param_into_net(target, values, strict_load=False)
+    # scalars (the step, the loss scale) are in no strategy file, yet every rank has them
+    parameters = target.parameters_dict()
+    missing = [name for name in not_loaded if needed_from_checkpoints(name)
+               and (name in held or math.prod(parameters[name].shape) <= 1)]
+    if target is step_cell and missing:
+        raise CheckpointError(f"checkpoint {path!r} does not match the model: it lacks "
+                              f"{len(missing)} parameters of this rank, e.g. {missing[0]!r}")
+    log(f"loaded {path}" + (f"; left at their initialisation: {', '.join(missing)}"
+                            if missing else ""))

@@ -1,7 +1,7 @@
 """`model-zoo checkpoint`: split, merge, transform, collect and inspect checkpoints across
 layouts.
 
-Light to import (the CLI builds its parser from it); `parallel/checkpoints.py` does the work.
+Light to import (the CLI builds its parser from it); `layouts.py` does the work.
 """
 
 import time
@@ -39,25 +39,25 @@ def add_checkpoint_arguments(parser):
 
 
 def run_checkpoint_command(args) -> int:
-    from model_zoo.parallel import checkpoints
+    from model_zoo.checkpoint import layouts
     started = time.perf_counter()
     if args.verb == "split":
-        config = checkpoints.layout_config(args.config, args.overrides)
-        layout = checkpoints.split(config, args.ckpt, args.output_dir)
+        config = layouts.layout_config(args.config, args.overrides)
+        layout = layouts.split(config, args.ckpt, args.output_dir)
         done = f"split {args.ckpt} for {layout.describe()} into {args.output_dir}"
     elif args.verb == "merge":
-        layout = checkpoints.merge(args.directory, args.output)
+        layout = layouts.merge(args.directory, args.output)
         done = f"merged the {layout.device_num} ranks of {args.directory} into {args.output}"
     elif args.verb == "transform":
-        source, target = checkpoints.transform(args.directory, args.output_dir, args.overrides)
+        source, target = layouts.transform(args.directory, args.output_dir, args.overrides)
         done = (f"transformed {args.directory} ({source.describe()}) into {args.output_dir} "
                 f"({target.describe()}, {target.device_num} ranks)")
     elif args.verb == "collect":
-        layout = checkpoints.collect(args.run_dir, args.output_dir, args.step)
+        layout = layouts.collect(args.run_dir, args.output_dir, args.step)
         done = (f"collected the {layout.device_num} ranks of {args.run_dir} "
                 f"({layout.describe()}) into {args.output_dir}")
     else:
-        print("\n".join(checkpoints.inspect(args.path)))
+        print("\n".join(layouts.inspect(args.path)))
         return 0
     print(f"{done} in {time.perf_counter() - started:.1f} s")
     return 0
