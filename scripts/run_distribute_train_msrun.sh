@@ -39,6 +39,9 @@ export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}
 if [ "$TARGET" != "Ascend" ]; then
     export DEVICE_TARGET=CPU
     layout=(--set "parallel.data_parallel=$WORKER_NUM")
+    # each local worker's share of the cores for the CPU kernels' threads
+    share=$(( $(nproc) / ${LOCAL_WORKER_NUM:-$WORKER_NUM} ))
+    export MODEL_ZOO_CPU_THREADS=${MODEL_ZOO_CPU_THREADS:-$(( share > 0 ? share : 1 ))}
 fi
 
 exec msrun --worker_num="$WORKER_NUM" --local_worker_num="${LOCAL_WORKER_NUM:-$WORKER_NUM}" \

@@ -2,6 +2,8 @@
 top-k, both directions, through the layers that use them; and the fallback to MindSpore's
 operators."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -503,6 +505,31 @@ def test_without_onednn_the_other_kernels_are_built_and_used(monkeypatch, capsys
     assert cpu_kernels.has_dense()
 
 
+@pytest.mark.skipif(not cpu_kernels.has_dense(), reason="this MindSpore ships no oneDNN")
+@pytest.mark.parametrize("version, why", [((2, 7, 3, 8), "oneDNN is 2.7.3"),
+                                          ((3, 10, 1, 2), "threading runtime 2")])
+def test_a_onednn_of_another_interface_is_not_linked(monkeypatch, capsys, version, why):
+    """The kernels declare oneDNN 3.x's thread-pool interface: MindSpore's library is read
+    (dnnl_version) before it is linked, and another major version or threading runtime
+    (here OpenMP, 2) leaves the dense layers and attention to MindSpore, with one notice."""
+    assert cpu_kernels.onednn_version(
+        Path(ms.__file__).parent / "lib" / "libdnnl.so.3")[::3] == (3, 8)   # this one's
+    monkeypatch.setattr(cpu_kernels, "onednn_version", lambda path: version)
+    flags, unusable = cpu_kernels._onednn_link_flags()
+    assert flags == [] and why in unusable
+    monkeypatch.setattr(cpu_kernels, "LINK_FLAGS", flags)
+    monkeypatch.setattr(cpu_kernels, "ONEDNN_UNUSABLE", unusable)
+    cpu_kernels.library.cache_clear()
+    try:
+        assert cpu_kernels.available() and not cpu_kernels.has_dense()
+        notice = capsys.readouterr().err
+        assert notice.count("\n") == 1 and why in notice and "MindSpore's operators" in notice
+    finally:
+        monkeypatch.undo()
+        cpu_kernels.library.cache_clear()
+    assert cpu_kernels.has_dense()
+
+
 def test_an_unwritable_cache_falls_back_too(monkeypatch, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
@@ -534,3 +561,32 @@ def test_squared_norm_sums_every_element_of_every_tensor():
     expected = sum(float(np.sum(t.astype(np.float64) ** 2)) for t in tensors)
     assert total.shape == (1,)
     assert total[0] == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler")
+def test_each_local_rank_gets_its_share_of_the_cores(monkeypatch):
+    """The launcher gives each of its CPU ranks cores / ranks threads (MODEL_ZOO_CPU_THREADS,
+    unless set), and the kernels run on that many threads (the calling one and helpers)."""
+    import os
+    import subprocess
+    import sys
+    from model_zoo.launch.local import CPU_THREADS, cluster_env
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv(CPU_THREADS, raising=False)
+    assert cluster_env("worker", 1, 2, 10, 0)[CPU_THREADS] == str(max(1, cores // 2))
+    assert cluster_env("worker", 1, 4 * cores, 10, 0)[CPU_THREADS] == "1"
+    monkeypatch.setenv(CPU_THREADS, "3")
+    assert cluster_env("worker", 1, 2, 10, 0)[CPU_THREADS] == "3"   # the user's
+    monkeypatch.delenv(CPU_THREADS)
+    script = ("import ctypes\nfrom model_zoo.nn import cpu_kernels\n"
+              "print(ctypes.CDLL(cpu_kernels.library()).KernelThreads())")
+
+    def threads(**extra):
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                env=dict(os.environ, **extra), timeout=300)
+        assert result.returncode == 0, result.stderr
+        return int(result.stdout.split()[-1])
+
+    assert threads() == min(8, cores)
+    assert threads(MODEL_ZOO_CPU_THREADS="1") == 1
+    assert threads(MODEL_ZOO_CPU_THREADS="64") == min(8, cores)

@@ -301,12 +301,14 @@ def restore_sliced(compile_step, step_cell, network, config, rank: int, output_d
         source = resharded_from or config.train.init_checkpoint
         work = os.path.join(output_dir, "strategy")
         target_strategy = layouts.stage_strategy(strategy_file, config.parallel,
-                                         os.path.join(work, "merged_strategy.ckpt"))
-        path = layouts.rank_slices(source, rank, target_strategy, os.path.join(work, "cut_slices.ckpt"))
+                                                 os.path.join(work, "merged_strategy.ckpt"))
+        path = layouts.rank_slices(source, rank, target_strategy,
+                                   os.path.join(work, "cut_slices.ckpt"))
         log(f"cut {source} into this rank's slices: {path}")
         values = read_checkpoint(path)
         if resharded_from:   # drop only the other stages' entries, passed whole
-            target, laid_out = step_cell, layouts.strategy_names(os.path.join(source, layouts.STRATEGY_FILE))
+            target = step_cell
+            laid_out = layouts.strategy_names(os.path.join(source, layouts.STRATEGY_FILE))
             values = {name: value for name, value in values.items()
                       if name in held or name not in laid_out}
         else:

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <condition_variable>
 #include <functional>
@@ -89,11 +90,17 @@ inline float erf_approx(float x) {
 
 }  // namespace
 
-// The cores this process may run on (its affinity mask), at most 8
+// The cores this process's kernels use, at most 8: those it may run on (its affinity mask),
+// or fewer when MODEL_ZOO_CPU_THREADS says so (the launcher's share of the machine for each
+// of several ranks on it, so that their helpers do not outnumber the cores)
 int usable_cores() {
   cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
-  return std::max(1, std::min(8, CPU_COUNT(&set)));
+  int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  if (const char *share = std::getenv("MODEL_ZOO_CPU_THREADS")) {
+    const int threads = std::atoi(share);
+    if (threads >= 1) cores = std::min(cores, threads);
+  }
+  return std::max(1, std::min(8, cores));
 }
 
 // Threads kept for the life of the process, so that a call costs a wake-up rather than a
@@ -187,6 +194,9 @@ Helpers &helpers() {
   static Helpers *pool = new Helpers(usable_cores() - 1);   // never destroyed: detached
   return *pool;
 }
+
+// The threads a kernel runs on: the calling one and the helpers (read by the tests)
+extern "C" int KernelThreads() { return helpers().count() + 1; }
 
 // How many parts parallel_for cuts `count` items into: one per core, each of at least
 // `grain` items (below that, handing a part out costs more than it saves)

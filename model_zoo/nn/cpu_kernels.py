@@ -19,6 +19,7 @@ check never use these: they take MindSpore's fused kernels, which carry the shar
 strategies (`layers.kernels_for`).
 """
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -42,16 +43,48 @@ FLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fno-math-errno", "-fope
     (["-mprefer-vector-width=512"] if platform.machine() in ("x86_64", "AMD64") else [])
 
 
-def _onednn_link_flags() -> list:
-    """Flags that link the oneDNN MindSpore ships (`mindspore/lib/libdnnl.so.3`, built for a
-    caller's thread pool) for the dense kernels; none when this MindSpore has no such file."""
-    folder = Path(ms.__file__).parent / "lib"
-    if not (folder / "libdnnl.so.3").is_file():
-        return []
-    return ["-DMODEL_ZOO_DNNL", f"-L{folder}", "-l:libdnnl.so.3", f"-Wl,-rpath,{folder}"]
+# The oneDNN interface cpu_kernels.cc declares: 3.x's thread-pool interop (sgemm and
+# threadpool_iface), in a build for a caller's thread pool (dnnl_version_t.cpu_runtime
+# DNNL_RUNTIME_THREADPOOL). Tested with 3.10.1, which MindSpore 2.10 ships.
+ONEDNN_MAJOR = 3
+ONEDNN_THREADPOOL_RUNTIME = 8
 
 
-LINK_FLAGS = _onednn_link_flags()
+class _OnednnVersion(ctypes.Structure):   # dnnl_version_t (oneapi/dnnl/dnnl_types.h)
+    _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("patch", ctypes.c_int),
+                ("hash", ctypes.c_char_p), ("cpu_runtime", ctypes.c_uint),
+                ("gpu_runtime", ctypes.c_uint)]
+
+
+def onednn_version(path) -> tuple:
+    """(major, minor, patch, cpu runtime) of the oneDNN library at `path` (`dnnl_version`)."""
+    read = ctypes.CDLL(str(path)).dnnl_version
+    read.restype = ctypes.POINTER(_OnednnVersion)
+    found = read().contents
+    return found.major, found.minor, found.patch, found.cpu_runtime
+
+
+def _onednn_link_flags() -> tuple:
+    """(flags that link the oneDNN MindSpore ships, `mindspore/lib/libdnnl.so.3`, for the
+    dense kernels; why they do not): no flags when this MindSpore has no such file, or its
+    version or threading runtime is not the interface the kernels declare."""
+    path = Path(ms.__file__).parent / "lib" / "libdnnl.so.3"
+    if not path.is_file():
+        return [], ""
+    try:
+        major, minor, patch, runtime = onednn_version(path)
+    except (OSError, AttributeError) as error:
+        return [], f"cannot read the version of {path} ({error})"
+    if major != ONEDNN_MAJOR or runtime != ONEDNN_THREADPOOL_RUNTIME:
+        return [], (f"MindSpore's oneDNN is {major}.{minor}.{patch} (threading runtime "
+                    f"{runtime}), not {ONEDNN_MAJOR}.x built for a caller's thread pool "
+                    f"(runtime {ONEDNN_THREADPOOL_RUNTIME}), which the kernels declare")
+    # the version is a flag, so a MindSpore with another oneDNN builds the kernels anew
+    return ["-DMODEL_ZOO_DNNL", f"-DMODEL_ZOO_DNNL_VERSION={major}.{minor}.{patch}",
+            f"-L{path.parent}", "-l:libdnnl.so.3", f"-Wl,-rpath,{path.parent}"], ""
+
+
+LINK_FLAGS, ONEDNN_UNUSABLE = _onednn_link_flags()
 
 
 def cache_dir() -> Path:
@@ -86,6 +119,9 @@ def library() -> str:
     compiler = _compiler()
     if not compiler:
         return _unavailable("no C++ compiler (g++) found")
+    if ONEDNN_UNUSABLE:
+        print(f"[model_zoo] {ONEDNN_UNUSABLE}; the dense layers and attention use "
+              f"MindSpore's operators", file=sys.stderr, flush=True)
     if LINK_FLAGS:
         path, error, compiler_failed = _build(compiler, LINK_FLAGS)
         if path or not compiler_failed:

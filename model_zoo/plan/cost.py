@@ -28,13 +28,14 @@ Gradients are not sharded (optimizer_level level1). A parameter used on a later 
 (8 P).
 
 Activations per micro batch, A_k, are the tensors the backward pass needs, summed over the
-recorded operators (SAVED below: MatMul keeps both operands, Softmax its output, LayerNorm
-its input and statistics, GeLU its input and output, Dropout a one-bit mask per element,
-Add and Cast nothing, ...), each counted once (a cast shared by Q, K and V is one tensor,
-as MindSpore's graph optimiser merges equal casts) and sliced by the strategy of the
-operator that keeps it. Weights and their casts are counted above, not here. With
-`parallel.recompute` a recomputed cell (a block) keeps only its inputs, and re-creates its
-activations during its own backward pass, so one block's activations are added once (R_k):
+recorded operators (each entry's `saved` in `operators.OPERATORS`: MatMul keeps both
+operands, Softmax its output, LayerNorm its input and statistics, GeLU its input and
+output, Dropout a one-bit mask per element, Add and Cast nothing, ...), each counted once
+(a cast shared by Q, K and V is one tensor, as MindSpore's graph optimiser merges equal
+casts) and sliced by the strategy of the operator that keeps it. Weights and their casts
+are counted above, not here. With `parallel.recompute` a recomputed cell (a block) keeps
+only its inputs, and re-creates its activations during its own backward pass, so one
+block's activations are added once (R_k):
 
     activations_k = m_k x A_k + R_k + W_k,   m_k = min(pp - k, micro_batch_num) micro
                                              batches in flight on stage k with 1F1B (1
@@ -127,8 +128,8 @@ from typing import Dict, List
 
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.parallel.replication import mirror_group_size, optimizer_shard_size
-from model_zoo.plan.layouts import ELEMENTWISE, device_matrix, matmul_dims
-from model_zoo.plan.shapes import NO_GRADIENT
+from model_zoo.plan.operators import (collective, device_matrix, gather_factor, operator, ring,
+                                      slice_bytes)
 
 GIB = 2 ** 30
 WEIGHT_BYTES = 4
@@ -138,30 +139,6 @@ ADAM_BYTES = 8
 # Ascend's dropout keeps a bit mask (DropoutGenMask: one bit per element)
 MASK_BYTES = 1 / 8
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_receive")
-
-# inputs / outputs each operator keeps for its backward pass ("x" = input 0, "w" = input 1)
-SAVED = {
-    "MatMul": "cross", "BatchMatMul": "cross", "Mul": "cross", "Div": "divide",
-    "RealDiv": "divide", "Maximum": "both", "Minimum": "both", "Pow": "both",
-    "Softmax": "out0", "LogSoftmax": "out0", "Tanh": "out0", "Sigmoid": "out0",
-    "Exp": "out0", "Sqrt": "out0", "Rsqrt": "out0", "ReLU": "out0", "Reciprocal": "out0",
-    "GeLU": "in0+out0", "FastGeLU": "in0+out0", "Erf": "in0", "Square": "in0", "Log": "in0",
-    "SiLU": "in0", "Abs": "in0", "LayerNorm": "in0+stats", "Dropout": "mask",
-    "Gather": "indices", "SoftmaxCrossEntropyWithLogits": "out1",
-    "ReduceMax": "in0+out0", "ReduceMin": "in0+out0",
-    # q, k, v, the softmax statistics and the output: no (seq, seq) tensor
-    "FlashAttentionScore": "flash",
-}
-SAVES_NOTHING = {"Add", "Sub", "BiasAdd", "Cast", "Reshape", "Transpose", "StridedSlice",
-                 "ReduceSum", "ReduceMean", "OneHot", "Ones", "Zeros", "Concat", "Split",
-                 "ExpandDims", "Squeeze", "Tile", "Neg", "Identity", "ZerosLike", "OnesLike",
-                 "AddExt", "SubExt", "Select"}
-
-
-# operators that move no data (a new view of their input, or a constant)
-VIEWS = {"Reshape", "ExpandDims", "Squeeze", "Identity", "Ones", "Zeros", "ZerosLike",
-         "OnesLike", "Shape"}
-
 
 def gpt2_layer_activation_bytes(batch, seq, hidden, heads, dp=1, mp=1, compute_bytes=2,
                                 dropout=True, sequence_parallel=False) -> float:
@@ -254,19 +231,13 @@ class StageCommunication:
                                 self.details.items(), key=lambda item: -item[1][0])]}
 
 
-def _slice_bytes(info, split, bytes_per_element=None) -> float:
-    size = bytes_per_element if bytes_per_element is not None else info.nbytes / max(info.numel, 1)
-    parts = math.prod(split) if split else 1
-    return info.numel * size / parts
-
-
 def _moved_bytes(call, params) -> float:
     """Bytes one pass of an operator reads and writes on one device: the slices of its
     inputs and outputs. A parameter, or the compute-dtype copy a Cast makes of it, where no
     strategy here says its layout is the slice its consumers' strategies give it."""
     def moved(info, split):
         param = params.get(info.param) if split is None and info.param else None
-        whole = _slice_bytes(info, split)
+        whole = slice_bytes(info, split)
         return whole * param.slice_numel / max(param.numel, 1) if param else whole
 
     return (sum(moved(info, _input_split(call, index, info))
@@ -293,11 +264,9 @@ def saved_tensors(call, differentiated=None):
     if differentiated is not None and not any(out.key in differentiated for out in call.outputs):
         return []
     tensors = call.tensors
-    rule = SAVED.get(call.name)
-    if rule is None:
-        if call.name in SAVES_NOTHING:
-            return []
-        rule = "all-float-inputs"
+    rule = operator(call.name).saved
+    if rule == "nothing":
+        return []
     kept = []
 
     def keep_input(index):
@@ -375,8 +344,8 @@ def backward_working_sets(rec) -> List[tuple]:
     inputs, alive together while its backward pass runs (W_k is the largest per stage)."""
     found = []
     for call in rec.calls:
-        amount = sum(_slice_bytes(out, out.layout) for out in call.outputs if out.needs_grad)
-        amount += sum(_slice_bytes(info, _input_split(call, index, info))
+        amount = sum(slice_bytes(out, out.layout) for out in call.outputs if out.needs_grad)
+        amount += sum(slice_bytes(info, _input_split(call, index, info))
                       for index, info in enumerate(call.tensors)
                       if info.needs_grad and info.param is None)
         found.append((call.stage, amount))
@@ -411,14 +380,14 @@ def estimate_memory(rec, parallel: ParallelConfig, accumulation: int = 1) -> Lis
     inside = defaultdict(float)        # recompute root -> activations it re-creates
     root_stage = {}
     seen = set()
-    differentiated = {info.key for call in rec.calls if call.name not in NO_GRADIENT
+    differentiated = {info.key for call in rec.calls if operator(call.name).gradient
                       for info in call.tensors}
     for call in rec.calls:
         for info, split, size in saved_tensors(call, differentiated):
             if (call.recompute_root, info.key) in seen:
                 continue
             seen.add((call.recompute_root, info.key))
-            amount = _slice_bytes(info, split, size)
+            amount = slice_bytes(info, split, size)
             if call.recompute_root is None:
                 per_micro[call.stage] += amount
             else:
@@ -428,7 +397,7 @@ def estimate_memory(rec, parallel: ParallelConfig, accumulation: int = 1) -> Lis
         stage = root_stage.get(root)
         if stage is None:
             stage = next((c.stage for c in rec.calls if c.recompute_root == root), 0)
-        per_micro[stage] += sum(_slice_bytes(info, info.layout) for info in inputs
+        per_micro[stage] += sum(slice_bytes(info, info.layout) for info in inputs
                                 if info.param is None)
     working = [0.0] * len(stages)
     for stage, amount in backward_working_sets(rec):
@@ -445,23 +414,6 @@ def estimate_memory(rec, parallel: ParallelConfig, accumulation: int = 1) -> Lis
         memory.activations = (memory.micro_batches_in_flight * per_micro[k]
                               + memory.recompute_peak + memory.backward_working)
     return stages
-
-
-def _ring(n):
-    return 2 * (n - 1) / n if n > 1 else 0.0
-
-
-def _collective(n):
-    return (n - 1) / n if n > 1 else 0.0
-
-
-def _gather_factor(have, wanted) -> int:
-    """How many slices of a tensor laid out `have` an operator wanting `wanted` gathers
-    (rule G8; 1 when it only takes a part of its slice, or the layout is unknown)."""
-    if have is None or len(have) != len(wanted):
-        return 1
-    return math.prod(h // w if h % w == 0 else 1 if w % h == 0 else h
-                     for h, w in zip(have, wanted))
 
 
 def _generic(path: str) -> str:
@@ -487,72 +439,18 @@ def estimate_communication(rec, parallel: ParallelConfig,
         where = _generic(call.path)
         tensors = call.tensors
         if call.strategy is not None and call.outputs and len(call.strategy) == len(tensors):
-            out = call.outputs[0]
-            if call.name in ("MatMul", "BatchMatMul"):
-                _, m, k, _, n = matmul_dims(call)
-                if k > 1 and call.out_strategy and call.out_strategy[0][0] == m * k:
-                    # rule G6: the partial sums are reduce-scattered over the rows; the
-                    # backward pass all-gathers the output's gradient back
-                    unscattered = _slice_bytes(out, (m, n))
-                    comm.add("reduce_scatter", f"{where}: partial sums (k split {k}) "
-                                               f"scattered over the rows",
-                             forward * _collective(k) * unscattered, (k, 1), forward)
-                    comm.add("all_gather", f"{where}: output gradient (rows split {m * k} "
-                                           f"-> {m})", backward * _collective(k) * unscattered,
-                             (k, 1), backward)
-                else:
-                    comm.add("all_reduce", f"{where}: partial sums (k split {k})",
-                             forward * _ring(k) * _slice_bytes(out, out.layout), (k, 1),
-                             forward)
-                x, w = tensors[0], tensors[1]
-                if x.needs_grad:
-                    # an input all-gathered first (sequence parallel) gets its gradient
-                    # reduce-scattered back (AllGather's gradient in MindSpore's
-                    # grad_comm_ops.py), which sums the partial input gradients over that
-                    # group too, so only the rest of the n split is all-reduced
-                    n_summed = n // math.gcd(n, _gather_factor(x.layout, call.strategy[0]))
-                    comm.add("all_reduce", f"{where}: input gradient (n split {n})",
-                             backward * _ring(n_summed) * _slice_bytes(x, call.strategy[0]),
-                             (n_summed, 1), backward)
-                if w.needs_grad and w.param is None:
-                    comm.add("all_reduce", f"{where}: operand gradient (m split {m})",
-                             backward * _ring(m) * _slice_bytes(w, call.strategy[1]),
-                             (m, 1), backward)
-            elif call.name == "Gather":
-                axis = int(call.args[2]) % len(call.strategy[0])
-                p = call.strategy[0][axis]
-                comm.add("all_reduce", f"{where}: vocabulary-split lookup (split {p})",
-                         forward * _ring(p) * _slice_bytes(out, out.layout), (p, 1), forward)
-            elif call.name in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"):
-                reduced = math.prod(call.strategy[0]) // max(1, math.prod(out.layout or ()))
-                comm.add("all_reduce", f"{where}: reduction over a split dimension",
-                         forward * _ring(reduced) * _slice_bytes(out, out.layout),
-                         (reduced, 1), forward)
-            elif call.name in ELEMENTWISE:
-                # an activation broadcast along a dimension the output splits gets its
-                # gradient summed over that split in the backward pass; not along the batch
-                # (dimension 0): what is shared by the batch derives from a parameter, whose
-                # data-parallel reduction is counted with the parameter gradients
-                for index, info in enumerate(tensors):
-                    if not info.needs_grad or info.param is not None:
-                        continue
-                    shape = (1,) * (len(out.shape) - len(info.shape)) + tuple(info.shape)
-                    summed = math.prod(split for dim, (size, split)
-                                       in enumerate(zip(shape, out.layout or ()))
-                                       if dim > 0 and size == 1 and split > 1)
-                    if summed > 1:
-                        comm.add("all_reduce", f"{where}: gradient of broadcast input {index}",
-                                 backward * _ring(summed)
-                                 * _slice_bytes(info, call.strategy[index]), (summed, 1),
-                                 backward)
+            own = operator(call.name).communication
+            for kind, what, amount, group, times in (
+                    own(call, where, forward, backward) if own else ()):
+                comm.add(kind, what, amount, group, times)
             for index, info in enumerate(tensors):
                 if info.param is not None:
                     continue
                 wanted = call.strategy[index]
                 have = info.layout
-                gather = _gather_factor(have, wanted)
+                gather = gather_factor(have, wanted)
                 if gather > 1:
-                    amount = _collective(gather) * _slice_bytes(info, wanted)
+                    amount = collective(gather) * slice_bytes(info, wanted)
                     comm.add("all_gather", f"{where}: input {index} redistributed "
                                            f"{have} -> {wanted}", forward * amount,
                              (gather, 1), forward)
@@ -567,7 +465,7 @@ def estimate_communication(rec, parallel: ParallelConfig,
             if source != call.stage and (info.key, call.stage) not in crossing:
                 crossing.add((info.key, call.stage))
                 split = info.layout or _input_split(call, index, info)
-                amount = _slice_bytes(info, split)
+                amount = slice_bytes(info, split)
                 stages[source].add("send_receive",
                                    f"stage {source} -> {call.stage}: {info.shape} activations",
                                    micro_steps * amount, between_stages, micro_steps)
@@ -588,15 +486,15 @@ def estimate_communication(rec, parallel: ParallelConfig,
                 # once per step: micro batches and accumulation slices are summed first
                 if z > 1:
                     comm.add("reduce_scatter", "parameter gradients (optimizer shard)",
-                             _collective(replicas) * grad_bytes, mirrors)
+                             collective(replicas) * grad_bytes, mirrors)
                     # the compute-dtype copy is gathered (fp16: half of the fp32 weight)
                     gathered = casts.get(param.name, WEIGHT_BYTES) * param.slice_numel
                     comm.add("all_gather", "weights (optimizer shard)",
-                             micro_steps * _collective(replicas) * gathered, mirrors,
+                             micro_steps * collective(replicas) * gathered, mirrors,
                              micro_steps)
                 else:
                     comm.add("all_reduce", "parameter gradients (data parallel)",
-                             _ring(replicas) * grad_bytes, mirrors)
+                             ring(replicas) * grad_bytes, mirrors)
         for other in param.used_on_stages - {param.stage}:
             amount = WEIGHT_BYTES * param.slice_numel
             stages[param.stage].add("send_receive", f"shared parameter {param.name}", amount,
@@ -607,7 +505,7 @@ def estimate_communication(rec, parallel: ParallelConfig,
     if parallel.device_num > 1:
         for comm in stages:
             comm.add("all_reduce", "gradient norm and overflow flag (all devices)",
-                     _ring(parallel.device_num) * STEP_FLAGS_BYTES, (parallel.device_num, 1))
+                     ring(parallel.device_num) * STEP_FLAGS_BYTES, (parallel.device_num, 1))
     return stages
 
 
@@ -661,7 +559,8 @@ def estimate_compute(rec, parallel: ParallelConfig,
         compute = stages[call.stage]
         differentiable = bool(call.outputs) and call.outputs[0].needs_grad
         passes = 1 + (2 if differentiable else 0) + (1 if call.recompute_root else 0)
-        if call.name not in VIEWS:
+        moves_data = operator(call.name).moves_data
+        if moves_data:
             compute.launches += micro_steps * passes
         if call.name == "FlashAttentionScore":
             # its two products (scores, context); the backward pass computes the four
@@ -676,7 +575,7 @@ def estimate_compute(rec, parallel: ParallelConfig,
             compute.model += 3 * whole
             continue
         if call.name not in ("MatMul", "BatchMatMul") or not call.outputs:
-            if call.name not in VIEWS:
+            if moves_data:
                 compute.memory_bytes += micro_steps * passes * _moved_bytes(call, rec.params)
             continue
         flops = micro_steps * matmul_flops(call)

@@ -6,7 +6,7 @@ real dimensions under `mindspore.nn.utils.no_init_parameters()`, so no weight is
 and runs its forward pass once in PyNative mode with every primitive's `__call__`
 intercepted (`Recorder`). The interceptor records the primitive, the cell that owns it,
 its `in_strategy` and its inputs, and returns outputs of the inferred shape *without
-computing anything* (`shapes.SHAPE_RULES`, one small function per operator). Large outputs
+computing anything* (each operator's `shape` in `operators.OPERATORS`). Large outputs
 are lazy `Tensor(shape, dtype, init)` objects that hold no memory; outputs of at most
 `SMALL_TENSOR` elements are real zero tensors, so that the Python-level arithmetic a model
 may do on scalars (`total / count`) still runs.
@@ -35,8 +35,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Initializer
 
 from model_zoo.errors import UserInputError
-from model_zoo.plan.layouts import output_layout
-from model_zoo.plan.shapes import AUXILIARY_OUTPUTS, NO_GRADIENT, SHAPE_RULES, VIEWS
+from model_zoo.plan.operators import operator, output_layout
 
 SMALL_TENSOR = 1 << 16
 MAX_FALLBACK_ELEMENTS = 1 << 24
@@ -427,7 +426,7 @@ class Recorder:
         return result
 
     def _infer(self, original, prim, call, args, kwargs):
-        rule = SHAPE_RULES.get(prim.name)
+        rule = operator(prim.name).shape
         if rule is not None and not kwargs:
             try:
                 specs, as_tuple = rule(call, args)
@@ -440,14 +439,15 @@ class Recorder:
         if size > MAX_FALLBACK_ELEMENTS:
             raise PlanError(f"{call.path} ({prim.name}): the plan has no shape rule for "
                             f"{prim.name} and its inputs are too large to compute on a laptop; "
-                            f"add a rule to model_zoo.plan.shapes.SHAPE_RULES")
+                            f"add its entry to model_zoo.plan.operators.OPERATORS")
         return original(prim, *_materialise(args), **kwargs)
 
     def _output_info(self, call, position, tensor) -> TensorInfo:
         dtype = _dtype_name(tensor.dtype)
         tensor_inputs = call.tensors
-        needs_grad = (call.name not in NO_GRADIENT and dtype.startswith(("Float", "BFloat"))
-                      and position not in AUXILIARY_OUTPUTS.get(call.name, ())
+        entry = operator(call.name)
+        needs_grad = (entry.gradient and dtype.startswith(("Float", "BFloat"))
+                      and position not in entry.auxiliary_outputs
                       and any(t.needs_grad for t in tensor_inputs))
         key, param = None, None
         if call.name == "Cast" and tensor_inputs:
@@ -455,7 +455,7 @@ class Recorder:
             param = source.param
             key = source.key if source.dtype == dtype else self.cast_keys.setdefault(
                 (source.key, dtype), self._key())
-        elif call.name in VIEWS and tensor_inputs:
+        elif entry.view and tensor_inputs:
             # a view shares its input's memory: the same tensor for the memory model
             key, param = tensor_inputs[0].key, tensor_inputs[0].param
         info = TensorInfo(key or self._key(), tuple(tensor.shape), dtype, needs_grad=needs_grad,
