@@ -113,14 +113,15 @@ def select_ranks(spec: str, parallel) -> List[int]:
 def run_dryrun(config, config_path: str, overrides, ranks: List[int],
                output_dir: Optional[str] = None, jobs: int = 2,
                timeout: float = DEFAULT_TIMEOUT, progress=None, plan=None,
-               load: Optional[str] = None, export: bool = False) -> DryRun:
+               load: Optional[str] = None, export: bool = False,
+               evaluation: bool = True) -> DryRun:
     """Compile `ranks` of `config`'s layout, `jobs` processes at a time, and hold their
     parameter layouts against the plan's (`plan`, built here unless given: its recording
     patches MindSpore's primitives, so plans are built one at a time, never from two
     threads). `progress(message)` hears each rank finish. `load`: a checkpoint of whole
     values the compiled step starts from; `export`: write each rank's compiled step as
     `rank_<r>/step.mindir` under `output_dir` (what `tests/test_dryrun.py` runs on CPU
-    ranks)."""
+    ranks); `evaluation`: also compile the held-out evaluation network."""
     from model_zoo.parallel.replication import stage_of_rank
     from model_zoo.plan import cuda_stubs
     from model_zoo.plan.report import build_plan
@@ -134,7 +135,8 @@ def run_dryrun(config, config_path: str, overrides, ranks: List[int],
             Path(tempfile.mkdtemp(prefix="model-zoo-dryrun-"))).resolve()
     running = []
     try:
-        pending = [(rank, _request(work, config_path, overrides, rank, load, export))
+        pending = [(rank, _request(work, config_path, overrides, rank, load, export,
+                                   evaluation))
                    for rank in ranks]
         results = {}
         while pending or running:
@@ -176,7 +178,7 @@ def run_dryrun(config, config_path: str, overrides, ranks: List[int],
 
 
 def _request(work: Path, config_path: str, overrides, rank: int, load=None,
-             export=False) -> Path:
+             export=False, evaluation=True) -> Path:
     folder = work / f"rank_{rank}"
     folder.mkdir(parents=True, exist_ok=True)
     for stale in ("result.json", "error.txt", "strategy.ckpt", "step.mindir"):
@@ -186,7 +188,7 @@ def _request(work: Path, config_path: str, overrides, rank: int, load=None,
                                    "overrides": list(overrides or []), "rank": rank,
                                    "cwd": os.getcwd(),
                                    "load": os.path.abspath(load) if load else None,
-                                   "export": export}))
+                                   "export": export, "evaluation": evaluation}))
     return request
 
 
@@ -326,8 +328,9 @@ def rank_line(result: RankResult) -> str:
     if not result.compiled:
         return head + f"FAILED: {result.error}"
     comm = ", ".join(f"{kind} {count}" for kind, count in sorted(result.collectives.items()))
-    held_out = (f"evaluation network {result.eval_compile_s:.1f} s"
-                if result.eval_error is None else "evaluation network FAILED")
+    held_out = ("evaluation network FAILED" if result.eval_error is not None else
+                "evaluation network not compiled" if result.eval_compile_s is None else
+                f"evaluation network {result.eval_compile_s:.1f} s")
     sunk = f" (sunk, {result.sink_size} steps a call)" if result.sink_size else ""
     line = (head + f"compiled{sunk} in {result.compile_s:.1f} s ({held_out}), peak "
             f"{result.peak_rss_mb} MB; collectives: {comm or 'none'}")

@@ -17,7 +17,8 @@ uses).
 
 It writes `result.json` beside the request: whether the step compiled, MindSpore's error,
 compile seconds, peak memory, the collectives in the compiled graph and every parameter's
-layout, then the same of the evaluation network (its refusal in `eval_error`). A config
+layout, then the same of the evaluation network (its refusal in `eval_error`; not compiled
+when the request says `"evaluation": false`). A config
 that sinks its data on Ascend (`train.dataset_sink`, `loop.sink_size_of`) compiles the
 sunk step the trainer runs there (`sink_size` steps a call: `GetNext` from MindSpore's data
 queue, then the step), unless the step is exported for CPU ranks.
@@ -116,10 +117,12 @@ def compile_rank(request: dict, folder: Path, result: dict):
                          in layouts.items() if name in names}
     if request.get("export"):   # this rank's compiled step, to run on CPU ranks
         ms.export(runnable, *inputs, file_name=str(folder / "step"), file_format="MINDIR")
+    result["compiled"] = True   # the step, and its collectives, layouts and export read
+    if not request.get("evaluation", True):
+        return
     held_out = wrap_eval_network(network, config.parallel, context,   # as the trainer does
                                  config.train.grad_accumulation)
     started = time.perf_counter()
-    result["compiled"] = True   # the step, and its collectives, layouts and export read
     try:
         held_out.compile(*inputs)
         sync_shared_parameters(held_out, config.parallel, inputs)
