@@ -31,6 +31,13 @@ TINY_CONFIG = {
 }
 
 
+def pytest_configure(config):
+    # The slow tier: the dry-run compiles, launched multi-process jobs, signals, and the
+    # longest trainings. `pytest -m "not slow" tests` is the fast tier for daily work; CI
+    # and `pytest tests` run everything.
+    config.addinivalue_line("markers", "slow: a test of the slow tier (see tests/conftest.py)")
+
+
 @pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory):
     """Directory of a complete GPT-2 dataset: vocab 400, seq_length 16, about 700 samples."""

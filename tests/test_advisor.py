@@ -79,6 +79,7 @@ def test_a_layout_without_recompute_is_the_same_graph_without_checkpoints(config
         assert ours.total == pytest.approx(theirs.total, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_advise_ranks_layouts_and_writes_the_best(tmp_path):
     written = tmp_path / "best.yaml"
     result = run_cli("advise", TINY, "--device-num", "8", "--device", "a100", "--top", "3",

@@ -72,6 +72,7 @@ def test_gemm_rounds_keep_each_figures_best_and_steal_is_the_eighth_counter():
     assert bench.steal_share(None, [1] * 8) is None
 
 
+@pytest.mark.slow
 def test_both_sides_train_and_report(tmp_path):
     output = tmp_path / "result.json"
     command = [sys.executable, SCRIPT, "--model", "gpt2", "--size", "tiny", "--steps", "3",

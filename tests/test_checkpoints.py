@@ -65,6 +65,7 @@ def assert_slices_as_planned(directory, full):
     return layout
 
 
+@pytest.mark.slow
 def test_split_transform_merge_round_trip(trained, tmp_path):
     from model_zoo.checkpoint.files import saved_step
     full = entries(trained["ckpt"])
@@ -101,6 +102,7 @@ def test_split_transform_merge_round_trip(trained, tmp_path):
             "ranks 4; [0:32, 128:256] on ranks 5; [32:64, 0:128] on ranks 6") in listing.stdout
 
 
+@pytest.mark.slow
 def test_resume_from_a_transformed_checkpoint_trains_the_same(trained, tmp_path):
     """Step 2's checkpoint split for d2m2p2, moved to d1m4p2, merged and resumed on CPU
     gives the same losses at steps 3 and 4 as the run that never left one process."""
@@ -237,6 +239,7 @@ def _as_cluster_run(split_dir, run_dir, step):
         (folder / "strategy" / "param_strategy.ckpt").write_bytes(own.SerializeToString())
 
 
+@pytest.mark.slow
 def test_collect_a_cluster_run_and_merge_it(trained, tmp_path):
     """Cluster -> laptop: the rank folders of a d2m2p2 run collected (MindSpore's per-stage
     strategies merged by MindSpore) and merged give the full checkpoint back bit for bit."""

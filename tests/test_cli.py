@@ -57,6 +57,7 @@ def test_generate_from_ids(trained):
     assert len(ids) == 5 and all(0 <= i < TINY_VOCAB for i in ids)
 
 
+@pytest.mark.slow
 def test_generate_a_file_of_prompts_in_batches(trained, tmp_path):
     """The interface of `model-zoo generate --prompt-ids-file`: one `ids:` line per prompt,
     in order, each what the prompt gives alone; `--input` takes text lines."""
@@ -279,6 +280,7 @@ def test_a_checkpoint_whose_bytes_changed_fails_its_checksum(trained, tmp_path):
     assert "(step 2)" in result.stdout
 
 
+@pytest.mark.slow
 def test_resume_with_more_steps_keeps_the_schedule(trained, tmp_path):
     """The trained run decays lr 1e-2 -> 1e-3 over 4 steps; extending it keeps the floor
     unless train.lr_schedule_steps asks for a new length."""
@@ -297,6 +299,7 @@ def test_resume_with_more_steps_keeps_the_schedule(trained, tmp_path):
     assert _metrics(stretched)[4]["lr"] > 2e-3
 
 
+@pytest.mark.slow
 def test_safetensors_checkpoints_train_resume_and_evaluate(trained, tmp_path):
     """train.checkpoint_format=safetensors: the same run, saved as .safetensors, resumes and
     evaluates as the .ckpt run does."""

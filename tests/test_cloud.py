@@ -206,6 +206,7 @@ def graph_mode():
     ms.set_context(mode=previous)
 
 
+@pytest.mark.slow
 def test_cloud_job_uploads_after_each_checkpoint_and_resumes_on_a_new_machine(
         graph_mode, moxing, monkeypatch, write_config, tiny_dataset, tmp_path):
     """A ModelArts-style run in this process: data from obs://, outputs back to obs:// after

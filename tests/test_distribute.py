@@ -11,6 +11,8 @@ import time
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow   # the slow tier (tests/conftest.py)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "run_distribute_train.sh")
 TABLE_2P = os.path.join(ROOT, "rank_tables", "rank_table_2p.json")

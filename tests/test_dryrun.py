@@ -24,6 +24,8 @@ from model_zoo.plan.dryrun import blocks_overrides, compare_layouts, run_dryrun,
 from model_zoo.plan.report import build_plan, load_plan_config
 from model_zoo.train.loop import sink_size_of
 
+pytestmark = pytest.mark.slow   # the slow tier (tests/conftest.py)
+
 TINY = "model_zoo/models/gpt2/configs/tiny.yaml"
 DP2_MP2 = ["parallel.data_parallel=2", "parallel.model_parallel=2"]
 def reduced_overrides(path: str) -> list:

@@ -52,6 +52,7 @@ def stopped_step(output: str) -> int:
     return int(line.split("after step ")[1].split(";")[0])
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_that_resumes(write_config, tmp_path):
     """A SIGTERM saves the step's checkpoint; --resume continues from it, past a metrics
     line torn mid-append (a full disk or a kill while writing), which it drops."""
@@ -93,6 +94,7 @@ def test_sigint_stops_cleanly(write_config, tmp_path):
     assert "Traceback" not in output
 
 
+@pytest.mark.slow
 def test_a_second_run_on_the_same_directory_is_refused(write_config, tmp_path):
     config = write_config({"train.steps": 100000, "train.log_steps": 1,
                            "train.save_steps": 100000})
@@ -145,6 +147,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+@pytest.mark.slow
 def test_a_full_disk_keeps_older_checkpoints(write_config, small_disk):
     import mindspore as ms
     config = write_config({"train.steps": 100, "train.log_steps": 1, "train.save_steps": 1,
@@ -229,6 +232,7 @@ def assert_both_ranks_stopped_at_one_step(out):
     return steps[0]
 
 
+@pytest.mark.slow
 def test_a_signal_to_one_rank_stops_both_at_the_same_step(write_config, tmp_path):
     config = write_config({"train.steps": 100000, "train.log_steps": 1,
                            "train.save_steps": 100000})
@@ -252,6 +256,7 @@ def test_a_signal_to_one_rank_stops_both_at_the_same_step(write_config, tmp_path
         assert f"(step {step})" in (out / f"rank_{rank}" / "train.log").read_text()
 
 
+@pytest.mark.slow
 def test_the_launcher_forwards_a_signal_to_every_rank(write_config, tmp_path):
     config = write_config({"train.steps": 100000, "train.log_steps": 1,
                            "train.save_steps": 100000})
@@ -298,6 +303,7 @@ def losses_of(run_dir):
 @pytest.mark.parametrize("signals", [(signal.SIGTERM,), (signal.SIGINT,),
                                      (signal.SIGTERM, signal.SIGTERM), (signal.SIGKILL,)],
                          ids=["SIGTERM", "SIGINT", "SIGTERM twice", "SIGKILL"])
+@pytest.mark.slow
 def test_a_signal_at_a_random_moment_loses_nothing(reference_losses, tmp_path, signals):
     """Every step saves a checkpoint, so the signal often lands in a save. One signal: the
     run saves and exits 128 + signal; two, or SIGKILL: it ends at once, maybe mid-save;

@@ -24,6 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "gradient_norm_worker.py")
 
 
+@pytest.mark.slow
 def test_gradient_norm_over_four_cpu_ranks(tmp_path):
     """4 processes (MindSpore's dynamic cluster, mccl): each holds its pieces of one gradient
     set as dp2 x mp2, mp2 x pp2 and dp2 x mp2 with the optimizer shard lay them out; every
@@ -129,6 +130,7 @@ print(json.dumps({
 '''
 
 
+@pytest.mark.slow
 def test_100b_train_step_builds_without_allocating():
     """The semi-auto branch (a RunContext saying Ascend x 128; no device needed to build)
     builds gpt-100b-d1m8p16's network, optimizer and step under deferred initialisation:

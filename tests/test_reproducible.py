@@ -15,6 +15,8 @@ from model_zoo.checkpoint.files import list_checkpoints, read_checkpoint
 from model_zoo.train.metrics import read_metrics
 from model_zoo.train.trainer import train
 
+pytestmark = pytest.mark.slow   # the slow tier (tests/conftest.py)
+
 needs_kernels = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler")
 MASK64 = (1 << 64) - 1
 

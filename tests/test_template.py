@@ -42,6 +42,7 @@ def test_copy_imports_nothing_from_the_original(copied_model):
                         assert not pattern.search(line), f"{name}:{number}: {line.strip()}"
 
 
+@pytest.mark.slow
 def test_copy_trains_and_evaluates_through_the_cli(copied_model, tiny_dataset, tmp_path):
     config = write_tiny_config(tmp_path / "copy.yaml", tiny_dataset,
                                {"model.name": copied_model, "train.steps": 3,

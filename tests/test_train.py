@@ -71,6 +71,7 @@ def test_tiny_run_writes_outputs_and_learns(write_config, tmp_path):
     assert result["perplexity"] == pytest.approx(math.exp(result["loss"]), rel=1e-3)
 
 
+@pytest.mark.slow
 def test_periodic_heldout_evaluation(write_config, tmp_path):
     """train.eval_steps: held-out entries every 5 steps and at the end, each the metrics of
     that step's checkpoint, and the training losses those of a run without them."""
@@ -97,6 +98,7 @@ def test_periodic_heldout_evaluation(write_config, tmp_path):
 
 # --- resume -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision, accumulation", [("fp32", 1), ("fp16", 2)])
 def test_resume_continues_exactly(write_config, tmp_path, precision, accumulation):
     # The lr is still warming up at step 8, so it depends only on the restored optimizer step,
@@ -459,6 +461,7 @@ def test_the_step_tally_counts_every_step_between_two_reads():
                            "most_bad_in_row": 0, "last_bad": 0}
 
 
+@pytest.mark.slow
 def test_reading_the_outputs_once_per_log_interval_trains_the_same(write_config, tmp_path,
                                                                    monkeypatch):
     """On Ascend the loop reads the steps' outputs once per log interval

@@ -85,6 +85,7 @@ def test_fill_mask_without_a_mask_is_refused(pretrained):
     assert "no mask token (id 6)" in result.stderr
 
 
+@pytest.mark.slow
 def test_fine_tuning_starts_from_the_pretrained_checkpoint(tmp_path, pretraining_dir, pretrained):
     _, ckpt = pretrained
     config = write_config(tmp_path / "finetune.yaml", "classify", tmp_path / "topics",

@@ -242,6 +242,7 @@ def test_incremental_decoder_matches_full_recomputation(placement, pynative):
     assert worst < 1e-4
 
 
+@pytest.mark.slow
 def test_greedy_steps_match_full_recomputation():
     """The greedy path's steps (one continuation, no cache reordering: the decoding-step
     attention kernel on CPU, which writes the caches in place) choose the argmax of a full
