@@ -69,6 +69,13 @@ OPTIONAL_HOOKS = {
 }
 
 
+# The user paths a folder keeps in its tasks.py: its HOOKS may declare them all at once as
+# `dict.fromkeys(TASK_HOOKS, "tasks")`
+TASK_HOOKS = ("build_train_network", "create_train_dataset", "prepare_data", "dataset_ready",
+              "evaluate", "plan_inputs", "sample_text", "inference_graphs",
+              "create_heldout_dataset")
+
+
 def lazy_hooks(package: str, hooks: dict):
     """`__getattr__` and `__dir__` for a model folder's `__init__.py` (PEP 562).
 

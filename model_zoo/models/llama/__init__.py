@@ -8,20 +8,12 @@ declares its hooks (the model-folder contract, model_zoo/models/base.py) and the
 defining each, imported on first use.
 """
 
-from model_zoo.models.base import lazy_hooks
+from model_zoo.models.base import TASK_HOOKS, lazy_hooks
 
 HOOKS = {   # every hook of the model-folder contract, and the submodule defining it
+    **dict.fromkeys(TASK_HOOKS, "tasks"),
     "ModelConfig": "model:LlamaConfig",
     "DataConfig": "tasks:LlamaDataConfig",
-    "build_train_network": "tasks",
-    "create_train_dataset": "tasks",
-    "prepare_data": "tasks",
-    "dataset_ready": "tasks",
-    "evaluate": "tasks",
-    "plan_inputs": "tasks",
-    "sample_text": "tasks",
-    "inference_graphs": "tasks",
-    "create_heldout_dataset": "tasks",
     "add_commands": "commands",
     "run_generate": "tasks",
     "add_data_arguments": "tasks",

@@ -4,20 +4,12 @@
 the submodule defining each, imported on first use.
 """
 
-from model_zoo.models.base import lazy_hooks
+from model_zoo.models.base import TASK_HOOKS, lazy_hooks
 
 HOOKS = {   # every hook of the model-folder contract, and the submodule defining it
+    **dict.fromkeys(TASK_HOOKS, "tasks"),
     "ModelConfig": "model:TransformerConfig",
     "DataConfig": "tasks:TransformerDataConfig",
-    "build_train_network": "tasks",
-    "create_train_dataset": "tasks",
-    "prepare_data": "tasks",
-    "dataset_ready": "tasks",
-    "evaluate": "tasks",
-    "plan_inputs": "tasks",
-    "sample_text": "tasks",
-    "inference_graphs": "tasks",
-    "create_heldout_dataset": "tasks",
     "add_commands": "commands",
     "batch_tokens": "tasks",
     "run_translate": "tasks",
