@@ -100,10 +100,11 @@ def write_config(tiny_dataset, tmp_path):
     return write
 
 
-def run_cli(*args, timeout=300):
-    """`python -m model_zoo ARGS` in a subprocess, as a user runs it; returns CompletedProcess."""
+def run_cli(*args, timeout=300, cwd=None):
+    """`python -m model_zoo ARGS` in a subprocess, as a user runs it (in `cwd`, whose
+    model_zoo folder then comes first); returns CompletedProcess."""
     return subprocess.run([sys.executable, "-m", "model_zoo", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout,
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           env=dict(os.environ, GLOG_v="3"))
 
 
