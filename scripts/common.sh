@@ -18,7 +18,8 @@ fail() {
 # model_zoo/<model>/configs/X.yaml stands for (as `model-zoo train` reads it).
 config_file() {  # CONFIG
     local path
-    path=$("$PYTHON" -c "import sys; from model_zoo.config import shipped_config as s; print(s(sys.argv[1]))" "$1")
+    path=$("$PYTHON" -c "import sys; from model_zoo.config import shipped_config as s; print(s(sys.argv[1]))" "$1") \
+        || fail "$PYTHON cannot import model_zoo (install it: pip install -e .)"
     [ -f "$path" ] || fail "config file $1 does not exist"
     echo "$path"
 }

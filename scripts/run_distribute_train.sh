@@ -3,8 +3,9 @@
 #
 # Usage: bash scripts/run_distribute_train.sh DEVICE_NUM [RANK_TABLE_FILE] [CONFIG] [args for `model-zoo train`]
 #   DEVICE_NUM       devices of the whole job (all servers): 1, 2, 4, 8, 16, ...
-#   RANK_TABLE_FILE  HCCL rank table (JSON v1.0, a .json file) listing them; see rank_tables/.
-#                    Ascend needs it; CPU workers do not (checked when given)
+#   RANK_TABLE_FILE  HCCL rank table (JSON v1.0) listing them; see rank_tables/. Ascend needs
+#                    it; CPU workers do not (checked when given). Any path but a .yaml/.yml
+#                    config is taken as the rank table
 #   CONFIG           YAML config (default: model_zoo/models/gpt2/configs/tiny.yaml); on Ascend its
 #                    layout data_parallel x model_parallel x pipeline_stage must equal DEVICE_NUM
 #   e.g. bash scripts/run_distribute_train.sh 8 rank_tables/rank_table_8p.json \
@@ -36,10 +37,10 @@ DEVICE_NUM=$1
 shift
 require_positive DEVICE_NUM "$DEVICE_NUM"
 RANK_TABLE=""
-if [ $# -gt 0 ] && [ "${1%.json}" != "$1" ]; then
-    RANK_TABLE=$1
-    shift
-fi
+case "${1:-}" in   # a rank table unless it is a YAML config or an option
+    ''|-*|*.yaml|*.yml) ;;
+    *) RANK_TABLE=$1; shift ;;
+esac
 CONFIG=$DEFAULT_CONFIG
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
     CONFIG=$1
@@ -51,7 +52,7 @@ if [ -n "$RANK_TABLE" ]; then
     [ -f "$RANK_TABLE" ] || fail "rank table $RANK_TABLE does not exist"
     "$PYTHON" -m model_zoo rank-table validate "$RANK_TABLE" --device-num "$DEVICE_NUM" >/dev/null
 elif [ "$TARGET" = "Ascend" ]; then
-    fail "Ascend needs the HCCL rank table (a .json file) after DEVICE_NUM; see rank_tables/"
+    fail "Ascend needs the HCCL rank table after DEVICE_NUM; see rank_tables/"
 fi
 OUTPUT_DIR=$(output_dir_of "$CONFIG" "$@")
 

@@ -148,7 +148,8 @@ def test_every_command_that_runs_a_network_runs_it_compiled(argv, module, hook, 
 def test_imports_go_one_way():
     """docs/architecture.md: `parallel` imports neither `train` nor `checkpoint`, and
     `checkpoint` imports nothing of `train` but the step (what a checkpoint holds) and the
-    loop's `log`: no import cycle between them (read from the source, at any depth)."""
+    loop's `log` (which itself imports checkpoint.files: packages refer to each other there,
+    modules never in a cycle). Read from the source, imports at any depth."""
     import ast
     import os
     import model_zoo

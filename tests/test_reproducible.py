@@ -1,4 +1,5 @@
-"""Same seed, same run: dropout masks follow train.seed and the step, for every model."""
+"""Same config, same run: the dropout masks are a function of the seed and the step (the
+keyed CPU kernel), for every model, and a resumed run repeats the uninterrupted one."""
 
 import glob
 import os

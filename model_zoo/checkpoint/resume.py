@@ -289,7 +289,7 @@ def restore_sliced(compile_step, step_cell, network, config, rank: int, output_d
       cut from a snapshot of the run, training state and step included;
     - train.init_checkpoint, a full checkpoint or a sliced directory of any layout: the
       model's weights only (not its optimizer state or step).
-    Slices are cut by MindSpore's transform_checkpoint_by_rank (`checkpoints.rank_slices`).
+    Slices are cut by MindSpore's transform_checkpoint_by_rank (`layouts.rank_slices`).
     A rank holds, and must find, only the entries MindSpore laid out on it (with pipeline
     stages, its stage's). Only a cluster runs this path: MindSpore refuses semi-auto
     parallel on CPU."""

@@ -399,7 +399,7 @@ def _matmul_shape(call, args):
 def _matmul_layout(call, strategy, position, rank):
     if call.name == "MatMul" and call.out_strategy:   # checked by rule G6
         return call.out_strategy[0]
-    _, m, _, _, n = matmul_dims(call, strategy[:2])
+    _, m, _, _, n = matmul_dims(call, (strategy[0], strategy[1]))
     return right_aligned_max([strategy[0][:-2], strategy[1][:-2]], rank - 2) + (m, n)
 
 
