@@ -39,12 +39,12 @@ export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}
 if [ "$TARGET" != "Ascend" ]; then
     export DEVICE_TARGET=CPU
     layout=(--set "parallel.data_parallel=$WORKER_NUM")
-    # each local worker's share of the cores for the CPU kernels' threads (as the CPU
-    # launcher gives it: launch/local.py cluster_env)
+    # each local worker's share of the cores for the CPU kernels' threads, as the CPU
+    # launcher gives it
     require_positive LOCAL_WORKER_NUM "${LOCAL_WORKER_NUM:-$WORKER_NUM}"
-    cores=$("$PYTHON" -c "import os; print(len(os.sched_getaffinity(0)))")
-    share=$(( cores / ${LOCAL_WORKER_NUM:-$WORKER_NUM} ))
-    export MODEL_ZOO_CPU_THREADS=${MODEL_ZOO_CPU_THREADS:-$(( share > 0 ? share : 1 ))}
+    share=$("$PYTHON" -c "import sys; from model_zoo.launch.local import cpu_threads_share as s
+print(s(int(sys.argv[1])))" "${LOCAL_WORKER_NUM:-$WORKER_NUM}")
+    export MODEL_ZOO_CPU_THREADS=${MODEL_ZOO_CPU_THREADS:-$share}
 fi
 
 exec msrun --worker_num="$WORKER_NUM" --local_worker_num="${LOCAL_WORKER_NUM:-$WORKER_NUM}" \

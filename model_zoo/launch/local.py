@@ -40,9 +40,9 @@ from dataclasses import dataclass
 POLL_SECONDS = 0.5
 BAD_INPUT_STATUS = 2
 BAD_STEPS_STATUS = 3   # a rank that saved and stopped after too many bad steps (interrupt.py)
-# a rank that saved and stopped: the others get --stop-timeout to do the same
 # threads each process's CPU kernels may use (nn/cpu_kernels.cc `usable_cores`)
 CPU_THREADS = "MODEL_ZOO_CPU_THREADS"
+# a rank that saved and stopped: the others get --stop-timeout to do the same
 STOPPED_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGTERM, BAD_STEPS_STATUS)
 STOP_SECONDS = 5.0
 LOG_TAIL_LINES = 20
@@ -80,6 +80,12 @@ def start(command, env, log_path, name, rank=None) -> Process:
     return Process(name, rank, popen, log_path)
 
 
+def cpu_threads_share(workers: int) -> int:
+    """Each of `workers` ranks' share of this machine's cores (its affinity mask), for the
+    CPU kernels' threads; the msrun script asks it too."""
+    return max(1, len(os.sched_getaffinity(0)) // workers)
+
+
 def cluster_env(role: str, port: int, workers: int, cluster_timeout: int, rank=None) -> dict:
     """The environment of one process of a CPU job of `workers` ranks on this machine:
     MindSpore's dynamic-cluster variables, and each rank's share of the cores for the CPU
@@ -88,7 +94,7 @@ def cluster_env(role: str, port: int, workers: int, cluster_timeout: int, rank=N
     env.update({"MS_ROLE": role, "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": str(port),
                 "MS_WORKER_NUM": str(workers), "MS_TOPO_TIMEOUT": str(cluster_timeout),
                 "DEVICE_TARGET": env.get("DEVICE_TARGET", "CPU")})
-    env.setdefault(CPU_THREADS, str(max(1, len(os.sched_getaffinity(0)) // workers)))
+    env.setdefault(CPU_THREADS, str(cpu_threads_share(workers)))
     if rank is not None:
         env.update({"MS_NODE_ID": str(rank), "RANK_ID": str(rank)})
     return env

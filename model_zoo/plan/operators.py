@@ -69,6 +69,10 @@ class Operator:
     gradient: bool = True
     auxiliary_outputs: tuple = ()
 
+    def __post_init__(self):
+        if self.saved not in SAVED_KINDS:   # cost.saved_tensors would read it as the default
+            raise ValueError(f"saved={self.saved!r} is none of {sorted(SAVED_KINDS)}")
+
 
 # --- helpers ------------------------------------------------------------------------------------
 
@@ -139,7 +143,7 @@ def _first_tensor_dtype(args):
     return _dtype(args[0])
 
 
-def _reduced_axes(call, args, rank) -> set:
+def _reduced_axes(args, rank) -> set:
     axis = args[1] if len(args) > 1 else ()
     axis = (axis,) if isinstance(axis, int) else tuple(axis or ())
     return {a % rank for a in axis} if axis else set(range(rank))
@@ -583,7 +587,7 @@ def _check_layer_norm(call, shapes, violation, devices_per_stage):
 
 def _reduce_shape(call, args):
     shape = _shape(args[0])
-    axes = _reduced_axes(call, args, len(shape))
+    axes = _reduced_axes(args, len(shape))
     if call.attr("keep_dims", False):
         out = tuple(1 if d in axes else s for d, s in enumerate(shape))
     else:
@@ -592,7 +596,7 @@ def _reduce_shape(call, args):
 
 
 def _reduce_layout(call, strategy, position, rank):
-    axes = _reduced_axes(call, call.args, len(strategy[0]))
+    axes = _reduced_axes(call.args, len(strategy[0]))
     if call.attr("keep_dims", False):
         return tuple(1 if d in axes else s for d, s in enumerate(strategy[0]))
     return tuple(s for d, s in enumerate(strategy[0]) if d not in axes)
