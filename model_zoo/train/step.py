@@ -193,13 +193,14 @@ class GradientNorm(nn.Cell):
                              if weights is None and use_cpu_kernels() else None)
         self.hyper_map = ops.HyperMap()
 
-    def start(self, after, sens):
-        """`sens`, made to wait until the overflow status is cleared, which waits for `after`
-        (the forward loss): call it on the backward pass's sensitivity."""
+    def clear_before(self, batch):
+        """`batch`, made to wait until the overflow status is cleared: the status the step
+        reads then covers its forward and backward passes, as in MindSpore's functional
+        training (`mindspore/amp.py` `_all_finite` reads the status after the gradients and
+        clears it for the next step; this step clears it again after its read)."""
         if not self.float_status:
-            return sens
-        status = ops.depend(self.status_buffer, after)
-        return ops.depend(sens, self.clear_status(status))
+            return batch
+        return ops.depend(batch, self.clear_status(self.status_buffer))
 
     def construct(self, grads):
         squares = self._local_squares(grads)
@@ -231,13 +232,16 @@ class GradientNorm(nn.Cell):
 
 
 class ScaledLoss(nn.Cell):
-    """`network`'s loss on a batch, times the backward pass's sensitivity, and the loss:
-    the function whose value and gradients the CPU train step takes in one pass.
+    """`network`'s loss on a batch times the backward pass's sensitivity: the function whose
+    value and gradients the train step takes in one pass (the loss is the value divided by
+    the sensitivity). Not the loss as an auxiliary output (`has_aux`): with it, MindSpore
+    2.10's semi-auto parallel pass gave gradients 4 times one device's (mp2 and dp2 x mp2;
+    tests/test_dryrun.py, the partitioned step against one device).
 
     Inputs:
         *batch, sens: the batch's columns, then a float32 scalar.
     Outputs:
-        (loss * sens, loss).
+        loss * sens.
     """
 
     def __init__(self, network):
@@ -246,7 +250,7 @@ class ScaledLoss(nn.Cell):
 
     def construct(self, *batch_and_sens):
         loss = self.network(*batch_and_sens[:-1])
-        return loss * ops.cast(batch_and_sens[-1], loss.dtype), loss
+        return loss * ops.cast(batch_and_sens[-1], loss.dtype)
 
 
 class TrainStep(nn.Cell):
@@ -302,7 +306,6 @@ class TrainStep(nn.Cell):
         self.optimizer = optimizer
         self.lr_schedule = lr_schedule
         self.weights = optimizer.parameters
-        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
         self.grad_reducer = grad_reducer
         self.dynamic_loss_scale = dynamic_loss_scale
         self.loss_scale = Parameter(Tensor(loss_scale if dynamic_loss_scale else 1.0,
@@ -328,26 +331,14 @@ class TrainStep(nn.Cell):
                                                        SkippingAdamWeightDecay))
         self.hyper_map = ops.HyperMap()
         self.gradient_norm = gradient_norm if gradient_norm is not None else GradientNorm()
-        # On CPU MindSpore keeps the forward pass of `network(*batch)` apart from the one the
-        # gradient runs (profiled: the vocabulary projection and the cross-entropy ran twice
-        # a step), so there the loss and its gradients come from one pass (value_and_grad)
-        self.single_pass = use_cpu_kernels()
-        if self.single_pass:
-            if self.gradient_norm.float_status:   # an Ascend 910 read, cleared between passes
-                raise ValueError("the single-pass step (CPU kernels) cannot read the device's "
-                                 "overflow status")
-            self.loss_and_grads = ops.value_and_grad(ScaledLoss(network), None, self.weights,
-                                                     has_aux=True)
+        # the loss and its gradients from one pass on every device, as MindSpore documents
+        # functional training (pipeline included: value_and_grad of the Pipeline cell). On CPU
+        # MindSpore kept the forward pass of a separate `network(*batch)` apart from the one
+        # the gradient ran (profiled: the vocabulary projection and the cross-entropy ran
+        # twice a step)
+        self.loss_and_grads = ops.value_and_grad(ScaledLoss(network), None, self.weights)
         self.stop_vote = stop_vote if stop_vote is not None else StopVote()
         self.step_tally = StepTally(log_steps, overflow_expected=dynamic_loss_scale)
-
-    def _backward(self, micro, loss, scale, first=True):
-        """Gradients of one (micro) batch, scaled by `scale` over the wrapper's micro batches;
-        the first one starts the overflow check (later ones must not clear it again)."""
-        sens = ops.cast(scale / self.micro_batches, loss.dtype)
-        if first:
-            sens = self.gradient_norm.start(loss, sens)
-        return self.grad(self.network, self.weights)(*micro, sens)
 
     def _gradients(self, batch, scale):
         """Loss and summed (still scaled) gradients over the accumulation micro batches."""
@@ -368,13 +359,14 @@ class TrainStep(nn.Cell):
         return loss_sum / (self.accumulation * self.micro_batches), grads
 
     def _loss_and_gradients(self, micro, scale, first=True):
-        """Loss and (still scaled) gradients of one (micro) batch."""
-        if self.single_pass:
-            sens = ops.cast(scale / self.micro_batches, ms.float32)
-            (_, loss), grads = self.loss_and_grads(*micro, sens)
-            return loss, grads
-        loss = self.network(*micro)
-        return loss, self._backward(micro, loss, scale, first)
+        """Loss and (still scaled) gradients of one (micro) batch, the sensitivity divided
+        over the wrapper's micro batches; the first one clears the overflow status (later
+        ones must not clear it again)."""
+        if first:
+            micro = self.gradient_norm.clear_before(micro)
+        sens = ops.cast(scale / self.micro_batches, ms.float32)
+        scaled, grads = self.loss_and_grads(*micro, sens)
+        return scaled / sens, grads
 
     def _keyed(self, batch, micro: int):
         """The batch, once DROPOUT_STEP holds (this step, micro batch `micro`): the dropout
