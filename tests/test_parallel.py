@@ -342,13 +342,13 @@ def test_attention_strategies(mp):
     attentions = [cell for _, cell in net.cells_and_names() if isinstance(cell, MultiHeadAttention)]
     assert len(attentions) == 24
     for attention in attentions:
-        assert strategy(attention.scores) == (heads, heads)
-        assert attention.scores.attrs["transpose_b"] is True
-        assert strategy(attention.context) == (heads, heads)
-        assert strategy(attention.softmax) == (heads,)
-        assert strategy(attention.scale) == (heads, ())
+        assert strategy(attention.core.scores) == (heads, heads)
+        assert attention.core.scores.attrs["transpose_b"] is True
+        assert strategy(attention.core.context) == (heads, heads)
+        assert strategy(attention.core.softmax) == (heads,)
+        assert strategy(attention.core.scale) == (heads, ())
         assert strategy(attention.split_heads) == ((1, 1, mp, 1),)
-        assert strategy(attention.merge_heads) == (heads,)
+        assert strategy(attention.core.merge_heads) == (heads,)
 
 
 @pytest.mark.parametrize("mp", MODEL_PARALLEL)
@@ -403,7 +403,7 @@ def test_layer_norm_strategies(mp):
 # Primitives whose first input is a weight or a constant, not an activation.
 # whole on purpose: constant slices, and the decoding cache's write and beam reordering
 # (decoding runs on one device)
-NOT_ACTIVATIONS = {("PositionEmbedding", "slice"), ("MultiHeadAttention", "slice_causal"),
+NOT_ACTIVATIONS = {("PositionEmbedding", "slice"), ("DotProductAttention", "slice_causal"),
                    ("MultiHeadAttention", "cache_write"), ("MultiHeadAttention", "gather_rows")}
 
 
@@ -428,7 +428,7 @@ def test_data_parallel_splits_every_activation_by_batch():
 def test_hybrid_layout_strategies():
     net, _ = benchmark_net(2, 4, False)
     attention = net.lm.transformer.blocks[0].attention
-    assert strategy(attention.scores) == ((2, 4, 1, 1), (2, 4, 1, 1))
+    assert strategy(attention.core.scores) == ((2, 4, 1, 1), (2, 4, 1, 1))
     assert strategy(attention.qkv.matmul) == ((2, 1), (4, 1))
     assert strategy(attention.output.matmul) == ((2, 4), (1, 4))
     assert strategy(net.lm.transformer.wte.gather) == ((4, 1), (2, 1))

@@ -303,7 +303,7 @@ def test_mismatched_contraction_splits():
 
 
 def test_split_softmax_axis():
-    softmax = "lm.transformer.blocks.1.attention.softmax"
+    softmax = "lm.transformer.blocks.1.attention.core.softmax"
     plan = build_plan(tiny(dp=2, mp=2), customize=reshard(softmax, ((1, 2, 1, 2),)))
     (violation,) = only(plan, "Softmax")
     assert (violation.path, violation.input, violation.dim) == (softmax, 0, 3)
@@ -511,7 +511,7 @@ def test_flash_attention_rules():
     """Only on 910B; BNSD inputs split on batch and heads only."""
     plan = build_plan(flash_config(True), device="ascend910")
     assert "runs on Ascend 910B (Atlas A2) only" in str(only(plan, "flash_attention")[0])
-    flash = "lm.transformer.blocks.0.attention.flash"
+    flash = "lm.transformer.blocks.0.attention.flash.score"
     plan = build_plan(flash_config(True), device="ascend910b",
                       customize=reshard(flash, ((2, 1, 2, 1),) * 3 + ((1, 1),)))
     violation = only(plan, "FlashAttentionScore")[0]
@@ -867,9 +867,9 @@ def test_cli_json_and_exit_status(tmp_path, capsys):
 
 def test_report_names_violations_and_memory_overflow():
     plan = build_plan(tiny(dp=2, mp=2), customize=reshard(
-        "lm.transformer.blocks.1.attention.softmax", ((1, 2, 1, 2),)))
+        "lm.transformer.blocks.1.attention.core.softmax", ((1, 2, 1, 2),)))
     text = format_report(plan)
-    assert "lm.transformer.blocks.1.attention.softmax (Softmax) input 0 dimension 3" in text
+    assert "lm.transformer.blocks.1.attention.core.softmax (Softmax) input 0 dimension 3" in text
     assert text.rstrip().endswith("FAILED: 1 violation(s)")
     big = build_plan(load_plan_config(
         os.path.join(ROOT, "model_zoo/models/gpt2/configs/plan/gpt2-1024-d1m1p1.yaml"),
@@ -959,7 +959,7 @@ def test_selective_recompute_recomputes_the_attention_core_only():
     kept = {mode: plan.memory[0].activations_per_micro_batch for mode, plan in plans.items()}
     assert kept["false"] > kept["selective"] > kept["true"]
     recomputed = [call for call in plans["selective"].recording.calls if call.recompute_root]
-    assert recomputed and all(call.recompute_root.endswith("attention/recomputed")
+    assert recomputed and all(call.recompute_root.endswith("attention.core/recomputed")
                               for call in recomputed)
     assert {call.name for call in recomputed} <= {"Mul", "BatchMatMul", "Cast", "Add",
                                                    "Softmax", "StridedSlice"}   # causal bias

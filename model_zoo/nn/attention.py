@@ -82,27 +82,10 @@ def uses_fused_attention(flash: bool, compute_dtype) -> bool:
         and cpu_kernels.has_dense()
 
 
-# the operators of the attention core, between the projections: what selective
+# the operators of `DotProductAttention` (the core between the projections) that selective
 # recompute recomputes (MindFormers marks the same ones, `llama_transformer.py`)
 CORE_OPERATORS = ("repeat", "scale", "scores", "to_float", "slice_causal", "add_causal",
                   "add_bias", "softmax", "to_compute", "context")
-
-
-def recompute_attention_core(attention):
-    """Selective recompute (`parallel.recompute: selective`): the backward pass recomputes
-    the attention core (scores, softmax, context) of `attention` instead of keeping its
-    float32 (seq x seq) tensors; the projections keep their activations. MindSpore's own
-    Dropout is not recomputed (Primitive.recompute does not promise the same random mask),
-    so with attention dropout its output and mask are kept. The fused CPU kernels are one
-    instance shared by every layer (marking one would mark them all) and keep only their
-    probabilities: they are left as they are. Flash attention keeps no (seq x seq) tensor:
-    nothing to do."""
-    if attention.use_flash:
-        return
-    for name in CORE_OPERATORS:
-        operator = getattr(attention, name, None)
-        if operator is not None:
-            operator.recompute()
 
 
 def fuse_head_projections(parts, num_heads: int) -> np.ndarray:
@@ -128,7 +111,269 @@ def split_head_projections(fused, num_heads: int, num_parts: int) -> list:
             for part in range(num_parts)]
 
 
-class MultiHeadAttention(nn.Cell):
+class DotProductAttention(nn.Cell):
+    """The attention core on MindSpore's operators, between the projections: scaled scores,
+    masks, a float32 softmax, dropout on the probabilities, the context; every operator split
+    by heads (dp, mp, 1, 1). With fewer key/value heads than query heads (grouped-query
+    attention), each key/value head is repeated for the query heads of its group on the
+    device (Tile; kv head h // group for query head h), so mp must divide the key/value heads.
+
+    Args:
+        num_heads, head_dim: query heads and their size.
+        parallel_config: the layout.
+        num_kv_heads: key/value heads (default num_heads).
+        causal: mask the positions after each query (a slice of the shared `causal_bias`).
+        max_seq_length: longest sequence, for the causal mask.
+        attention_dropout: dropout on the probabilities.
+        compute_dtype: dtype of the matmuls; softmax runs in float32.
+
+    Inputs:
+        q: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim).
+        padding: None or float32 additive bias (batch, 1, 1, seq_k), 0 to keep and a large
+            negative number to mask.
+        mask: None (the causal mask when causal) or float32 additive (1, 1, seq_q, seq_k),
+            e.g. a decoding step's `step_inputs` bias.
+    Outputs:
+        context (batch, seq_q, heads x head_dim) in the compute dtype.
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, *, parallel_config: ParallelConfig,
+                 num_kv_heads: int = None, causal: bool = False, max_seq_length: int = 1024,
+                 attention_dropout: float = 0.0, compute_dtype=ms.float32):
+        super().__init__()
+        dp, mp = parallel_config.dp, parallel_config.mp
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.group = num_heads // self.num_kv_heads
+        self.compute_dtype = compute_dtype
+        self.causal = causal
+        heads = (dp, mp, 1, 1)
+        if self.group > 1:   # (batch, kv_heads, 1, seq, head_dim) -> once per query head
+            self.repeat = ops.Tile().shard(((dp, mp, 1, 1, 1),))
+        self.scale = ops.Mul().shard((heads, ()))
+        self.scores = ops.BatchMatMul(transpose_b=True).shard((heads, heads))
+        self.add_causal = ops.Add().shard((heads, (1, 1, 1, 1)))
+        self.add_bias = ops.Add().shard((heads, (dp, 1, 1, 1)))
+        self.softmax = ops.Softmax(axis=-1).shard((heads,))
+        self.to_float, self.to_compute = (ops.Cast().shard((heads,)) for _ in range(2))
+        self.context = ops.BatchMatMul().shard((heads, heads))
+        self.merge_heads = ops.Transpose().shard((heads,))
+        self.attention_dropout = Dropout(attention_dropout, heads)
+        if causal:
+            self.causal_bias = causal_bias(max_seq_length)
+            self.slice_causal = ops.StridedSlice().shard(((1, 1, 1, 1),))
+        self.inv_sqrt_head_dim = 1.0 / math.sqrt(head_dim)
+
+    def _to_query_heads(self, x):
+        """(batch, kv_heads, seq, head_dim) -> (batch, heads, seq, head_dim)."""
+        if self.group == 1:
+            return x
+        batch, _, seq, head_dim = x.shape
+        x = ops.reshape(x, (batch, self.num_kv_heads, 1, seq, head_dim))
+        x = self.repeat(x, (1, 1, self.group, 1, 1))
+        return ops.reshape(x, (batch, self.num_heads, seq, head_dim))
+
+    def construct(self, q, k, v, padding=None, mask=None):
+        batch, seq_q = q.shape[0], q.shape[2]
+        k, v = self._to_query_heads(k), self._to_query_heads(v)
+        q = self.scale(q, ops.cast(self.inv_sqrt_head_dim, self.compute_dtype))
+        scores = self.to_float(self.scores(q, k), ms.float32)
+        if mask is not None:
+            scores = self.add_causal(scores, mask)
+        elif self.causal:
+            scores = self.add_causal(scores, self.slice_causal(
+                self.causal_bias, (0, 0, 0, 0), (1, 1, seq_q, seq_q), (1, 1, 1, 1)))
+        if padding is not None:
+            scores = self.add_bias(scores, padding)
+        probs = self.attention_dropout(self.to_compute(self.softmax(scores),
+                                                       self.compute_dtype))
+        context = self.context(probs, v)                       # (batch, heads, seq_q, hd)
+        if seq_q > 1:   # one position (a decoding step) needs no transpose
+            context = self.merge_heads(context, (0, 2, 1, 3))
+        return ops.reshape(context, (batch, seq_q, self.num_heads * self.head_dim))
+
+
+class FlashAttention(nn.Cell):
+    """The attention core as one FlashAttentionScore (Ascend 910B, `model.flash_attention`),
+    which keeps no (seq, seq) tensor for the backward pass, as MindFormers' FlashAttention
+    calls it: BNSD layout, q/k/v split (dp, mp, 1, 1), fewer key/value heads taken as they
+    are (`head_num` query heads), the causal mask as MindSpore's compressed 2048 x 2048
+    triangle (sparse_mode 2), a padding mask as (batch, 1, seq_q, seq_k) booleans
+    (dp, 1, 1, 1). Needs a float16 or bfloat16 compute dtype, a head size that is a
+    multiple of 16 up to 512 and no attention dropout (`check_flash_attention`).
+
+    Inputs:
+        q: (batch, heads, seq_q, head_dim); k, v: (batch, kv_heads, seq_k, head_dim).
+        padding: not causal only: None or float32 additive bias (batch, 1, 1, seq_k).
+    Outputs:
+        context (batch, seq_q, heads x head_dim) in the compute dtype.
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, *, parallel_config: ParallelConfig,
+                 causal: bool, attention_dropout: float, compute_dtype):
+        super().__init__()
+        check_flash_attention(head_dim, attention_dropout, compute_dtype)
+        dp, mp = parallel_config.dp, parallel_config.mp
+        heads = (dp, mp, 1, 1)
+        self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
+        from mindspore.ops.operations.nn_ops import FlashAttentionScore
+        self.score = FlashAttentionScore(
+            head_num=num_heads, scale_value=1.0 / math.sqrt(head_dim), input_layout="BNSD",
+            sparse_mode=2 if causal else 0).shard(
+                (heads, heads, heads) + (((1, 1),) if causal else ((dp, 1, 1, 1),)))
+        self.merge_heads = ops.Transpose().shard((heads,))
+        if causal:
+            self.causal_mask = compressed_causal_mask()
+        else:
+            self.padding_mask = ops.Less().shard(((dp, 1, 1, 1), ()))
+            self.masked_below = Tensor(MASK_VALUE / 2, ms.float32)
+            self.expand_mask = ops.Tile().shard(((dp, 1, 1, 1),))
+
+    def construct(self, q, k, v, padding=None):
+        batch, seq_q, seq_k = q.shape[0], q.shape[2], k.shape[2]
+        if self.causal:
+            mask = self.causal_mask
+        elif padding is None:   # nothing masked (the models always pass a padding bias)
+            mask = ops.zeros((batch, 1, seq_q, seq_k), ms.uint8)
+        else:   # (batch, 1, 1, seq_k) additive -> (batch, 1, seq_q, seq_k), 1 = masked
+            masked = self.padding_mask(padding, self.masked_below)
+            mask = self.expand_mask(ops.cast(masked, ms.uint8), (1, 1, seq_q, 1))
+        context = self.score(q, k, v, None, None, None, mask)[3]   # (batch, heads, seq_q, hd)
+        context = self.merge_heads(context, (0, 2, 1, 3))
+        return ops.reshape(context, (batch, seq_q, self.num_heads * self.head_dim))
+
+
+class FusedCpuAttention(nn.Cell):
+    """The attention core of training and evaluation on CPU in float32: one fused kernel per
+    direction (`cpu_kernels.self_attention`, `kv_attention`) that reads the projections
+    where they are and keeps only the probabilities for the backward pass.
+
+    Args:
+        num_heads: query heads.
+        causal: mask the positions after each query.
+        fused_qkv: the queries come with the keys and values in one projection laid out head
+            by head (`fuse_head_projections`), as self attention projects them.
+
+    Inputs:
+        queries: (batch, seq_q, heads x head_dim), or with fused_qkv the fused projection
+            (batch, seq, 3 x hidden).
+        key_values: (batch, seq_k, 2 x kv_heads x head_dim) laid out key/value head by
+            head, or None with fused_qkv.
+        padding: None or float32 additive bias (batch, 1, 1, seq_k).
+        key, keep: the attention dropout's `Dropout.mask_key()`.
+    Outputs:
+        float32 context (batch, seq_q, heads x head_dim).
+    """
+
+    def __init__(self, num_heads: int, *, causal: bool, fused_qkv: bool):
+        super().__init__()
+        self.kernel = cpu_kernels.self_attention(num_heads) if fused_qkv else \
+            cpu_kernels.kv_attention(num_heads)
+        self.causal_flag = Tensor([int(causal)], ms.int32)
+
+    def construct(self, queries, key_values, padding, key, keep):
+        batch = queries.shape[0]
+        seq_k = (queries if key_values is None else key_values).shape[1]
+        if padding is None:
+            padding = ops.zeros((batch, seq_k), ms.float32)
+        else:   # (batch, 1, 1, seq_k) -> (batch, seq_k)
+            padding = ops.reshape(padding, (batch, seq_k))
+        if key_values is None:
+            context, _ = self.kernel(queries, padding, self.causal_flag, key, keep)
+        else:
+            context, _ = self.kernel(queries, key_values, padding, self.causal_flag, key, keep)
+        return context
+
+
+class AttentionLayer(nn.Cell):
+    """What multi-head and grouped-query attention share: the attention cores, chosen once
+    when the layer is built (`choose_cores`), the head layout of the projections, the
+    key/value-cache writes of incremental decoding, and the output projection. A subclass
+    builds its projections and `output`, then calls `choose_cores`."""
+
+    def choose_cores(self, parallel_config: ParallelConfig, *, causal: bool,
+                     num_kv_heads: int = None, fused_qkv: bool = False,
+                     max_seq_length: int = 1024, attention_dropout: float = 0.0,
+                     compute_dtype=ms.float32, flash: bool = False):
+        """The cores of this layer: `core` on MindSpore's operators (always: incremental
+        decoding runs it), and the one training and evaluation run, the first of
+        `FlashAttention` (model.flash_attention), `FusedCpuAttention` (CPU, float32, with
+        MindSpore's oneDNN) and `core`."""
+        dp, mp = parallel_config.dp, parallel_config.mp
+        # (batch, seq, heads, parts x head_dim) -> one part: heads split, parts whole
+        self.take_part = ops.StridedSlice().shard(((dp, 1, mp, 1),))
+        self.split_heads = ops.Transpose().shard(((dp, 1, mp, 1),))
+        self.split_qkv = ops.Split(axis=3, output_num=3).shard(((dp, 1, mp, 1),))
+        # incremental decoding writes each new key and value into its cache in place; it
+        # runs on one device, so the strategy keeps every tensor whole
+        self.cache_write = ops.ScatterNdUpdate().shard(((1, 1, 1, 1),) * 3)
+        self.core = DotProductAttention(
+            self.num_heads, self.head_dim, parallel_config=parallel_config,
+            num_kv_heads=num_kv_heads, causal=causal and not flash,
+            max_seq_length=max_seq_length, attention_dropout=attention_dropout,
+            compute_dtype=compute_dtype)
+        self.flash = FlashAttention(self.num_heads, self.head_dim,
+                                    parallel_config=parallel_config, causal=causal,
+                                    attention_dropout=attention_dropout,
+                                    compute_dtype=compute_dtype) if flash else None
+        self.fused = FusedCpuAttention(self.num_heads, causal=causal, fused_qkv=fused_qkv) \
+            if uses_fused_attention(flash, compute_dtype) else None
+
+    def recompute_attention_core(self):
+        """Selective recompute (`parallel.recompute: selective`): the backward pass recomputes
+        the attention core (scores, softmax, context) instead of keeping its float32
+        (seq x seq) tensors; the projections keep their activations. MindSpore's own
+        Dropout is not recomputed (Primitive.recompute does not promise the same random
+        mask), so with attention dropout its output and mask are kept. The fused CPU kernels
+        are one instance shared by every layer (marking one would mark them all) and keep
+        only their probabilities: they are left as they are. Flash attention keeps no
+        (seq x seq) tensor: nothing to do."""
+        if self.flash is not None:
+            return
+        for name in CORE_OPERATORS:
+            operator = getattr(self.core, name, None)
+            if operator is not None:
+                operator.recompute()
+
+    def _heads(self, projected, heads: int, parts: int):
+        """(batch, seq, parts x heads x head_dim) laid out head by head -> `parts` tensors
+        (batch, heads, seq, head_dim)."""
+        batch, seq = projected.shape[0], projected.shape[1]
+        x = ops.reshape(projected, (batch, seq, heads, parts * self.head_dim))
+        if seq == 1 and parts == 3:
+            # a decoding step: one kernel for the three parts, and (batch, 1, heads, hd) is
+            # (batch, heads, 1, hd) in memory, so no transpose (fewer kernels per step)
+            return tuple(ops.reshape(piece, (batch, heads, 1, self.head_dim))
+                         for piece in self.split_qkv(x))
+        found = ()
+        for part in range(parts):
+            piece = self.take_part(x, (0, 0, 0, part * self.head_dim),
+                                   (batch, seq, heads, (part + 1) * self.head_dim),
+                                   (1, 1, 1, 1))
+            found += (self.split_heads(piece, (0, 2, 1, 3)),)
+        return found
+
+    def _attend_all(self, q, k, v, padding=None):
+        """q over k, v through the training core: flash attention, else `core`."""
+        if self.flash is not None:
+            return self.flash(q, k, v, padding)
+        return self.core(q, k, v, padding)
+
+    def _write_caches(self, cache_key, cache_value, write_index, k, v):
+        """The caches with k, v written at `write_index` (`cache_index`)."""
+        return (self.cache_write(cache_key, write_index, k),
+                self.cache_write(cache_value, write_index, v))
+
+    def _output(self, context):
+        """The output projection of context (batch, seq, heads x head_dim), in float32,
+        then the hidden dropout if the layer has one."""
+        output = ops.cast(self.output(context), ms.float32)
+        if self.hidden_dropout is None:
+            return output
+        return self.hidden_dropout(output)
+
+
+class MultiHeadAttention(AttentionLayer):
     """Multi-head attention: self attention (causal or not) or cross attention.
 
     Self attention projects Q, K and V with one column-split linear layer `qkv` (hidden ->
@@ -136,7 +381,7 @@ class MultiHeadAttention(nn.Cell):
     heads and the backward pass all-reduces the input's gradient once instead of three
     times. Cross attention has `query` (hidden -> hidden) and a fused `key_value` (hidden ->
     2 hidden) for the memory. The output projection is row-split: one all-reduce over mp in
-    the forward pass.
+    the forward pass. The core between them is chosen once (`choose_cores`).
 
     Args:
         hidden_size, num_heads: model width and heads (both divisible by mp).
@@ -147,15 +392,9 @@ class MultiHeadAttention(nn.Cell):
         attention_dropout, hidden_dropout: dropout on the probabilities and on the output.
         compute_dtype: dtype of the matmuls; softmax runs in float32.
         init_std, output_init_std: init of the projections and of the output projection.
-        flash: compute scores, softmax and context in one FlashAttentionScore (Ascend 910B,
-            `model.flash_attention`), which keeps no (seq, seq) tensor for the backward pass:
-            BNSD layout, q/k/v (dp, mp, 1, 1), the causal mask as MindSpore's compressed
-            2048 x 2048 lower triangle (sparse_mode 2), a padding mask as (batch, 1, seq_q,
-            seq_k) booleans (dp, 1, 1, 1), as MindFormers' FlashAttention does. Needs a
-            float16 compute dtype, a head size that is a multiple of 16, and no attention
-            dropout (its bit mask would be a (seq, seq) tensor again). Causal flash attention
-            takes no padding bias (no model passes one). Incremental decoding keeps the plain
-            path.
+        flash: the core as `FlashAttention` (Ascend 910B, `model.flash_attention`). Causal
+            flash attention takes no padding bias (no model passes one). Incremental
+            decoding keeps the core on MindSpore's operators.
 
     Inputs:
         query: (batch, seq_q, hidden).
@@ -172,14 +411,13 @@ class MultiHeadAttention(nn.Cell):
                  compute_dtype=ms.float32, init_std: float = 0.02,
                  output_init_std: float = None, flash: bool = False):
         super().__init__()
-        dp, mp = parallel_config.dp, parallel_config.mp
+        mp = parallel_config.mp
         parallel_config.check_divisible("model.num_heads", num_heads)
         parallel_config.check_divisible("model.hidden_size", hidden_size)
         self.num_heads = num_heads
         self.head_dim = hidden_size // num_heads
         self.hidden_size = hidden_size
-        self.compute_dtype = compute_dtype
-        self.causal = causal
+        self.compute_dtype = compute_dtype   # the key/value caches' dtype
         self.cross = cross
         linear = dict(split="column", parallel_config=parallel_config,
                       compute_dtype=compute_dtype, init_std=init_std)
@@ -191,19 +429,7 @@ class MultiHeadAttention(nn.Cell):
         self.output = Linear(hidden_size, hidden_size, split="row",
                              parallel_config=parallel_config, compute_dtype=compute_dtype,
                              init_std=output_init_std or init_std)
-        heads = (dp, mp, 1, 1)
-        # (batch, seq, heads, parts x head_dim) -> one part: heads split, parts whole
-        self.take_part = ops.StridedSlice().shard(((dp, 1, mp, 1),))
-        self.split_heads = ops.Transpose().shard(((dp, 1, mp, 1),))
-        self.split_qkv = ops.Split(axis=3, output_num=3).shard(((dp, 1, mp, 1),))
-        self.merge_heads = ops.Transpose().shard((heads,))
-        self.scale = ops.Mul().shard((heads, ()))
-        self.scores = ops.BatchMatMul(transpose_b=True).shard((heads, heads))
-        self.add_causal = ops.Add().shard((heads, (1, 1, 1, 1)))
-        # incremental decoding writes each new key and value into its cache in place; it
-        # runs on one device, so the strategy keeps every tensor whole
-        self.cache_write = ops.ScatterNdUpdate().shard(((1, 1, 1, 1),) * 3)
-        # beam search reorders the cache rows at every step (gather, then the write above);
+        # beam search reorders the cache rows at every step (gather, then the cache write);
         # the gathered batch axis must be whole
         self.gather_rows = ops.Gather().shard(((1, mp, 1, 1), (1,)))
         on_cpu = use_cpu_kernels() and compute_dtype == ms.float32
@@ -211,86 +437,36 @@ class MultiHeadAttention(nn.Cell):
         # a decoding step's attention in one launch, the caches written in place
         self.decode_kernel = cpu_kernels.decode_attention() \
             if on_cpu and not cross and not flash else None
-        self.add_bias = ops.Add().shard((heads, (dp, 1, 1, 1)))
-        self.softmax = ops.Softmax(axis=-1).shard((heads,))
-        self.to_float, self.to_compute = (ops.Cast().shard((heads,)) for _ in range(2))
-        self.context = ops.BatchMatMul().shard((heads, heads))
-        self.attention_dropout = Dropout(attention_dropout, heads)
+        self.choose_cores(parallel_config, causal=causal and not cross, fused_qkv=not cross,
+                          max_seq_length=max_seq_length, attention_dropout=attention_dropout,
+                          compute_dtype=compute_dtype, flash=flash)
         self.hidden_dropout = stream_dropout(hidden_dropout, parallel_config)
-        if causal and not flash:
-            self.causal_bias = causal_bias(max_seq_length)
-            self.slice_causal = ops.StridedSlice().shard(((1, 1, 1, 1),))
-        self.inv_sqrt_head_dim = 1.0 / math.sqrt(self.head_dim)
-        # on CPU, attention in one kernel per direction (`cpu_kernels.self_attention`)
-        self.fused = None
-        if uses_fused_attention(flash, compute_dtype):
-            self.fused = cpu_kernels.kv_attention(num_heads) if cross else \
-                cpu_kernels.self_attention(num_heads)
-            self.causal_flag = Tensor([int(causal and not cross)], ms.int32)
-        self.use_flash = flash
-        if flash:
-            check_flash_attention(self.head_dim, attention_dropout, compute_dtype)
-            strategy = (heads, heads, heads) + (((1, 1),) if causal else ((dp, 1, 1, 1),))
-            from mindspore.ops.operations.nn_ops import FlashAttentionScore
-            self.flash = FlashAttentionScore(
-                head_num=num_heads, scale_value=self.inv_sqrt_head_dim, input_layout="BNSD",
-                sparse_mode=2 if causal else 0).shard(strategy)
-            if causal:
-                self.flash_causal_mask = compressed_causal_mask()
-            else:
-                self.padding_mask = ops.Less().shard(((dp, 1, 1, 1), ()))
-                self.masked_below = Tensor(MASK_VALUE / 2, ms.float32)
-                self.expand_mask = ops.Tile().shard(((dp, 1, 1, 1),))
-
-
-    recompute_attention_core = recompute_attention_core
-
-    def _heads(self, projected, parts: int):
-        """(batch, seq, parts x hidden) laid out head by head -> `parts` tensors
-        (batch, heads, seq, head_dim)."""
-        batch, seq = projected.shape[0], projected.shape[1]
-        x = ops.reshape(projected, (batch, seq, self.num_heads, parts * self.head_dim))
-        if seq == 1 and parts == 3:
-            # a decoding step: one kernel for the three parts, and (batch, 1, heads, hd) is
-            # (batch, heads, 1, hd) in memory, so no transpose (fewer kernels per step)
-            return tuple(ops.reshape(piece, (batch, self.num_heads, 1, self.head_dim))
-                         for piece in self.split_qkv(x))
-        found = ()
-        for part in range(parts):
-            piece = self.take_part(x, (0, 0, 0, part * self.head_dim),
-                                   (batch, seq, self.num_heads, (part + 1) * self.head_dim),
-                                   (1, 1, 1, 1))
-            found += (self.split_heads(piece, (0, 2, 1, 3)),)
-        return found
 
     def construct(self, query, memory=None, attention_bias=None):
         if self.fused is not None:
-            return self._fused_attend(query, memory, attention_bias)
+            key, keep = self.core.attention_dropout.mask_key()
+            if self.cross:
+                context = self.fused(self.query(query), self.key_value(memory),
+                                     attention_bias, key, keep)
+            else:
+                context = self.fused(self.qkv(query), None, attention_bias, key, keep)
+            return self._output(context)
         if self.cross:
-            (q,) = self._heads(self.query(query), 1)
+            (q,) = self._heads(self.query(query), self.num_heads, 1)
             k, v = self.project_key_value(memory)
         else:
-            q, k, v = self._heads(self.qkv(query), 3)
-        if self.use_flash:
-            return self._flash_attend(query.shape[0], q, k, v, attention_bias)
-        if self.cross:
-            return self._attend(query.shape[0], q, k, v, None, attention_bias)
-        causal_bias = None
-        if self.causal:
-            seq = query.shape[1]
-            causal_bias = self.slice_causal(self.causal_bias, (0, 0, 0, 0), (1, 1, seq, seq),
-                                            (1, 1, 1, 1))
-        return self._attend(query.shape[0], q, k, v, causal_bias, attention_bias)
+            q, k, v = self._heads(self.qkv(query), self.num_heads, 3)
+        return self._output(self._attend_all(q, k, v, attention_bias))
 
     def project_key_value(self, memory):
         """Cross attention: keys and values (batch, heads, seq_k, head_dim) of the memory;
         incremental decoding computes them once."""
-        return self._heads(self.key_value(memory), 2)
+        return self._heads(self.key_value(memory), self.num_heads, 2)
 
     def attend(self, query, key, value, attention_bias=None):
         """Cross attention of `query` over precomputed keys and values."""
-        (q,) = self._heads(self.query(query), 1)
-        return self._attend(query.shape[0], q, key, value, None, attention_bias)
+        (q,) = self._heads(self.query(query), self.num_heads, 1)
+        return self._output(self.core(q, key, value, attention_bias))
 
     def decode_step(self, query, cache_key, cache_value, write_index, step_bias,
                     parents=None):
@@ -310,8 +486,8 @@ class MultiHeadAttention(nn.Cell):
         """
         if parents is None and self.decode_kernel is not None:
             context = self.decode_kernel(self.qkv(query), cache_key, cache_value, write_index)
-            return self.hidden_dropout(self.output(context)), cache_key, cache_value
-        q, k, v = self._heads(self.qkv(query), 3)                  # (batch, heads, 1, hd)
+            return self._output(context), cache_key, cache_value
+        q, k, v = self._heads(self.qkv(query), self.num_heads, 3)  # (batch, heads, 1, hd)
         if parents is not None and self.reorder_kernel is not None:
             cache_key = self.reorder_kernel(cache_key, parents, write_index, k)
             cache_value = self.reorder_kernel(cache_value, parents, write_index, v)
@@ -319,70 +495,15 @@ class MultiHeadAttention(nn.Cell):
             if parents is not None:
                 cache_key = self.gather_rows(cache_key, parents, 0)
                 cache_value = self.gather_rows(cache_value, parents, 0)
-            cache_key = self.cache_write(cache_key, write_index, k)
-            cache_value = self.cache_write(cache_value, write_index, v)
-        output = self._attend(query.shape[0], q, cache_key, cache_value, step_bias, None)
+            cache_key, cache_value = self._write_caches(cache_key, cache_value, write_index,
+                                                        k, v)
+        output = self._output(self.core(q, cache_key, cache_value, None, step_bias))
         return output, cache_key, cache_value
 
     def prefill(self, query, cache_key, cache_value, write_index):
         """Causal self attention over a decoder's first positions query (batch, P, hidden)
         in one pass, writing their keys and values into the caches (`write_index`:
         `cache_index(0, P, ...)`), so that decoding continues at position P."""
-        q, k, v = self._heads(self.qkv(query), 3)                  # (batch, heads, P, hd)
-        cache_key = self.cache_write(cache_key, write_index, k)
-        cache_value = self.cache_write(cache_value, write_index, v)
-        if self.use_flash:
-            output = self._flash_attend(query.shape[0], q, k, v, None)
-        else:
-            seq = query.shape[1]
-            causal_bias = self.slice_causal(self.causal_bias, (0, 0, 0, 0), (1, 1, seq, seq),
-                                            (1, 1, 1, 1))
-            output = self._attend(query.shape[0], q, k, v, causal_bias, None)
-        return ops.depend(output, (cache_key, cache_value))
-
-    def _attend(self, batch, q, k, v, causal_bias, attention_bias):
-        """q (batch, heads, seq_q, head_dim) over k, v (batch, heads, seq_k, head_dim)."""
-        seq_q = q.shape[2]
-        q = self.scale(q, ops.cast(self.inv_sqrt_head_dim, self.compute_dtype))
-        scores = self.to_float(self.scores(q, k), ms.float32)
-        if causal_bias is not None:
-            scores = self.add_causal(scores, causal_bias)
-        if attention_bias is not None:
-            scores = self.add_bias(scores, attention_bias)
-        probs = self.attention_dropout(self.to_compute(self.softmax(scores),
-                                                       self.compute_dtype))
-        context = self.context(probs, v)                       # (batch, heads, seq_q, hd)
-        if seq_q > 1:   # one position (a decoding step) needs no transpose
-            context = self.merge_heads(context, (0, 2, 1, 3))
-        context = ops.reshape(context, (batch, seq_q, self.hidden_size))
-        return self.hidden_dropout(ops.cast(self.output(context), ms.float32))
-
-    def _fused_attend(self, query, memory, attention_bias):
-        """Attention of query (batch, seq_q, hidden) over itself or over memory (batch,
-        seq_k, hidden) through the fused CPU kernel."""
-        batch, seq_k = query.shape[0], (memory if self.cross else query).shape[1]
-        if attention_bias is None:
-            bias = ops.zeros((batch, seq_k), ms.float32)
-        else:   # (batch, 1, 1, seq_k) -> (batch, seq_k)
-            bias = ops.reshape(attention_bias, (batch, seq_k))
-        key, keep = self.attention_dropout.mask_key()
-        if self.cross:
-            context, _ = self.fused(self.query(query), self.key_value(memory), bias,
-                                    self.causal_flag, key, keep)
-        else:
-            context, _ = self.fused(self.qkv(query), bias, self.causal_flag, key, keep)
-        return self.hidden_dropout(self.output(context))
-
-    def _flash_attend(self, batch, q, k, v, attention_bias):
-        seq_q, seq_k = q.shape[2], k.shape[2]
-        if self.causal:
-            mask = self.flash_causal_mask
-        elif attention_bias is None:  # nothing masked (the models always pass a padding bias)
-            mask = ops.zeros((batch, 1, seq_q, seq_k), ms.uint8)
-        else:  # additive padding bias (batch, 1, 1, seq_k) -> (batch, 1, seq_q, seq_k), 1 = masked
-            masked = self.padding_mask(attention_bias, self.masked_below)
-            mask = self.expand_mask(ops.cast(masked, ms.uint8), (1, 1, seq_q, 1))
-        context = self.flash(q, k, v, None, None, None, mask)[3]      # (batch, heads, seq_q, hd)
-        context = self.merge_heads(context, (0, 2, 1, 3))
-        context = ops.reshape(context, (batch, seq_q, self.hidden_size))
-        return self.hidden_dropout(ops.cast(self.output(context), ms.float32))
+        q, k, v = self._heads(self.qkv(query), self.num_heads, 3)  # (batch, heads, P, hd)
+        caches = self._write_caches(cache_key, cache_value, write_index, k, v)
+        return ops.depend(self._output(self._attend_all(q, k, v)), caches)

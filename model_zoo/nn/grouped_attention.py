@@ -2,18 +2,15 @@
 et al., 2023), with the strategies of docs/mindspore-parallel-rules.md: heads split over mp
 (dp, mp, 1, 1), the query and key/value projections column-split, the output row-split."""
 
-import math
 
 import numpy as np
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import nn, ops
 
 from model_zoo.errors import ConfigError
-from model_zoo.nn.attention import (causal_bias, check_flash_attention,
-                                    compressed_causal_mask, recompute_attention_core,
-                                    uses_fused_attention)
 from model_zoo.nn import cpu_kernels
-from model_zoo.nn.layers import Dropout, Linear, use_cpu_kernels
+from model_zoo.nn.attention import AttentionLayer
+from model_zoo.nn.layers import Linear, use_cpu_kernels
 from model_zoo.parallel.config import ParallelConfig
 
 
@@ -66,7 +63,7 @@ class RotaryEmbedding(nn.Cell):
         return self.add(self.by_table(x, cos), self.by_table(rotated, sin))
 
 
-class GroupedQueryAttention(nn.Cell):
+class GroupedQueryAttention(AttentionLayer):
     """Causal self attention whose `num_kv_heads` key/value heads are each shared by
     num_heads / num_kv_heads query heads (grouped-query attention; multi-query with one,
     multi-head with num_heads), with rotary positions on queries and keys.
@@ -75,10 +72,10 @@ class GroupedQueryAttention(nn.Cell):
     (hidden -> 2 x kv_heads x head_dim, laid out kv head by kv head as
     `fuse_head_projections([k, v], num_kv_heads)` writes it) are column-split over mp, so
     mp must divide num_kv_heads (MindFormers' LLaMA states the same rule): each device then
-    holds whole groups, its query heads with the key/value heads they read. The keys and
-    values are repeated to the query heads on the device (Tile), and the output projection
-    is row-split (one all-reduce over mp). Incremental decoding keeps key/value caches of
-    the kv heads only (`decode_step`, `prefill`).
+    holds whole groups, its query heads with the key/value heads they read. The core
+    (`choose_cores`) repeats the keys and values to the query heads on the device, and the
+    output projection is row-split (one all-reduce over mp). Incremental decoding keeps
+    key/value caches of the kv heads only (`decode_step`, `prefill`).
 
     Args:
         hidden_size, num_heads, num_kv_heads: model width and heads.
@@ -88,12 +85,10 @@ class GroupedQueryAttention(nn.Cell):
         attention_dropout: dropout on the probabilities.
         compute_dtype: dtype of the matmuls; softmax runs in float32.
         init_std, output_init_std: init of the projections and of the output projection.
-        flash: scores, softmax and context in one FlashAttentionScore (Ascend 910B,
-            `model.flash_attention`; needs float16 or bfloat16, no attention dropout, a head
-            size that is a multiple of 16): it takes the key/value heads as they are, without the
-            repeat (`head_num` query heads over fewer key/value heads, as MindFormers'
-            LLaMA calls it), BNSD, split (dp, mp, 1, 1), the causal mask as the compressed
-            2048 x 2048 triangle (sparse_mode 2). Incremental decoding keeps the plain path.
+        flash: the core as `FlashAttention` (Ascend 910B, `model.flash_attention`), which
+            takes the key/value heads as they are, without the repeat (`head_num` query
+            heads over fewer key/value heads, as MindFormers' LLaMA calls it). Incremental
+            decoding keeps the core on MindSpore's operators.
 
     Inputs:
         x: (batch, seq, hidden); cos, sin: float32 (seq, head_dim), `rotary_tables` rows of
@@ -108,15 +103,13 @@ class GroupedQueryAttention(nn.Cell):
                  compute_dtype=ms.float32, init_std: float = 0.02,
                  output_init_std: float = None, flash: bool = False):
         super().__init__()
-        dp, mp = parallel_config.dp, parallel_config.mp
         if num_heads % num_kv_heads:
             raise ConfigError(f"model.num_kv_heads={num_kv_heads} must divide "
                               f"model.num_heads={num_heads}")
         parallel_config.check_divisible("model.num_kv_heads", num_kv_heads)
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
-        self.group = num_heads // num_kv_heads
         self.head_dim = hidden_size // num_heads
-        self.compute_dtype = compute_dtype
+        self.compute_dtype = compute_dtype   # the key/value caches' dtype
         linear = dict(split="column", parallel_config=parallel_config, has_bias=has_bias,
                       compute_dtype=compute_dtype, init_std=init_std)
         self.query = Linear(hidden_size, num_heads * self.head_dim, **linear)
@@ -125,55 +118,13 @@ class GroupedQueryAttention(nn.Cell):
                              parallel_config=parallel_config, has_bias=False,
                              compute_dtype=compute_dtype, init_std=output_init_std or init_std)
         self.rotary = RotaryEmbedding(self.head_dim, parallel_config=parallel_config)
-        heads = (dp, mp, 1, 1)
-        # (batch, seq, heads, parts x head_dim) -> one part, heads split
-        self.take_part = ops.StridedSlice().shard(((dp, 1, mp, 1),))
-        self.split_heads = ops.Transpose().shard(((dp, 1, mp, 1),))
-        # (batch, kv_heads, 1, seq, head_dim) -> each key/value head once per query head
-        self.repeat = ops.Tile().shard(((dp, mp, 1, 1, 1),))
-        self.merge_heads = ops.Transpose().shard((heads,))
-        self.scale = ops.Mul().shard((heads, ()))
-        self.scores = ops.BatchMatMul(transpose_b=True).shard((heads, heads))
-        self.add_bias = ops.Add().shard((heads, (1, 1, 1, 1)))
-        self.softmax = ops.Softmax(axis=-1).shard((heads,))
-        self.to_float, self.to_compute = (ops.Cast().shard((heads,)) for _ in range(2))
-        self.context = ops.BatchMatMul().shard((heads, heads))
-        self.attention_dropout = Dropout(attention_dropout, heads)
-        self.causal_bias = causal_bias(max_seq_length)
-        self.slice_causal = ops.StridedSlice().shard(((1, 1, 1, 1),))
-        # decoding runs on one device: the cache writes keep every tensor whole
-        self.cache_write = ops.ScatterNdUpdate().shard(((1, 1, 1, 1),) * 3)
-        self.inv_sqrt_head_dim = 1.0 / math.sqrt(self.head_dim)
-        self.use_flash = flash
-        if flash:
-            check_flash_attention(self.head_dim, attention_dropout, compute_dtype)
-            from mindspore.ops.operations.nn_ops import FlashAttentionScore
-            self.flash = FlashAttentionScore(
-                head_num=num_heads, scale_value=self.inv_sqrt_head_dim, input_layout="BNSD",
-                sparse_mode=2).shard((heads, heads, heads, (1, 1)))
-            self.flash_causal_mask = compressed_causal_mask()
-        # on CPU, training's attention in one kernel per direction, reading the projections
-        # where they are (`cpu_kernels.kv_attention`), rotary positions applied in place
-        self.fused = None
-        if uses_fused_attention(flash, compute_dtype):
-            self.fused = cpu_kernels.kv_attention(num_heads)
-            self.rotate_keys = cpu_kernels.rotary(parts=2)   # the queries: self.rotary's
-            self.causal_flag = Tensor([1], ms.int32)
-
-    recompute_attention_core = recompute_attention_core
-
-    def _heads(self, projected, heads: int, parts: int):
-        """(batch, seq, parts x heads x head_dim) laid out head by head -> `parts` tensors
-        (batch, heads, seq, head_dim)."""
-        batch, seq = projected.shape[0], projected.shape[1]
-        x = ops.reshape(projected, (batch, seq, heads, parts * self.head_dim))
-        found = ()
-        for part in range(parts):
-            piece = self.take_part(x, (0, 0, 0, part * self.head_dim),
-                                   (batch, seq, heads, (part + 1) * self.head_dim),
-                                   (1, 1, 1, 1))
-            found += (self.split_heads(piece, (0, 2, 1, 3)),)
-        return found
+        self.choose_cores(parallel_config, causal=True, num_kv_heads=num_kv_heads,
+                          max_seq_length=max_seq_length, attention_dropout=attention_dropout,
+                          compute_dtype=compute_dtype, flash=flash)
+        self.hidden_dropout = None
+        # the fused CPU core reads the projections with rotary positions applied in place
+        # (the queries' kernel is self.rotary's)
+        self.rotate_keys = cpu_kernels.rotary(parts=2) if self.fused is not None else None
 
     def _project(self, x, cos, sin):
         """Queries (batch, heads, seq, hd), keys and values (batch, kv_heads, seq, hd) of x,
@@ -182,60 +133,13 @@ class GroupedQueryAttention(nn.Cell):
         k, v = self._heads(self.key_value(x), self.num_kv_heads, 2)
         return self.rotary(q, cos, sin), self.rotary(k, cos, sin), v
 
-    def _to_query_heads(self, x):
-        """(batch, kv_heads, seq, head_dim) -> (batch, heads, seq, head_dim), each key/value
-        head repeated for the query heads of its group (kv head h // group for head h)."""
-        if self.group == 1:
-            return x
-        batch, _, seq, head_dim = x.shape
-        x = ops.reshape(x, (batch, self.num_kv_heads, 1, seq, head_dim))
-        x = self.repeat(x, (1, 1, self.group, 1, 1))
-        return ops.reshape(x, (batch, self.num_heads, seq, head_dim))
-
-    def _attend(self, q, k, v, bias):
-        """q (batch, heads, seq_q, hd) over k, v (batch, kv_heads, seq_k, hd) with the
-        additive bias (1, 1, seq_q, seq_k); the output projection of the context."""
-        batch, seq_q = q.shape[0], q.shape[2]
-        k, v = self._to_query_heads(k), self._to_query_heads(v)
-        q = self.scale(q, ops.cast(self.inv_sqrt_head_dim, self.compute_dtype))
-        scores = self.add_bias(self.to_float(self.scores(q, k), ms.float32), bias)
-        probs = self.attention_dropout(self.to_compute(self.softmax(scores),
-                                                       self.compute_dtype))
-        context = self.context(probs, v)                      # (batch, heads, seq_q, hd)
-        if seq_q > 1:   # one position (a decoding step) needs no transpose
-            context = self.merge_heads(context, (0, 2, 1, 3))
-        context = ops.reshape(context, (batch, seq_q, self.num_heads * self.head_dim))
-        return ops.cast(self.output(context), ms.float32)
-
-    def _causal(self, seq: int):
-        return self.slice_causal(self.causal_bias, (0, 0, 0, 0), (1, 1, seq, seq),
-                                 (1, 1, 1, 1))
-
-    def _causal_attend(self, q, k, v):
-        """Causal attention of q over k, v (their own positions)."""
-        if not self.use_flash:
-            return self._attend(q, k, v, self._causal(q.shape[2]))
-        batch, seq_q = q.shape[0], q.shape[2]
-        context = self.flash(q, k, v, None, None, None, self.flash_causal_mask)[3]
-        context = self.merge_heads(context, (0, 2, 1, 3))      # (batch, seq, heads, hd)
-        context = ops.reshape(context, (batch, seq_q, self.num_heads * self.head_dim))
-        return ops.cast(self.output(context), ms.float32)
-
     def construct(self, x, cos, sin):
         if self.fused is not None:
-            return self._fused_attend(x, cos, sin)
-        q, k, v = self._project(x, cos, sin)
-        return self._causal_attend(q, k, v)
-
-    def _fused_attend(self, x, cos, sin):
-        """Causal attention of x (batch, seq, hidden) through the fused CPU kernels."""
-        batch, seq = x.shape[0], x.shape[1]
-        q = self.rotary.kernel(self.query(x), cos, sin)             # (batch, seq, heads hd)
-        kv = self.rotate_keys(self.key_value(x), cos, sin)          # (batch, seq, kv 2 hd)
-        key, keep = self.attention_dropout.mask_key()
-        context, _ = self.fused(q, kv, ops.zeros((batch, seq), ms.float32), self.causal_flag,
-                                key, keep)
-        return self.output(context)
+            q = self.rotary.kernel(self.query(x), cos, sin)         # (batch, seq, heads hd)
+            kv = self.rotate_keys(self.key_value(x), cos, sin)      # (batch, seq, kv 2 hd)
+            return self._output(self.fused(q, kv, None,
+                                           *self.core.attention_dropout.mask_key()))
+        return self._output(self._attend_all(*self._project(x, cos, sin)))
 
     def decode_step(self, x, cos, sin, cache_key, cache_value, write_index, step_bias):
         """One incremental step for the newest position x (batch, 1, hidden): its key and
@@ -243,14 +147,12 @@ class GroupedQueryAttention(nn.Cell):
         `write_index` (`attention.cache_index`), attention over the cached positions that
         `step_bias` (1, 1, 1, max_len) leaves unmasked. Returns (batch, 1, hidden)."""
         q, k, v = self._project(x, cos, sin)
-        cache_key = self.cache_write(cache_key, write_index, k)
-        cache_value = self.cache_write(cache_value, write_index, v)
-        return self._attend(q, cache_key, cache_value, step_bias)
+        cache_key, cache_value = self._write_caches(cache_key, cache_value, write_index, k, v)
+        return self._output(self.core(q, cache_key, cache_value, None, step_bias))
 
     def prefill(self, x, cos, sin, cache_key, cache_value, write_index):
         """Causal attention over the first positions x (batch, P, hidden) in one pass, their
         keys and values written into the caches (`write_index`: `cache_index(0, P, ...)`)."""
         q, k, v = self._project(x, cos, sin)
-        cache_key = self.cache_write(cache_key, write_index, k)
-        cache_value = self.cache_write(cache_value, write_index, v)
-        return ops.depend(self._causal_attend(q, k, v), (cache_key, cache_value))
+        caches = self._write_caches(cache_key, cache_value, write_index, k, v)
+        return ops.depend(self._output(self._attend_all(q, k, v)), caches)

@@ -56,6 +56,14 @@ def _layer_examples():
          lambda pc: attention.MultiHeadAttention(80, heads, parallel_config=pc, causal=True,
                                          max_seq_length=seq, compute_dtype=ms.float16,
                                          flash=True)),
+        ("DotProductAttention", "10 query heads, 5 key/value heads, causal",
+         lambda pc: attention.DotProductAttention(2 * heads, h // heads, parallel_config=pc,
+                                                  num_kv_heads=heads, causal=True,
+                                                  max_seq_length=seq)),
+        ("FlashAttention", "padding mask (not causal), 910B",
+         lambda pc: attention.FlashAttention(heads, 16, parallel_config=pc, causal=False,
+                                             attention_dropout=0.0,
+                                             compute_dtype=ms.float16)),
         ("FeedForward", 'activation="gelu"', lambda pc: L.FeedForward(
             h, ffn, parallel_config=pc, hidden_dropout=0.1)),
         ("GatedFeedForward", "SwiGLU", lambda pc: L.GatedFeedForward(
@@ -93,14 +101,19 @@ def _with(parallel: ParallelConfig, **changes) -> ParallelConfig:
     return dataclasses.replace(parallel, **changes)
 
 
+# cells of model_zoo/nn/ without strategies of their own, and why
+NOT_SHARDED = {"AttentionLayer": "the base of the attention layers, which are shown",
+               "FusedCpuAttention": "CPU kernels, which take no strategy"}
+
+
 def sharded_layer_names() -> List[str]:
     """Every nn.Cell subclass defined in model_zoo/nn/ (layers, attention, grouped attention,
-    loss)."""
+    loss) but those of NOT_SHARDED."""
     from model_zoo.nn import attention, grouped_attention, layers, loss
     return sorted(name for module in (layers, attention, grouped_attention, loss)
                   for name, value in vars(module).items()
                   if isinstance(value, type) and issubclass(value, nn.Cell)
-                  and value.__module__ == module.__name__)
+                  and value.__module__ == module.__name__ and name not in NOT_SHARDED)
 
 
 def _symbol(value: int) -> str:

@@ -25,7 +25,7 @@ from model_zoo.models.bert.model import (BertConfig, BertForPreTraining,
 from model_zoo.config import TrainConfig
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.nn.attention import MultiHeadAttention
+from model_zoo.nn.attention import DotProductAttention, MultiHeadAttention
 from model_zoo.nn.layers import ExactGELU, LayerNorm
 from model_zoo.train.schedule import WarmupCosineSchedule
 from model_zoo.train.step import TrainStep, build_optimizer
@@ -279,11 +279,11 @@ def test_large_strategies(mp, vocab_emb_dp):
     layers = [c for _, c in net.cells_and_names() if isinstance(c, BertLayer)]
     assert len(attentions) == len(layers) == 24
     for attention in attentions:
-        assert strategy(attention.scores) == (heads, heads)
-        assert strategy(attention.context) == (heads, heads)
-        assert strategy(attention.softmax) == (heads,)
-        assert strategy(attention.add_bias) == (heads, (1, 1, 1, 1))  # padding bias
-        assert not attention.causal
+        assert strategy(attention.core.scores) == (heads, heads)
+        assert strategy(attention.core.context) == (heads, heads)
+        assert strategy(attention.core.softmax) == (heads,)
+        assert strategy(attention.core.add_bias) == (heads, (1, 1, 1, 1))  # padding bias
+        assert not attention.core.causal
     for layer in layers:
         attention, ffn = layer.attention, layer.ffn
         for linear in (attention.qkv, ffn.expand):
@@ -309,8 +309,8 @@ def test_large_strategies(mp, vocab_emb_dp):
 def test_hybrid_layout_strategies():
     net = large_net(2, 4, False)
     attention = net.bert.encoder.layer[0].attention
-    assert strategy(attention.scores) == ((2, 4, 1, 1), (2, 4, 1, 1))
-    assert strategy(attention.add_bias) == ((2, 4, 1, 1), (2, 1, 1, 1))
+    assert strategy(attention.core.scores) == ((2, 4, 1, 1), (2, 4, 1, 1))
+    assert strategy(attention.core.add_bias) == ((2, 4, 1, 1), (2, 1, 1, 1))
     assert strategy(net.bert.embeddings.word_embeddings.gather) == ((4, 1), (2, 1))
     assert strategy(net.bert.embeddings.token_type_embeddings.gather) == ((1, 1), (2, 1))
     assert strategy(net.gather_positions.one_hot) == ((2, 1, 1), (), ())
@@ -373,7 +373,7 @@ def test_strategies_fit_real_shapes(monkeypatch, dp, mp):
     found = primitives(net)
     owners = {id(prim): f"{name}.{attr}" for name, _, attr, prim in found}
     attention_prims = {f"{name}.{attr}" for name, cell, attr, _ in found
-                       if isinstance(cell, MultiHeadAttention)}
+                       if isinstance(cell, (MultiHeadAttention, DotProductAttention))}
     calls, depth = [], []
     for cls in {type(prim) for _, _, _, prim in primitives(net)}:
         def spy(self, *args, _call=cls.__call__):
@@ -392,7 +392,7 @@ def test_strategies_fit_real_shapes(monkeypatch, dp, mp):
     # Only attention primitives BERT does not use (causal mask, decoding cache) may stay idle.
     assert set(owners.values()) - ran <= attention_prims, set(owners.values()) - ran
     for attr in ("scores", "add_bias", "softmax", "context"):
-        assert f"bert.encoder.layer.0.attention.{attr}" in ran, attr
+        assert f"bert.encoder.layer.0.attention.core.{attr}" in ran, attr
     for owner, prim, args in calls:
         strat = strategy(prim)
         shapes = [tuple(a.shape) for a in args if isinstance(a, Tensor)]

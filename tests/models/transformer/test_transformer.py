@@ -562,9 +562,9 @@ def test_layout_config_builds_with_its_strategies(name):
     for layer in transformer.decoder_layers:
         assert layer.cross_attention.function in attentions
     for attention in attentions:
-        assert strategy(attention.scores) == (heads, heads)
-        assert strategy(attention.context) == (heads, heads)
-        assert strategy(attention.softmax) == (heads,)
+        assert strategy(attention.core.scores) == (heads, heads)
+        assert strategy(attention.core.context) == (heads, heads)
+        assert strategy(attention.core.softmax) == (heads,)
         projections = ((attention.query, attention.key_value) if attention.cross
                        else (attention.qkv,))
         for projection in projections:
