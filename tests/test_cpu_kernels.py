@@ -13,8 +13,9 @@ from mindspore import Tensor, nn
 from model_zoo.nn import cpu_kernels
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.nn.attention import MultiHeadAttention
+from model_zoo.nn.backend import kernels_for
 from model_zoo.nn.layers import (GatedFeedForward, LayerNorm, Linear, PositionEmbedding,
-                                  ResidualAdd, RMSNorm, kernels_for)
+                                  ResidualAdd, RMSNorm)
 from model_zoo.nn.loss import CrossEntropy
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")

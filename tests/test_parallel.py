@@ -22,7 +22,8 @@ from model_zoo.parallel.config import ParallelConfig
 from model_zoo.parallel.context import (check_layout, data_shard, detect_device_target,
                                         launched_ranks)
 from model_zoo.nn.attention import MultiHeadAttention
-from model_zoo.nn.layers import LayerNorm, kernels_for
+from model_zoo.nn.backend import kernels_for
+from model_zoo.nn.layers import LayerNorm
 from model_zoo.nn.loss import CrossEntropy
 from model_zoo.plan.trace import primitives, record
 

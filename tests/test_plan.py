@@ -26,7 +26,7 @@ from model_zoo.models.gpt2.model import GPT2Config, GPT2ForTraining
 from model_zoo.plan import cost
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.nn.attention import check_flash_attention_device
-from model_zoo.nn.layers import kernels_for
+from model_zoo.nn.backend import kernels_for
 from model_zoo.plan.command import DOC_PATH
 from model_zoo.plan.docs import (_layer_examples, generated_sections, plan_config_files,
                                  render_doc, sharded_layer_names)

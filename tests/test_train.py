@@ -272,7 +272,7 @@ def test_adamw_variants_match_mindspores_adam_weight_decay():
     MindSpore's nn.AdamWeightDecay (applied after the step's own scaling), under the same
     names."""
     from model_zoo.nn import cpu_kernels
-    from model_zoo.nn.layers import kernels_for
+    from model_zoo.nn.backend import kernels_for
     from model_zoo.train.step import FusedAdamWeightDecay, SkippingAdamWeightDecay
     if not cpu_kernels.available():
         pytest.skip("no C++ compiler for the fused kernels")

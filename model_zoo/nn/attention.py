@@ -11,9 +11,8 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from model_zoo.errors import ConfigError
-from model_zoo.nn import cpu_kernels
-from model_zoo.nn.layers import (MASK_VALUE, Dropout, Linear, kernel_target, stream_dropout,
-                                 use_cpu_kernels)
+from model_zoo.nn.backend import cpu_kernel, kernel_target
+from model_zoo.nn.layers import MASK_VALUE, Dropout, Linear, stream_dropout
 from model_zoo.parallel.config import ParallelConfig
 
 
@@ -72,14 +71,6 @@ def compressed_causal_mask() -> Tensor:
     """uint8 (2048, 2048), 1 above the diagonal: FlashAttentionScore's compressed causal mask
     (sparse_mode 2; 1 means masked), one tensor shared by every layer."""
     return Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
-
-
-def uses_fused_attention(flash: bool, compute_dtype) -> bool:
-    """Whether an attention layer built now runs training's attention through the fused CPU
-    kernels (`cpu_kernels.self_attention`, `kv_attention`): float32 on CPU with oneDNN,
-    unless it takes FlashAttentionScore."""
-    return not flash and use_cpu_kernels() and compute_dtype == ms.float32 \
-        and cpu_kernels.has_dense()
 
 
 # the operators of `DotProductAttention` (the core between the projections) that selective
@@ -249,26 +240,26 @@ class FusedCpuAttention(nn.Cell):
     where they are and keeps only the probabilities for the backward pass.
 
     Args:
-        num_heads: query heads.
+        kernel: `cpu_kernel("self_attention", heads, ...)`, which takes the queries with the
+            keys and values in one projection laid out head by head
+            (`fuse_head_projections`), as self attention projects them, or
+            `cpu_kernel("kv_attention", heads, ...)`, which takes them in two.
         causal: mask the positions after each query.
-        fused_qkv: the queries come with the keys and values in one projection laid out head
-            by head (`fuse_head_projections`), as self attention projects them.
 
     Inputs:
-        queries: (batch, seq_q, heads x head_dim), or with fused_qkv the fused projection
-            (batch, seq, 3 x hidden).
+        queries: (batch, seq_q, heads x head_dim), or the fused projection (batch, seq,
+            3 x hidden) for the self-attention kernel.
         key_values: (batch, seq_k, 2 x kv_heads x head_dim) laid out key/value head by
-            head, or None with fused_qkv.
+            head, or None for the self-attention kernel.
         padding: None or float32 additive bias (batch, 1, 1, seq_k).
         key, keep: the attention dropout's `Dropout.mask_key()`.
     Outputs:
         float32 context (batch, seq_q, heads x head_dim).
     """
 
-    def __init__(self, num_heads: int, *, causal: bool, fused_qkv: bool):
+    def __init__(self, kernel, *, causal: bool):
         super().__init__()
-        self.kernel = cpu_kernels.self_attention(num_heads) if fused_qkv else \
-            cpu_kernels.kv_attention(num_heads)
+        self.kernel = kernel
         self.causal_flag = Tensor([int(causal)], ms.int32)
 
     def construct(self, queries, key_values, padding, key, keep):
@@ -316,8 +307,10 @@ class AttentionLayer(nn.Cell):
                                     parallel_config=parallel_config, causal=causal,
                                     attention_dropout=attention_dropout,
                                     compute_dtype=compute_dtype) if flash else None
-        self.fused = FusedCpuAttention(self.num_heads, causal=causal, fused_qkv=fused_qkv) \
-            if uses_fused_attention(flash, compute_dtype) else None
+        kernel = None if flash else cpu_kernel("self_attention" if fused_qkv else
+                                               "kv_attention", self.num_heads,
+                                               dtype=compute_dtype)
+        self.fused = FusedCpuAttention(kernel, causal=causal) if kernel is not None else None
 
     def recompute_attention_core(self):
         """Selective recompute (`parallel.recompute: selective`): the backward pass recomputes
@@ -432,11 +425,10 @@ class MultiHeadAttention(AttentionLayer):
         # beam search reorders the cache rows at every step (gather, then the cache write);
         # the gathered batch axis must be whole
         self.gather_rows = ops.Gather().shard(((1, mp, 1, 1), (1,)))
-        on_cpu = use_cpu_kernels() and compute_dtype == ms.float32
-        self.reorder_kernel = cpu_kernels.reorder_cache() if on_cpu else None
+        self.reorder_kernel = cpu_kernel("reorder_cache", dtype=compute_dtype)
         # a decoding step's attention in one launch, the caches written in place
-        self.decode_kernel = cpu_kernels.decode_attention() \
-            if on_cpu and not cross and not flash else None
+        self.decode_kernel = None if cross or flash else cpu_kernel("decode_attention",
+                                                                    dtype=compute_dtype)
         self.choose_cores(parallel_config, causal=causal and not cross, fused_qkv=not cross,
                           max_seq_length=max_seq_length, attention_dropout=attention_dropout,
                           compute_dtype=compute_dtype, flash=flash)

@@ -16,7 +16,7 @@ flags and the CPU, so each machine builds it once.
 Without a compiler the layers fall back to MindSpore's own operators (slower, same math);
 without MindSpore's oneDNN, the dense layers and attention do. Ascend runs and the plan
 check never use these: they take MindSpore's fused kernels, which carry the sharding
-strategies (`layers.kernels_for`).
+strategies (`backend.kernels_for`).
 """
 
 import ctypes

@@ -8,9 +8,9 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from model_zoo.errors import ConfigError
-from model_zoo.nn import cpu_kernels
 from model_zoo.nn.attention import AttentionLayer
-from model_zoo.nn.layers import Linear, use_cpu_kernels
+from model_zoo.nn.backend import cpu_kernel
+from model_zoo.nn.layers import Linear
 from model_zoo.parallel.config import ParallelConfig
 
 
@@ -48,7 +48,7 @@ class RotaryEmbedding(nn.Cell):
         self.concat = ops.Concat(axis=-1).shard((heads, heads))
         self.by_table = ops.Mul().shard((heads, (1, 1, 1, 1)))
         self.add = ops.Add().shard((heads, heads))
-        self.kernel = cpu_kernels.rotary() if use_cpu_kernels() else None   # float32 only
+        self.kernel = cpu_kernel("rotary", 1, dtype=ms.float32)   # float32 x only
 
     def construct(self, x, cos, sin):
         if self.kernel is not None and x.dtype == ms.float32:
@@ -124,7 +124,8 @@ class GroupedQueryAttention(AttentionLayer):
         self.hidden_dropout = None
         # the fused CPU core reads the projections with rotary positions applied in place
         # (the queries' kernel is self.rotary's)
-        self.rotate_keys = cpu_kernels.rotary(parts=2) if self.fused is not None else None
+        self.rotate_keys = cpu_kernel("rotary", 2, dtype=compute_dtype) \
+            if self.fused is not None else None
 
     def _project(self, x, cos, sin):
         """Queries (batch, heads, seq, hd), keys and values (batch, kv_heads, seq, hd) of x,

@@ -25,14 +25,13 @@ Activations are (batch, seq, hidden); a linear layer flattens them to 2-D for Ma
 
 CPU kernels: MindSpore's CPU kernels for layer norm, GELU and softmax cross-entropy are
 several times slower than one pass over memory, so CPU builds use the fused kernels of
-`cpu_kernels` for them (same math, no strategies: CPU runs ignore strategies anyway). The
-choice follows the device target; the plan check, which models Ascend, builds under
-`kernels_for("Ascend")` and so sees MindSpore's operators.
+`cpu_kernels` for them (same math, no strategies: CPU runs ignore strategies anyway).
+`backend.cpu_kernel` makes that choice for every block; the plan check, which models
+Ascend, builds under `backend.kernels_for("Ascend")` and so sees MindSpore's operators.
 """
 
 import itertools
 import math
-from contextlib import contextmanager
 
 import numpy as np
 import mindspore as ms
@@ -43,6 +42,7 @@ from mindspore.ops.auto_generate import SiLU
 
 from model_zoo.errors import ConfigError
 from model_zoo.nn import cpu_kernels
+from model_zoo.nn.backend import cpu_kernel
 from model_zoo.parallel.config import ParallelConfig
 
 MASK_VALUE = -1e9
@@ -61,48 +61,6 @@ def check_precision_device(precision: str, device_target: str, is_910b: bool = T
         device = "CPU" if device_target == "CPU" else "Ascend 910"
         raise ConfigError(f"train.precision=bf16 runs on Ascend 910B only, not on {device}; "
                           f"use fp16 (with its loss scale) or fp32 there")
-
-
-_KERNEL_TARGETS = []
-
-
-@contextmanager
-def kernels_for(device_target: str):
-    """Build layers with the kernels of `device_target` instead of the current one's."""
-    _KERNEL_TARGETS.append(device_target)
-    try:
-        yield
-    finally:
-        _KERNEL_TARGETS.pop()
-
-
-def kernel_target() -> str:
-    """The device whose operators layers built now use (`kernels_for`, else the context's)."""
-    return _KERNEL_TARGETS[-1] if _KERNEL_TARGETS else ms.get_context("device_target")
-
-
-def use_cpu_kernels() -> bool:
-    """Whether layers built now use the fused kernels of `cpu_kernels` (CPU target, and the
-    kernels could be compiled) instead of MindSpore's operators."""
-    return kernel_target() == "CPU" and cpu_kernels.available()
-
-
-def few_rows_kernel(compute_dtype, with_bias: bool = False):
-    """`cpu_kernels.skinny_matmul` for a float32 layer on CPU, else None. The layers use it
-    in eval mode for at most `SKINNY_ROWS` rows (a decoding step), where MindSpore's MatMul
-    takes 2-3 times one pass over the weight."""
-    if use_cpu_kernels() and compute_dtype == ms.float32:
-        return cpu_kernels.skinny_matmul(with_bias)
-    return None
-
-
-def dense_kernel(compute_dtype, with_bias: bool = False):
-    """`cpu_kernels.dense` for a float32 layer on CPU (with MindSpore's oneDNN there), else
-    None: the layers' matmuls in training and evaluation on oneDNN's sgemm, which runs these
-    shapes faster than MindSpore's CPU MatMul (benchmarks/README.md)."""
-    if use_cpu_kernels() and compute_dtype == ms.float32 and cpu_kernels.has_dense():
-        return cpu_kernels.dense(with_bias)
-    return None
 
 
 def uses_few_rows(layer, x) -> bool:
@@ -175,7 +133,7 @@ class Dropout(nn.Cell):
         seed, op_seed = _get_graph_seed(0, "dropout")
         self.dropout = ops.Dropout(keep_prob=1.0 - rate, Seed0=seed,
                                    Seed1=op_seed).shard((tuple(strategy),))
-        self.keyed = cpu_kernels.keyed_dropout() if rate and use_cpu_kernels() else None
+        self.keyed = cpu_kernel("dropout") if rate else None
         if seed == op_seed == 0:   # no global seed: at least no two cells alike
             op_seed = next(_UNSEEDED_CELLS)
         # each rank of CPU data parallel draws its own masks
@@ -295,21 +253,21 @@ class Linear(nn.Cell):
             self.matmul = ops.MatMul(transpose_b=True).shard(matmul_strategy, (out_strategy,))
         else:
             self.matmul = ops.MatMul(transpose_b=True).shard(matmul_strategy)
-        self.few_rows = few_rows_kernel(compute_dtype, with_bias=has_bias)
-        self.dense = dense_kernel(compute_dtype, with_bias=has_bias)
+        # on CPU: oneDNN's sgemm, and in eval mode for at most `SKINNY_ROWS` rows (a
+        # decoding step) one pass over the weight (MindSpore's MatMul takes 2-3 times that)
+        self.few_rows = cpu_kernel("few_rows_dense", has_bias, dtype=compute_dtype)
+        self.dense = cpu_kernel("dense", has_bias, dtype=compute_dtype)
         self.has_bias = has_bias
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (out_features,), ms.float32), name="bias")
             self.bias_add = ops.Add().shard((out_strategy, (out_strategy[1],)))
-            if use_cpu_kernels() and compute_dtype == ms.float32 and self.dense is None:
-                self.bias_add = cpu_kernels.bias_add()
+            if self.dense is None:
+                self.bias_add = cpu_kernel("bias_add", dtype=compute_dtype) or self.bias_add
         self.activation = None
-        if activation in ("gelu", "gelu_exact") and use_cpu_kernels():
-            self.activation = cpu_kernels.GELU(exact=activation == "gelu_exact")
-        elif activation == "gelu":
-            self.activation = ops.GeLU().shard((out_strategy,))
-        elif activation == "gelu_exact":
-            self.activation = ExactGELU(out_strategy)
+        if activation in ("gelu", "gelu_exact"):
+            self.activation = cpu_kernel("gelu", activation == "gelu_exact") or (
+                ops.GeLU().shard((out_strategy,)) if activation == "gelu"
+                else ExactGELU(out_strategy))
         elif activation == "relu":
             self.activation = ops.ReLU().shard((out_strategy,))
         elif activation == "tanh":
@@ -353,7 +311,7 @@ class LayerNorm(nn.Cell):
         self.tokens_view = parallel_config.sequence_parallel
         self.norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1,
                                   epsilon=eps).shard((strategy, (1,), (1,)))
-        self.kernel = cpu_kernels.layer_norm() if use_cpu_kernels() else None
+        self.kernel = cpu_kernel("layer_norm")
         self.eps = Tensor(eps, ms.float32)
 
     def construct(self, x):
@@ -387,7 +345,7 @@ class RMSNorm(nn.Cell):
         self.rsqrt = ops.Rsqrt().shard((strategy,))
         self.normalize = ops.Mul().shard((strategy, strategy))
         self.scale = ops.Mul().shard((strategy, (1,)))
-        self.kernel = cpu_kernels.rms_norm() if use_cpu_kernels() else None
+        self.kernel = cpu_kernel("rms_norm")
         self.eps = Tensor(eps, ms.float32)
 
     def construct(self, x):
@@ -462,7 +420,7 @@ class PositionEmbedding(nn.Cell):
             name="embedding_table")
         self.slice = ops.StridedSlice().shard(((1, 1),))
         self.add = ops.Add().shard(((dp, 1, 1), (1, 1)))
-        self.cpu_add = cpu_kernels.bias_add() if use_cpu_kernels() else None
+        self.cpu_add = cpu_kernel("bias_add", dtype=ms.float32)   # float32 x only
 
     def construct(self, x):
         batch, seq, hidden = x.shape
@@ -571,8 +529,7 @@ class GatedFeedForward(nn.Cell):
         self.take = ops.StridedSlice().shard(((dp, 1, mp, 1),))
         self.silu = SiLU().shard(((dp, 1, mp),))
         self.gated = ops.Mul().shard(((dp, 1, mp), (dp, 1, mp)))
-        self.kernel = cpu_kernels.swiglu() \
-            if use_cpu_kernels() and compute_dtype == ms.float32 else None
+        self.kernel = cpu_kernel("swiglu", dtype=compute_dtype)
 
     def construct(self, x):
         if self.kernel is not None:
@@ -594,7 +551,7 @@ class ResidualAdd(nn.Cell):
         strategy = stream_strategy(parallel_config)
         self.tokens_view = parallel_config.sequence_parallel
         self.add = ops.Add().shard((strategy, strategy))
-        self.cpu_add = cpu_kernels.add() if use_cpu_kernels() else None   # float32 only
+        self.cpu_add = cpu_kernel("add", dtype=ms.float32)   # float32 x and y only
 
     def construct(self, x, y):
         if self.cpu_add is not None and x.dtype == ms.float32 and y.dtype == ms.float32:
@@ -653,8 +610,8 @@ class VocabProjection(nn.Cell):
             self.weight = Parameter(initializer(Normal(init_std), (vocab_size, hidden_size),
                                                 ms.float32), name="weight")
         self.matmul = ops.MatMul(transpose_b=True).shard(((dp, 1), (vocab_split, 1)))
-        self.few_rows = few_rows_kernel(compute_dtype)
-        self.dense = dense_kernel(compute_dtype)
+        self.few_rows = cpu_kernel("few_rows_dense", False, dtype=compute_dtype)
+        self.dense = cpu_kernel("dense", False, dtype=compute_dtype)
 
     def construct(self, x, embedding_table=None):
         x = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.hidden_size))

@@ -5,8 +5,7 @@ mean. Strategies follow docs/mindspore-parallel-rules.md."""
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from model_zoo.nn import cpu_kernels
-from model_zoo.nn.layers import use_cpu_kernels
+from model_zoo.nn.backend import cpu_kernel
 from model_zoo.parallel.config import ParallelConfig
 
 
@@ -47,7 +46,7 @@ class CrossEntropy(nn.Cell):
         dp = parallel_config.dp
         if label_smoothing and not num_classes:
             raise ValueError("label smoothing needs num_classes")
-        self.kernel = cpu_kernels.cross_entropy() if use_cpu_kernels() else None
+        self.kernel = cpu_kernel("cross_entropy")
         self.vocabulary_parallel = class_split > 1 and self.kernel is None
         classes = (dp, class_split)                      # (tokens, classes) split
         self.one_hot = ops.OneHot().shard((classes, (), ()))

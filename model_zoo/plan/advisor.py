@@ -150,7 +150,8 @@ class Advisor:
         if key not in self.recordings:
             from mindspore.nn.utils import no_init_parameters
             from model_zoo.config import import_model
-            from model_zoo.nn.layers import dtype_of, kernels_for
+            from model_zoo.nn.backend import kernels_for
+            from model_zoo.nn.layers import dtype_of
             from model_zoo.plan.report import record_training_network
             started = time.perf_counter()
             shape = dataclasses.replace(layout, micro_steps=max(layout.pp, 1),

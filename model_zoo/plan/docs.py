@@ -168,7 +168,7 @@ def _communication_note(prim, strategy) -> str:
 
 def strategy_table() -> str:
     """Markdown: every sharded layer's operators and strategies in terms of dp and mp."""
-    from model_zoo.nn.layers import kernels_for
+    from model_zoo.nn.backend import kernels_for
     parallel = ParallelConfig(data_parallel=SYMBOL_DP, model_parallel=SYMBOL_MP,
                               vocab_emb_dp=False)
     lines = ["| layer | variant | operator (attribute) | strategy | communication |",

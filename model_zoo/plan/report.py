@@ -216,7 +216,8 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
     """
     from mindspore.nn.utils import no_init_parameters
     from model_zoo.config import import_model
-    from model_zoo.nn.layers import dtype_of, kernels_for
+    from model_zoo.nn.backend import kernels_for
+    from model_zoo.nn.layers import dtype_of
 
     if devices_per_server < 0:
         raise UserInputError(f"--devices-per-server must be >= 1, got {devices_per_server}")

@@ -11,9 +11,9 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Zero, initializer
 
-from model_zoo.nn import cpu_kernels
 from model_zoo.parallel.context import ascend_supports, is_ascend_910b
-from model_zoo.nn.layers import DROPOUT_STEP, use_cpu_kernels
+from model_zoo.nn.backend import cpu_kernel, use_cpu_kernels
+from model_zoo.nn.layers import DROPOUT_STEP
 
 
 STOP_FLAG = "stop_requested"  # the StopVote parameter; not saved in checkpoints
@@ -189,8 +189,7 @@ class GradientNorm(nn.Cell):
             from mindspore.ops.operations.math_ops import (NPUClearFloatStatusV2,
                                                            NPUGetFloatStatusV2)
             self.clear_status, self.get_status = NPUClearFloatStatusV2(), NPUGetFloatStatusV2()
-        self.squared_norm = (cpu_kernels.squared_norm()
-                             if weights is None and use_cpu_kernels() else None)
+        self.squared_norm = cpu_kernel("squared_norm") if weights is None else None
         self.hyper_map = ops.HyperMap()
 
     def clear_before(self, batch):
@@ -496,7 +495,7 @@ class FusedAdamWeightDecay(nn.AdamWeightDecay):
         fixed = not self.dynamic_weight_decay   # a schedule of decays is not supported
         self.decays = Tensor(np.array([float(decay) if flag and fixed else 0.0 for decay, flag
                                        in zip(decays, self.decay_flags)], np.float32))
-        self.update = cpu_kernels.adamw_update()
+        self.update = cpu_kernel("adamw_update", dtype=ms.float32)
         self.one = Tensor(1.0, ms.float32)
 
     def construct(self, gradients, factor=None, finite=None):

@@ -18,7 +18,8 @@ from model_zoo.parallel.context import (data_shard, eval_network_compiles, gradi
                                         micro_batching, parameter_init, sync_shared_parameters,
                                         wrap_eval_network, wrap_train_step)
 from model_zoo.nn.attention import check_flash_attention_device
-from model_zoo.nn.layers import check_precision_device, dtype_of, kernels_for
+from model_zoo.nn.backend import kernels_for
+from model_zoo.nn.layers import check_precision_device, dtype_of
 from model_zoo.parallel.replication import layouts_by_name, norm_weights, stage_of_rank
 from model_zoo.checkpoint.files import list_checkpoints, load_weights
 from model_zoo.checkpoint.resume import resume_from_checkpoint, restore_sliced, sharded_resume

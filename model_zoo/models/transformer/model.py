@@ -18,12 +18,11 @@ from model_zoo.models.base import folder_name
 from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.nn import cpu_kernels
 from model_zoo.nn.attention import MultiHeadAttention
+from model_zoo.nn.backend import cpu_kernel
 from model_zoo.nn.layers import (FeedForward, LayerNorm, PaddingBias, ResidualAdd,
                                  SinusoidalPositionEncoding, VocabEmbedding, VocabProjection,
-                                 assign_pipeline_stages, stream_dropout, use_cpu_kernels,
-                                 vocabulary_split)
+                                 assign_pipeline_stages, stream_dropout, vocabulary_split)
 from model_zoo.nn.loss import CrossEntropy
 
 
@@ -310,7 +309,7 @@ class DecoderStep(nn.Cell):
         self.log_softmax = ops.LogSoftmax(axis=-1).shard(((parallel_config.dp, 1),))
         self.top = ops.TopK(sorted=True).shard(((parallel_config.dp, 1),))
         # on CPU both in one pass (MindSpore's TopK is most of a small model's step)
-        self.fused_top = cpu_kernels.log_softmax_top_k(top_k) if use_cpu_kernels() else None
+        self.fused_top = cpu_kernel("log_softmax_top_k", top_k)
 
     def construct(self, token_ids, parents, write_index, step_bias, position_encoding,
                   cache_keys, cache_values, cross_keys, cross_values, source_bias):

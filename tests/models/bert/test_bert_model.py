@@ -18,7 +18,7 @@ from mindspore import Tensor, nn, ops
 from mindspore.nn.utils import no_init_parameters
 
 from conftest import device_matrix_size
-from model_zoo.nn.layers import kernels_for
+from model_zoo.nn.backend import kernels_for
 from model_zoo.models.bert.model import (BertConfig, BertForPreTraining,
                                          BertForSequenceClassification, BertLayer, LogitsCell,
                                          build_bert_network)

@@ -23,7 +23,7 @@ from mindspore import Tensor, nn
 from mindspore.nn.utils import no_init_parameters
 
 from conftest import run_cli, write_pairs
-from model_zoo.nn.layers import kernels_for
+from model_zoo.nn.backend import kernels_for
 from model_zoo.config import TrainConfig, load_config
 from model_zoo.nn.attention import MultiHeadAttention, fuse_head_projections
 from model_zoo.nn.layers import sinusoid_table

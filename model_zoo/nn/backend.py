@@ -1,0 +1,90 @@
+"""Which implementation each building block runs, chosen in one place.
+
+A layer built now runs either MindSpore's operators, which carry the strategies semi-auto
+parallel reads (Ascend, GPU, and the plan check, which builds under `kernels_for("Ascend")`),
+or, on CPU, a fused kernel of `cpu_kernels`: the same math, faster there, and no strategy
+(CPU runs ignore strategies anyway). `CPU_KERNELS` lists the blocks that have one and what
+each needs; `cpu_kernel` is where every layer, the loss, the decoders and the train step
+ask for it. A new kernel is one entry here, and its layer asks `cpu_kernel` by name.
+"""
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
+
+import mindspore as ms
+
+from model_zoo.nn import cpu_kernels
+
+_KERNEL_TARGETS = []
+
+
+@contextmanager
+def kernels_for(device_target: str):
+    """Build layers with the kernels of `device_target` instead of the current one's."""
+    _KERNEL_TARGETS.append(device_target)
+    try:
+        yield
+    finally:
+        _KERNEL_TARGETS.pop()
+
+
+def kernel_target() -> str:
+    """The device whose operators layers built now use (`kernels_for`, else the context's)."""
+    return _KERNEL_TARGETS[-1] if _KERNEL_TARGETS else ms.get_context("device_target")
+
+
+def use_cpu_kernels() -> bool:
+    """Whether layers built now use the fused kernels of `cpu_kernels` (CPU target, and the
+    kernels could be compiled) instead of MindSpore's operators."""
+    return kernel_target() == "CPU" and cpu_kernels.available()
+
+
+@dataclass(frozen=True)
+class CpuKernel:
+    """How to make one block's fused CPU kernel, and what it needs besides a CPU target."""
+    make: Callable
+    float32_only: bool = False    # the block's compute dtype must be float32
+    needs_onednn: bool = False    # it calls MindSpore's oneDNN (`cpu_kernels.has_dense`)
+
+
+CPU_KERNELS = {
+    # dense layers: oneDNN's sgemm for training and evaluation, a one-pass matmul for the
+    # few rows of a decoding step, the bias where oneDNN does not add it
+    "dense": CpuKernel(cpu_kernels.dense, float32_only=True, needs_onednn=True),
+    "few_rows_dense": CpuKernel(cpu_kernels.skinny_matmul, float32_only=True),
+    "bias_add": CpuKernel(cpu_kernels.bias_add, float32_only=True),
+    "gelu": CpuKernel(cpu_kernels.GELU),
+    "swiglu": CpuKernel(cpu_kernels.swiglu, float32_only=True),
+    "layer_norm": CpuKernel(cpu_kernels.layer_norm),
+    "rms_norm": CpuKernel(cpu_kernels.rms_norm),
+    "add": CpuKernel(cpu_kernels.add, float32_only=True),
+    "dropout": CpuKernel(cpu_kernels.keyed_dropout),
+    "rotary": CpuKernel(cpu_kernels.rotary, float32_only=True),
+    # the attention core of training and evaluation, and of a decoding step
+    "self_attention": CpuKernel(cpu_kernels.self_attention, float32_only=True,
+                                needs_onednn=True),
+    "kv_attention": CpuKernel(cpu_kernels.kv_attention, float32_only=True, needs_onednn=True),
+    "decode_attention": CpuKernel(cpu_kernels.decode_attention, float32_only=True),
+    "reorder_cache": CpuKernel(cpu_kernels.reorder_cache, float32_only=True),
+    "cross_entropy": CpuKernel(cpu_kernels.cross_entropy),
+    "log_softmax_top_k": CpuKernel(cpu_kernels.log_softmax_top_k),
+    # the train step: the global norm's square, and AdamW over every parameter at once
+    "squared_norm": CpuKernel(cpu_kernels.squared_norm),
+    "adamw_update": CpuKernel(cpu_kernels.adamw_update, float32_only=True),
+}
+
+
+def cpu_kernel(block: str, *args, dtype=None):
+    """The fused CPU kernel that runs `block` (a key of CPU_KERNELS, made with `args`) in
+    what is built now, or None where MindSpore's operators run it: another target, kernels
+    that did not compile, a compute `dtype` other than float32 for a float32-only block, or
+    no usable oneDNN for a block that calls it."""
+    kernel = CPU_KERNELS[block]
+    if kernel.float32_only and dtype is None:
+        raise TypeError(f"cpu_kernel({block!r}) needs the block's compute dtype")
+    if not use_cpu_kernels() or (kernel.float32_only and dtype != ms.float32):
+        return None
+    if kernel.needs_onednn and not cpu_kernels.has_dense():
+        return None
+    return kernel.make(*args)
