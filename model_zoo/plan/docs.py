@@ -22,7 +22,7 @@ def _layer_examples():
     """(layer, variant, factory(parallel_config)) for every sharded layer of model_zoo/nn/.
 
     Sizes are multiples of SYMBOL_MP so that every layer builds with mp = 5; the table shows
-    the layers as Ascend builds them (`layers.kernels_for`).
+    the layers as Ascend builds them (`backend.kernels_for`).
     """
     from model_zoo.nn import attention, grouped_attention as G, layers as L, loss
     h, heads, ffn, vocab, seq = 60, 5, 120, 60, 8
