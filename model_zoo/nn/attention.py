@@ -289,12 +289,14 @@ class AttentionLayer(nn.Cell):
         """The cores of this layer: `core` on MindSpore's operators (always: incremental
         decoding runs it), and the one training and evaluation run, the first of
         `FlashAttention` (model.flash_attention), `FusedCpuAttention` (CPU, float32, with
-        MindSpore's oneDNN) and `core`."""
+        MindSpore's oneDNN) and `core`. `fused_qkv`: the queries, keys and values come from
+        one projection laid out head by head (self attention's `qkv`)."""
         dp, mp = parallel_config.dp, parallel_config.mp
         # (batch, seq, heads, parts x head_dim) -> one part: heads split, parts whole
         self.take_part = ops.StridedSlice().shard(((dp, 1, mp, 1),))
         self.split_heads = ops.Transpose().shard(((dp, 1, mp, 1),))
-        self.split_qkv = ops.Split(axis=3, output_num=3).shard(((dp, 1, mp, 1),))
+        if fused_qkv:   # a decoding step's three parts in one kernel (`_heads`)
+            self.split_qkv = ops.Split(axis=3, output_num=3).shard(((dp, 1, mp, 1),))
         # incremental decoding writes each new key and value into its cache in place; it
         # runs on one device, so the strategy keeps every tensor whole
         self.cache_write = ops.ScatterNdUpdate().shard(((1, 1, 1, 1),) * 3)
