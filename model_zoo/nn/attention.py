@@ -362,7 +362,9 @@ class AttentionLayer(nn.Cell):
     def _output(self, context):
         """The output projection of context (batch, seq, heads x head_dim), in float32,
         then the hidden dropout if the layer has one."""
-        output = ops.cast(self.output(context), ms.float32)
+        output = self.output(context)
+        if output.dtype != ms.float32:
+            output = ops.cast(output, ms.float32)
         if self.hidden_dropout is None:
             return output
         return self.hidden_dropout(output)
