@@ -280,14 +280,15 @@ class AttentionLayer(nn.Cell):
     """What multi-head and grouped-query attention share: the attention cores, chosen once
     when the layer is built (`choose_cores`), the head layout of the projections, the
     key/value-cache writes of incremental decoding, and the output projection. A subclass
-    builds its projections and `output`, then calls `choose_cores`."""
+    sets `num_heads` and `head_dim`, builds its projections and `output`, calls
+    `choose_cores`, and sets `hidden_dropout` (a Dropout, or None)."""
 
     def choose_cores(self, parallel_config: ParallelConfig, *, causal: bool,
                      num_kv_heads: int = None, fused_qkv: bool = False,
                      max_seq_length: int = 1024, attention_dropout: float = 0.0,
                      compute_dtype=ms.float32, flash: bool = False):
-        """The cores of this layer: `core` on MindSpore's operators (always: incremental
-        decoding runs it), and the one training and evaluation run, the first of
+        """The cores of this layer: `core` on MindSpore's operators (always: a decoding
+        step runs it), and the one training, evaluation and prefill run, the first of
         `FlashAttention` (model.flash_attention), `FusedCpuAttention` (CPU, float32, with
         MindSpore's oneDNN) and `core`. `fused_qkv`: the queries, keys and values come from
         one projection laid out head by head (self attention's `qkv`)."""
@@ -390,8 +391,8 @@ class MultiHeadAttention(AttentionLayer):
         compute_dtype: dtype of the matmuls; softmax runs in float32.
         init_std, output_init_std: init of the projections and of the output projection.
         flash: the core as `FlashAttention` (Ascend 910B, `model.flash_attention`). Causal
-            flash attention takes no padding bias (no model passes one). Incremental
-            decoding keeps the core on MindSpore's operators.
+            flash attention takes no padding bias (no model passes one). A decoding step
+            keeps the core on MindSpore's operators; prefill takes flash attention.
 
     Inputs:
         query: (batch, seq_q, hidden).

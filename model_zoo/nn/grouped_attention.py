@@ -87,8 +87,8 @@ class GroupedQueryAttention(AttentionLayer):
         init_std, output_init_std: init of the projections and of the output projection.
         flash: the core as `FlashAttention` (Ascend 910B, `model.flash_attention`), which
             takes the key/value heads as they are, without the repeat (`head_num` query
-            heads over fewer key/value heads, as MindFormers' LLaMA calls it). Incremental
-            decoding keeps the core on MindSpore's operators.
+            heads over fewer key/value heads, as MindFormers' LLaMA calls it). A decoding
+            step keeps the core on MindSpore's operators; prefill takes flash attention.
 
     Inputs:
         x: (batch, seq, hidden); cos, sin: float32 (seq, head_dim), `rotary_tables` rows of

@@ -340,7 +340,9 @@ class TrainStep(nn.Cell):
         self.step_tally = StepTally(log_steps, overflow_expected=dynamic_loss_scale)
 
     def _gradients(self, batch, scale):
-        """Loss and summed (still scaled) gradients over the accumulation micro batches."""
+        """Loss and summed (still scaled) gradients over the accumulation micro batches,
+        every one of which waits for the overflow status to be cleared."""
+        batch = self.gradient_norm.clear_before(batch)
         if self.accumulation == 1:
             loss, grads = self._loss_and_gradients(self._keyed(batch, 0), scale)
             return loss / self.micro_batches, grads
@@ -349,7 +351,7 @@ class TrainStep(nn.Cell):
         for index in range(self.accumulation):
             micro = self._keyed(tuple(column[index * size:(index + 1) * size]
                                       for column in batch), index)
-            loss, micro_grads = self._loss_and_gradients(micro, scale, first=index == 0)
+            loss, micro_grads = self._loss_and_gradients(micro, scale)
             if grads is None:
                 loss_sum, grads = loss, micro_grads
             else:
@@ -357,12 +359,9 @@ class TrainStep(nn.Cell):
                 grads = self.hyper_map(ops.add, grads, micro_grads)
         return loss_sum / (self.accumulation * self.micro_batches), grads
 
-    def _loss_and_gradients(self, micro, scale, first=True):
+    def _loss_and_gradients(self, micro, scale):
         """Loss and (still scaled) gradients of one (micro) batch, the sensitivity divided
-        over the wrapper's micro batches; the first one clears the overflow status (later
-        ones must not clear it again)."""
-        if first:
-            micro = self.gradient_norm.clear_before(micro)
+        over the wrapper's micro batches."""
         sens = ops.cast(scale / self.micro_batches, ms.float32)
         scaled, grads = self.loss_and_grads(*micro, sens)
         return scaled / sens, grads
@@ -496,6 +495,9 @@ class FusedAdamWeightDecay(nn.AdamWeightDecay):
         self.decays = Tensor(np.array([float(decay) if flag and fixed else 0.0 for decay, flag
                                        in zip(decays, self.decay_flags)], np.float32))
         self.update = cpu_kernel("adamw_update", dtype=ms.float32)
+        if self.update is None:
+            raise ValueError("FusedAdamWeightDecay runs on the fused CPU kernels only; "
+                             "build_optimizer picks the optimizer for the device")
         self.one = Tensor(1.0, ms.float32)
 
     def construct(self, gradients, factor=None, finite=None):
