@@ -1,7 +1,9 @@
-"""Multi-head attention with its strategies: the fused QKV projection laid out head by head,
-scores, softmax and context split by heads (dp, mp, 1, 1), the row-split output projection,
-the shared causal masks, FlashAttentionScore on Ascend 910B, and incremental decoding with
-key/value caches. Strategies follow docs/mindspore-parallel-rules.md."""
+"""Attention with its strategies: the cores between the projections (`DotProductAttention`,
+split by heads (dp, mp, 1, 1), with the shared causal masks; `FlashAttention` on Ascend
+910B; `FusedCpuAttention`), what attention layers share (`AttentionLayer`: the head layout,
+key/value-cache writes, the row-split output projection), and `MultiHeadAttention` with its
+fused QKV projection laid out head by head and incremental decoding. Strategies follow
+docs/mindspore-parallel-rules.md."""
 
 import functools
 import math
@@ -73,12 +75,6 @@ def compressed_causal_mask() -> Tensor:
     return Tensor(np.triu(np.ones((2048, 2048), np.uint8), 1))
 
 
-# the operators of `DotProductAttention` (the core between the projections) that selective
-# recompute recomputes (MindFormers marks the same ones, `llama_transformer.py`)
-CORE_OPERATORS = ("repeat", "scale", "scores", "to_float", "slice_causal", "add_causal",
-                  "add_bias", "softmax", "to_compute", "context")
-
-
 def fuse_head_projections(parts, num_heads: int) -> np.ndarray:
     """Separate projections (q, k, v or k, v: weights (hidden, in) or biases (hidden,)) as
     one fused projection laid out head by head: rows [q_0, k_0, v_0, q_1, k_1, v_1, ...],
@@ -128,6 +124,11 @@ class DotProductAttention(nn.Cell):
         context (batch, seq_q, heads x head_dim) in the compute dtype.
     """
 
+    # what selective recompute recomputes: every operator but the dropout and the merge of
+    # the heads (MindFormers marks the same ones, `llama_transformer.py`)
+    RECOMPUTED = ("repeat", "scale", "scores", "to_float", "slice_causal", "add_causal",
+                  "add_bias", "softmax", "to_compute", "context")
+
     def __init__(self, num_heads: int, head_dim: int, *, parallel_config: ParallelConfig,
                  num_kv_heads: int = None, causal: bool = False, max_seq_length: int = 1024,
                  attention_dropout: float = 0.0, compute_dtype=ms.float32):
@@ -154,6 +155,13 @@ class DotProductAttention(nn.Cell):
             self.causal_bias = causal_bias(max_seq_length)
             self.slice_causal = ops.StridedSlice().shard(((1, 1, 1, 1),))
         self.inv_sqrt_head_dim = 1.0 / math.sqrt(head_dim)
+
+    def recompute_operators(self):
+        """Mark the RECOMPUTED operators this core has for the backward pass to recompute."""
+        for name in self.RECOMPUTED:
+            operator = getattr(self, name, None)
+            if operator is not None:
+                operator.recompute()
 
     def _to_query_heads(self, x):
         """(batch, kv_heads, seq, head_dim) -> (batch, heads, seq, head_dim)."""
@@ -278,16 +286,17 @@ class FusedCpuAttention(nn.Cell):
 
 class AttentionLayer(nn.Cell):
     """What multi-head and grouped-query attention share: the attention cores, chosen once
-    when the layer is built (`choose_cores`), the head layout of the projections, the
-    key/value-cache writes of incremental decoding, and the output projection. A subclass
-    sets `num_heads` and `head_dim`, builds its projections and `output`, calls
-    `choose_cores`, and sets `hidden_dropout` (a Dropout, or None)."""
+    when the layer is built, the head layout of the projections, the key/value-cache writes
+    of incremental decoding, and the output projection. A subclass sets `num_heads` and
+    `head_dim`, builds its projections and `output`, calls `build_attention_parts`, and sets
+    `hidden_dropout` (a Dropout, or None)."""
 
-    def choose_cores(self, parallel_config: ParallelConfig, *, causal: bool,
+    def build_attention_parts(self, parallel_config: ParallelConfig, *, causal: bool,
                      num_kv_heads: int = None, fused_qkv: bool = False,
                      max_seq_length: int = 1024, attention_dropout: float = 0.0,
                      compute_dtype=ms.float32, flash: bool = False):
-        """The cores of this layer: `core` on MindSpore's operators (always: a decoding
+        """The head layout's operators, the cache writes, and the cores of this layer, chosen
+        here once: `core` on MindSpore's operators (always: a decoding
         step runs it), and the one training, evaluation and prefill run, the first of
         `FlashAttention` (model.flash_attention), `FusedCpuAttention` (CPU, float32, with
         MindSpore's oneDNN) and `core`. `fused_qkv`: the queries, keys and values come from
@@ -324,12 +333,8 @@ class AttentionLayer(nn.Cell):
         are one instance shared by every layer (marking one would mark them all) and keep
         only their probabilities: they are left as they are. Flash attention keeps no
         (seq x seq) tensor: nothing to do."""
-        if self.flash is not None:
-            return
-        for name in CORE_OPERATORS:
-            operator = getattr(self.core, name, None)
-            if operator is not None:
-                operator.recompute()
+        if self.flash is None:
+            self.core.recompute_operators()
 
     def _heads(self, projected, heads: int, parts: int):
         """(batch, seq, parts x heads x head_dim) laid out head by head -> `parts` tensors
@@ -355,6 +360,12 @@ class AttentionLayer(nn.Cell):
             return self.flash(q, k, v, padding)
         return self.core(q, k, v, padding)
 
+    def _fused_attend(self, queries, key_values=None, padding=None):
+        """The output of the fused CPU core over the projections (`FusedCpuAttention`), its
+        probabilities dropped out as the core's dropout would."""
+        return self._output(self.fused(queries, key_values, padding,
+                                       *self.core.attention_dropout.mask_key()))
+
     def _write_caches(self, cache_key, cache_value, write_index, k, v):
         """The caches with k, v written at `write_index` (`cache_index`)."""
         return (self.cache_write(cache_key, write_index, k),
@@ -379,7 +390,7 @@ class MultiHeadAttention(AttentionLayer):
     heads and the backward pass all-reduces the input's gradient once instead of three
     times. Cross attention has `query` (hidden -> hidden) and a fused `key_value` (hidden ->
     2 hidden) for the memory. The output projection is row-split: one all-reduce over mp in
-    the forward pass. The core between them is chosen once (`choose_cores`).
+    the forward pass. The core between them is chosen once (`build_attention_parts`).
 
     Args:
         hidden_size, num_heads: model width and heads (both divisible by mp).
@@ -434,20 +445,18 @@ class MultiHeadAttention(AttentionLayer):
         # a decoding step's attention in one launch, the caches written in place
         self.decode_kernel = None if cross or flash else cpu_kernel("decode_attention",
                                                                     dtype=compute_dtype)
-        self.choose_cores(parallel_config, causal=causal and not cross, fused_qkv=not cross,
-                          max_seq_length=max_seq_length, attention_dropout=attention_dropout,
-                          compute_dtype=compute_dtype, flash=flash)
+        self.build_attention_parts(parallel_config, causal=causal and not cross,
+                                   fused_qkv=not cross, max_seq_length=max_seq_length,
+                                   attention_dropout=attention_dropout,
+                                   compute_dtype=compute_dtype, flash=flash)
         self.hidden_dropout = stream_dropout(hidden_dropout, parallel_config)
 
     def construct(self, query, memory=None, attention_bias=None):
         if self.fused is not None:
-            key, keep = self.core.attention_dropout.mask_key()
             if self.cross:
-                context = self.fused(self.query(query), self.key_value(memory),
-                                     attention_bias, key, keep)
-            else:
-                context = self.fused(self.qkv(query), None, attention_bias, key, keep)
-            return self._output(context)
+                return self._fused_attend(self.query(query), self.key_value(memory),
+                                          attention_bias)
+            return self._fused_attend(self.qkv(query), None, attention_bias)
         if self.cross:
             (q,) = self._heads(self.query(query), self.num_heads, 1)
             k, v = self.project_key_value(memory)

@@ -73,7 +73,7 @@ class GroupedQueryAttention(AttentionLayer):
     `fuse_head_projections([k, v], num_kv_heads)` writes it) are column-split over mp, so
     mp must divide num_kv_heads (MindFormers' LLaMA states the same rule): each device then
     holds whole groups, its query heads with the key/value heads they read. The core
-    (`choose_cores`) repeats the keys and values to the query heads on the device, and the
+    (`build_attention_parts`) repeats the keys and values to the query heads on the device, and the
     output projection is row-split (one all-reduce over mp). Incremental decoding keeps
     key/value caches of the kv heads only (`decode_step`, `prefill`).
 
@@ -118,9 +118,10 @@ class GroupedQueryAttention(AttentionLayer):
                              parallel_config=parallel_config, has_bias=False,
                              compute_dtype=compute_dtype, init_std=output_init_std or init_std)
         self.rotary = RotaryEmbedding(self.head_dim, parallel_config=parallel_config)
-        self.choose_cores(parallel_config, causal=True, num_kv_heads=num_kv_heads,
-                          max_seq_length=max_seq_length, attention_dropout=attention_dropout,
-                          compute_dtype=compute_dtype, flash=flash)
+        self.build_attention_parts(parallel_config, causal=True, num_kv_heads=num_kv_heads,
+                                   max_seq_length=max_seq_length,
+                                   attention_dropout=attention_dropout,
+                                   compute_dtype=compute_dtype, flash=flash)
         self.hidden_dropout = None
         # the fused CPU core reads the projections with rotary positions applied in place
         # (the queries' kernel is self.rotary's)
@@ -138,8 +139,7 @@ class GroupedQueryAttention(AttentionLayer):
         if self.fused is not None:
             q = self.rotary.kernel(self.query(x), cos, sin)         # (batch, seq, heads hd)
             kv = self.rotate_keys(self.key_value(x), cos, sin)      # (batch, seq, kv 2 hd)
-            return self._output(self.fused(q, kv, None,
-                                           *self.core.attention_dropout.mask_key()))
+            return self._fused_attend(q, kv)
         return self._output(self._attend_all(*self._project(x, cos, sin)))
 
     def decode_step(self, x, cos, sin, cache_key, cache_value, write_index, step_bias):
