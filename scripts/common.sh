@@ -1,5 +1,15 @@
 # Helpers shared by the launch scripts (sourced, not run).
 
+# The variables of the launch scripts (their banners say what each does) that were set
+# when the script started, as `NAME=VALUE ...`: part of the command that continues the job.
+LAUNCH_VARIABLES="DEVICE_TARGET SERVER_IP RANK_START HCCL_CONNECT_TIMEOUT HCCL_EXEC_TIMEOUT
+FAILURE_GRACE_SECONDS JOB_TIMEOUT_SECONDS BIND_CORES RANK_WORKDIRS MAX_USER_PROCESSES PYTHON
+MASTER_ADDR MASTER_PORT NODE_RANK LOCAL_WORKER_NUM CLUSTER_TIME_OUT MODEL_ZOO_CPU_THREADS"
+LAUNCHED_WITH=""
+for _name in $LAUNCH_VARIABLES; do
+    [ -n "${!_name+x}" ] && LAUNCHED_WITH+="$_name=$(printf '%q' "${!_name}") "
+done
+
 PYTHON=${PYTHON:-python3}
 DEFAULT_CONFIG=model_zoo/models/gpt2/configs/tiny.yaml
 export GLOG_v=${GLOG_v:-3}
@@ -14,12 +24,22 @@ fail() {
     exit 2
 }
 
+# The command line that started this script (`invocation "$0" "$@"`), runnable from a fresh
+# shell: this folder, the launch variables that were set, the script and its arguments.
+# The command that continues a stopped job is it with --resume.
+invocation() {  # SCRIPT [ARGS...]
+    local command
+    command="cd $(printf '%q' "$PWD") && ${LAUNCHED_WITH}bash$(printf ' %q' "$@")"
+    echo "$command"
+}
+
 # The config file CONFIG names: as given, or the shipped config its short form
 # model_zoo/<model>/configs/X.yaml stands for (as `model-zoo train` reads it).
 config_file() {  # CONFIG
     local path
     path=$("$PYTHON" -c "import sys; from model_zoo.config import shipped_config as s; print(s(sys.argv[1]))" "$1") \
         || fail "$PYTHON cannot import model_zoo (install it: pip install -e .)"
+    [ -d "$path" ] && fail "config $1 is a directory, not a YAML file"
     [ -f "$path" ] || fail "config file $1 does not exist"
     echo "$path"
 }
@@ -48,12 +68,48 @@ output_dir_of() {  # CONFIG [train args]
     echo "$dir"
 }
 
-# CPU or Ascend: $DEVICE_TARGET when set, else Ascend when its backend loads.
-device_target() {
-    if [ -n "${DEVICE_TARGET:-}" ] && [ "$DEVICE_TARGET" != "auto" ]; then
-        echo "$DEVICE_TARGET"
-    else
-        "$PYTHON" -c "from model_zoo.parallel.context import detect_device_target as d; print(d())" \
-            2>/dev/null | tail -1
+# CPU or Ascend for this launch: $DEVICE_TARGET when set; else Ascend when MindSpore's
+# Ascend backend loads, CPU workers when it does not and no rank table is given. A rank
+# table (or DEVICE_TARGET=Ascend) on a machine where the backend does not load is refused,
+# naming what is missing, instead of quietly training on the CPU; only a DRY_LAUNCH,
+# which starts nothing, takes DEVICE_TARGET=Ascend on any machine.
+launch_target() {  # RANK_TABLE (may be empty)
+    local requested=${DEVICE_TARGET:-auto} problem
+    case "$requested" in
+        CPU) echo CPU; return ;;
+        Ascend|auto) ;;
+        *) fail "DEVICE_TARGET must be CPU, Ascend or auto, got '$requested'" ;;
+    esac
+    if [ "$requested" = Ascend ] && [ -n "${DRY_LAUNCH:-}" ]; then
+        echo Ascend
+        return
     fi
+    problem=$("$PYTHON" -c "from model_zoo.parallel.context import ascend_runtime_problem as p
+print(p())" 2>/dev/null) || fail "$PYTHON cannot import model_zoo (install it: pip install -e .)"
+    problem=$(echo "$problem" | tail -1)
+    if [ -z "$problem" ]; then
+        echo Ascend
+    elif [ -n "$1" ] || [ "$requested" = Ascend ]; then
+        fail "${1:+rank table $1 given, but }no usable Ascend runtime here: $problem" \
+             "(for CPU workers give no rank table, or set DEVICE_TARGET=CPU)"
+    else
+        echo CPU
+    fi
+}
+
+# The arguments the launch adds to `model-zoo train` to lay CONFIG out over DEVICE_NUM
+# devices, one a line (model_zoo/plan/launch.py); on Ascend the layout is checked with the
+# plan first. A layout that does not fit ends the script with its `error:` line.
+launch_layout() {  # TARGET DEVICE_NUM CONFIG [train args]
+    "$PYTHON" -m model_zoo.plan.launch --target "$1" --device-num "$2" "$3" "${@:4}" \
+        || exit $?
+}
+
+# Raise the per-user process limit as MindSpore's cluster scripts do (MAX_USER_PROCESSES,
+# default unlimited; empty leaves it): a server's ranks start many threads each.
+raise_process_limit() {
+    local limit=${MAX_USER_PROCESSES-unlimited}
+    [ -z "$limit" ] && return
+    ulimit -u "$limit" 2>/dev/null \
+        || echo "warning: could not set ulimit -u $limit (the limit stays $(ulimit -u))" >&2
 }

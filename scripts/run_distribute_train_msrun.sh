@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
-# Distributed training with MindSpore 2.x's msrun launcher (no rank table needed).
+# Distributed training with MindSpore's msrun launcher (no rank table needed): the first
+# choice for jobs of one or several servers.
 #
 # Usage: bash scripts/run_distribute_train_msrun.sh WORKER_NUM [CONFIG] [args for `model-zoo train`]
 #   WORKER_NUM  processes of the whole job (all nodes)
-#   CONFIG      YAML config (default: model_zoo/models/gpt2/configs/tiny.yaml); on Ascend its layout
-#               data_parallel x model_parallel x pipeline_stage must equal WORKER_NUM
+#   CONFIG      YAML config (default: model_zoo/models/gpt2/configs/tiny.yaml). A config laid
+#               out for fewer devices gets the data-parallel replicas that fill WORKER_NUM;
+#               on Ascend the layout is checked with `model-zoo plan` before msrun starts
 #   e.g. one node:  bash scripts/run_distribute_train_msrun.sh 8 model_zoo/models/gpt2/configs/gpt2-small.yaml
 #        two nodes: on node 0: MASTER_ADDR=10.0.0.1 NODE_RANK=0 LOCAL_WORKER_NUM=8 bash ... 16 CONFIG
 #                   on node 1: MASTER_ADDR=10.0.0.1 NODE_RANK=1 LOCAL_WORKER_NUM=8 bash ... 16 CONFIG
 #
+# The script waits for the job. SIGINT or SIGTERM to it (Ctrl-C) makes every worker of this
+# node save a checkpoint and stop; when the job stops before its end the script prints the
+# command that continues it (this command with --resume). Logs:
+# OUTPUT_DIR/msrun_logs/worker_<rank>.log; msrun starts the workers with the first
+# `python3` on PATH (it accepts no other interpreter name).
 # Environment: MASTER_ADDR (default 127.0.0.1: this node runs the scheduler), MASTER_PORT
 # (default 8118), NODE_RANK (default 0), LOCAL_WORKER_NUM (default WORKER_NUM),
-# CLUSTER_TIME_OUT (seconds to wait for all nodes, default 600), DEVICE_TARGET=CPU|Ascend
-# (on CPU the job is data-parallel over WORKER_NUM processes).
-# msrun writes logs to OUTPUT_DIR/msrun_logs/worker_<rank>.log and waits for the job; it
-# starts the workers with the first `python3` on PATH (it accepts no other interpreter name).
+# CLUSTER_TIME_OUT (seconds to wait for all nodes, default 7200 as MindFormers' launcher),
+# DEVICE_TARGET=CPU|Ascend (on CPU the job is data-parallel over WORKER_NUM processes; a
+# machine without Ascend runs CPU workers unless DEVICE_TARGET=Ascend, which is then
+# refused), DRY_LAUNCH=1 (print each local rank's environment and command, `rank R device
+# D: ENV=VALUE ... COMMAND`, then the msrun command, and start nothing), BIND_CORES=0 (no
+# msrun --bind_core on Ascend), MAX_USER_PROCESSES (ulimit -u on Ascend, default
+# unlimited), HCCL_CONNECT_TIMEOUT, HCCL_EXEC_TIMEOUT.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
@@ -22,6 +32,7 @@ if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
     usage
     exit 1
 fi
+AGAIN=$(invocation "$0" "$@")
 WORKER_NUM=$1
 shift
 CONFIG=$DEFAULT_CONFIG
@@ -30,25 +41,89 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
     shift
 fi
 require_positive WORKER_NUM "$WORKER_NUM"
+LOCAL=${LOCAL_WORKER_NUM:-$WORKER_NUM}
+require_positive LOCAL_WORKER_NUM "$LOCAL"
+NODE=${NODE_RANK:-0}
 CONFIG=$(config_file "$CONFIG")
-
 OUTPUT_DIR=$(output_dir_of "$CONFIG" "$@")
-TARGET=$(device_target)
-layout=()
-export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}
-if [ "$TARGET" != "Ascend" ]; then
-    export DEVICE_TARGET=CPU
-    layout=(--set "parallel.data_parallel=$WORKER_NUM")
+TARGET=$(launch_target "")
+if [ "$TARGET" != Ascend ]; then
+    echo "no Ascend: starting $LOCAL data-parallel CPU workers through msrun (logs in $OUTPUT_DIR/msrun_logs/)" \
+        >&"$([ -n "${DRY_LAUNCH:-}" ] && echo 2 || echo 1)"
+fi
+layout=$(launch_layout "$TARGET" "$WORKER_NUM" "$CONFIG" "$@")
+LAYOUT=()
+[ -n "$layout" ] && mapfile -t LAYOUT <<< "$layout"
+TRAIN=(python3 -m model_zoo train "$CONFIG" "$@" ${LAYOUT[@]+"${LAYOUT[@]}"})
+MSRUN=(msrun "--worker_num=$WORKER_NUM" "--local_worker_num=$LOCAL"
+       "--master_addr=${MASTER_ADDR:-127.0.0.1}" "--master_port=${MASTER_PORT:-8118}"
+       "--node_rank=$NODE" "--log_dir=$OUTPUT_DIR/msrun_logs" --join=True
+       "--cluster_time_out=${CLUSTER_TIME_OUT:-7200}")
+JOB_ENV=("DEVICE_TARGET=$TARGET" "GLOG_v=$GLOG_v")
+if [ "$TARGET" = Ascend ]; then
+    JOB_ENV+=("HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}"
+              "HCCL_EXEC_TIMEOUT=${HCCL_EXEC_TIMEOUT:-1800}")
+    [ "${BIND_CORES:-1}" != 0 ] && MSRUN+=(--bind_core=True)
+else
     # each local worker's share of the cores for the CPU kernels' threads, as the CPU
     # launcher gives it
-    require_positive LOCAL_WORKER_NUM "${LOCAL_WORKER_NUM:-$WORKER_NUM}"
     share=$("$PYTHON" -c "import sys; from model_zoo.launch.local import cpu_threads_share as s
-print(s(int(sys.argv[1])))" "${LOCAL_WORKER_NUM:-$WORKER_NUM}")
-    export MODEL_ZOO_CPU_THREADS=${MODEL_ZOO_CPU_THREADS:-$share}
+print(s(int(sys.argv[1])))" "$LOCAL")
+    JOB_ENV+=("MODEL_ZOO_CPU_THREADS=${MODEL_ZOO_CPU_THREADS:-$share}")
 fi
 
-exec msrun --worker_num="$WORKER_NUM" --local_worker_num="${LOCAL_WORKER_NUM:-$WORKER_NUM}" \
-    --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${MASTER_PORT:-8118}" \
-    --node_rank="${NODE_RANK:-0}" --log_dir="$OUTPUT_DIR/msrun_logs" --join=True \
-    --cluster_time_out="${CLUSTER_TIME_OUT:-600}" \
-    python3 -m model_zoo train "$CONFIG" ${layout[@]+"${layout[@]}"} "$@"
+if [ -n "${DRY_LAUNCH:-}" ]; then
+    # what msrun gives each worker of this node (process_entity/_api.py of MindSpore 2.x):
+    # a single node numbers its workers from 0 whatever NODE_RANK says
+    for ((i = 0; i < LOCAL; i++)); do
+        rank=$(( LOCAL == WORKER_NUM ? i : NODE * LOCAL + i ))
+        words=("${JOB_ENV[@]}" MS_ROLE=MS_WORKER "MS_SCHED_HOST=${MASTER_ADDR:-127.0.0.1}"
+               "MS_SCHED_PORT=${MASTER_PORT:-8118}" "MS_WORKER_NUM=$WORKER_NUM"
+               "MS_TOPO_TIMEOUT=${CLUSTER_TIME_OUT:-7200}" "MS_NODE_ID=$rank" "RANK_ID=$rank"
+               "DEVICE_ID=$i" "RANK_SIZE=$WORKER_NUM" "${TRAIN[@]}")
+        echo "rank $rank device $i:$(printf ' %q' "${words[@]}")"
+    done
+    echo "msrun:$(printf ' %q' "${JOB_ENV[@]}" "${MSRUN[@]}" "${TRAIN[@]}")"
+    exit 0
+fi
+
+export "${JOB_ENV[@]}"
+[ "$TARGET" = Ascend ] && raise_process_limit
+mkdir -p "$OUTPUT_DIR"
+# msrun in a session of its own, so that a Ctrl-C reaches only this script, which asks the
+# workers to save and stop: msrun itself answers SIGINT by killing every worker at once
+starter=()
+command -v setsid >/dev/null && starter=(setsid)
+${starter[@]+"${starter[@]}"} "${MSRUN[@]}" "${TRAIN[@]}" &
+MSRUN_PID=$!
+SIGNAL=""
+# msrun starts each worker in a session of its own (the workers lead their sessions;
+# its scheduler and log tails do not)
+workers() {
+    ps -eo pid=,ppid=,sid= | awk -v parent="$MSRUN_PID" '$2 == parent && $1 == $3 { print $1 }'
+}
+forward() {  # SIGNAL
+    [ -z "$SIGNAL" ] && echo "received SIG$1: asking every worker of this node to save a" \
+        "checkpoint and stop (send it again to stop them at once)" >&2
+    SIGNAL=${SIGNAL:-$1}
+    local pid
+    for pid in $(workers); do
+        kill -s "$1" -- "-$pid" 2>/dev/null || true
+    done
+}
+trap 'forward INT' INT
+trap 'forward TERM' TERM
+status=0
+while true; do
+    wait "$MSRUN_PID" && status=0 || status=$?
+    kill -0 "$MSRUN_PID" 2>/dev/null || break   # else a trapped signal ended the wait
+done
+trap - INT TERM
+if [ -n "$SIGNAL" ]; then
+    status=$(( 128 + $(kill -l "$SIGNAL") ))
+    echo "the workers saved a checkpoint and stopped; continue the job with: $AGAIN --resume"
+elif [ "$status" != 0 ]; then
+    echo "the job failed (msrun exited with $status; logs in $OUTPUT_DIR/msrun_logs/); once" \
+         "the failure is mended, continue the job with: $AGAIN --resume" >&2
+fi
+exit "$status"

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -75,33 +76,104 @@ def _alive(pid):
         return stat.read().split()[2] != "Z"
 
 
-def test_ascend_launch_prepares_one_folder_per_rank(tmp_path, write_config):
-    config = write_config({"parallel.data_parallel": 2})
-    out = tmp_path / "out"
-    result = run_script(["2", TABLE_2P, config, "--output-dir", str(out)],
-                        env={"DEVICE_TARGET": "Ascend", "HCCL_CONNECT_TIMEOUT": "900"})
+def dry_launch(args, env=None, script=SCRIPT):
+    """DRY_LAUNCH=1 of a launch script: its CompletedProcess and its `rank R device D:`
+    lines as {rank: (device, {added variable: value}, command words)}."""
+    full_env = {k: v for k, v in os.environ.items() if k != "DEVICE_TARGET"}
+    full_env.update(GLOG_v="3", PYTHON=sys.executable, DRY_LAUNCH="1", **(env or {}))
+    result = subprocess.run(["bash", script, *args], cwd=ROOT, env=full_env,
+                            capture_output=True, text=True, timeout=120)
+    ranks = {}
+    for line in result.stdout.splitlines():
+        match = re.match(r"rank (\d+) device (\S+): (.*)$", line)
+        if match:
+            words = shlex.split(match.group(3))
+            split = next(i for i, word in enumerate(words) if "=" not in word)
+            ranks[int(match.group(1))] = (match.group(2), dict(w.split("=", 1)
+                                                               for w in words[:split]),
+                                          words[split:])
+    return result, ranks
+
+
+def plan_passes(command, device_num):
+    """The rank's command with `train` replaced by `plan --device-num N`, run: its status."""
+    at = command.index("train")
+    planned = command[:at] + ["plan", "--device-num", str(device_num)] + command[at + 1:]
+    return subprocess.run(planned, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, GLOG_v="3"))
+
+
+@pytest.mark.parametrize("table, device_num, server_ip, ranks", [
+    ("rank_table_8p.json", 8, None, range(8)),
+    ("rank_table_2x8p.json", 16, "10.155.111.141", range(8, 16))])
+def test_dry_launch_prints_each_rank_of_this_server_and_its_layout_passes_the_plan(
+        tmp_path, table, device_num, server_ip, ranks):
+    """The headline command with no config on an 8-device server (and on the second server
+    of two): the default one-device config is laid out for DEVICE_NUM, each line holds the
+    rank's whole added environment and command, the command passes `model-zoo plan` for
+    that many devices, and nothing starts."""
+    out = os.path.join(ROOT, "outputs", "tiny")   # the default config's default output
+    before = sorted(os.listdir(out)) if os.path.isdir(out) else None
+    env = {"DEVICE_TARGET": "Ascend", **({"SERVER_IP": server_ip} if server_ip else {})}
+    result, lines = dry_launch([str(device_num), os.path.join(ROOT, "rank_tables", table)], env)
     assert result.returncode == 0, result.stderr
-    for rank in (0, 1):
-        assert f"rank {rank} on device {rank}:" in result.stdout
-        env = dict(line.split("=", 1) for line in
-                   (out / f"rank_{rank}" / "env.txt").read_text().splitlines() if "=" in line)
-        assert env["RANK_ID"] == str(rank) and env["DEVICE_ID"] == str(rank)
-        assert env["RANK_SIZE"] == "2" and env["DEVICE_TARGET"] == "Ascend"
-        assert env["HCCL_CONNECT_TIMEOUT"] == "900"
-        assert env["RANK_TABLE_FILE"] == TABLE_2P
-        assert env["HCCL_EXEC_TIMEOUT"] == "1800"
-    # Without Ascend software the ranks the background launcher started refuse the device
-    # at once: the launcher names the first one and ends the job
-    launcher_log = out / "launcher.log"
-    deadline = time.monotonic() + 120
-    while "failed" not in (launcher_log.read_text() if launcher_log.exists() else ""):
-        assert time.monotonic() < deadline, "the launcher did not end the job"
-        time.sleep(0.5)
-    text = launcher_log.read_text()
-    assert "rank 0 on device 0: pid" in text and "rank 1 on device 1: pid" in text
-    assert re.search(r"rank \d \(device \d\) failed \(exited with code \d+\)", text)
-    for rank in (0, 1):
-        assert "=== rank" in (out / f"rank_{rank}" / "train.log").read_text()
+    assert sorted(lines) == list(ranks)
+    assert len(result.stdout.splitlines()) == len(ranks)
+    commands = set()
+    for rank, (device, added, command) in lines.items():
+        assert device == str(rank % 8)
+        assert (added["RANK_ID"], added["DEVICE_ID"]) == (str(rank), device)
+        assert added["RANK_SIZE"] == str(device_num) and added["DEVICE_TARGET"] == "Ascend"
+        assert added["RANK_TABLE_FILE"] == os.path.join(ROOT, "rank_tables", table)
+        assert added["HCCL_CONNECT_TIMEOUT"] == "1200" and added["HCCL_EXEC_TIMEOUT"] == "1800"
+        assert added["ASCEND_WORK_PATH"] == os.path.join(out, f"rank_{rank}", "ascend_work")
+        assert f"parallel.data_parallel={device_num}" in command
+        commands.add(tuple(command))
+    assert len(commands) == 1
+    planned = plan_passes(list(commands.pop()), device_num)
+    assert planned.returncode == 0, planned.stdout[-2000:] + planned.stderr
+    assert (sorted(os.listdir(out)) if os.path.isdir(out) else None) == before, \
+        "a dry launch wrote to its output folder"
+
+
+def test_a_layout_that_does_not_fit_the_devices_stops_the_launch_before_any_rank(tmp_path):
+    """One `error:` line and exit 2, before anything starts: a model-parallel size that does
+    not divide DEVICE_NUM, and a layout the plan refuses (a batch that 8 replicas cannot
+    share); the same for a real launch as for a dry one."""
+    out = tmp_path / "out"
+    table = os.path.join(ROOT, "rank_tables", "rank_table_8p.json")
+    for wrong, message in ((["--set", "parallel.model_parallel=3"], "DEVICE_NUM 8 is not a "
+                            "multiple of model_parallel x pipeline_stage = 3"),
+                           (["--set", "train.global_batch_size=12"], "does not pass the plan")):
+        result, lines = dry_launch(["8", table, "--output-dir", str(out), *wrong],
+                                   {"DEVICE_TARGET": "Ascend"})
+        assert result.returncode == 2 and not lines, result.stdout
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and message in errors[0], result.stderr
+    assert not out.exists()
+
+
+def test_a_rank_table_without_an_ascend_runtime_is_refused_not_run_on_cpu(tmp_path):
+    """No silent CPU fallback: a rank table (or DEVICE_TARGET=Ascend) where MindSpore's Ascend
+    backend does not load ends in one `error:` line naming what is missing, exit 2, nothing
+    started; without a rank table the CPU workers' first line says what runs."""
+    out = tmp_path / "out"
+    table = os.path.join(ROOT, "rank_tables", "rank_table_2p.json")
+    for env in ({}, {"DEVICE_TARGET": "Ascend"}):
+        result = subprocess.run(
+            ["bash", SCRIPT, "2", table, "--output-dir", str(out)], cwd=ROOT,
+            env={**{k: v for k, v in os.environ.items() if k != "DEVICE_TARGET"},
+                 "PYTHON": sys.executable, **env}, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.startswith("error: rank table ") and "no usable Ascend runtime" \
+            in result.stderr and "set_env.sh" in result.stderr, result.stderr
+        assert result.stdout == "" and not out.exists()
+    result, lines = dry_launch(["2", "--output-dir", str(out)])
+    assert result.returncode == 0 and sorted(lines) == [0, 1], result.stderr
+    assert result.stderr.splitlines()[0].startswith("no Ascend: starting 2 data-parallel CPU "
+                                                    "workers")
+    assert all(device == "cpu" and added["MS_ROLE"] == "MS_WORKER"
+               for device, added, _ in lines.values())
 
 
 def test_a_dead_ascend_rank_ends_the_job_within_the_grace_period(tmp_path):

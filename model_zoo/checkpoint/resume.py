@@ -74,12 +74,15 @@ def gathered_steps(own_steps, device_num: int) -> list:
     set per rank, exchanged in one all-gather over all ranks: each rank reads only its own
     folder. Every rank must call it at the same point."""
     import numpy as np
-    from mindspore import Tensor, ops
-    offered = np.full(RESUME_CANDIDATES, -1, np.int32)   # -1: no step
+    from model_zoo.parallel.context import gathered_rows
+    offered = np.full(RESUME_CANDIDATES, -1, np.int64)   # -1: no step
     newest = sorted(own_steps)[-RESUME_CANDIDATES:]
     offered[:len(newest)] = newest
-    rows = ops.AllGather()(Tensor(offered)).asnumpy().reshape(device_num, RESUME_CANDIDATES)
-    return [{int(step) for step in row if step >= 0} for row in rows]
+    if offered.max() >= 1 << 24:
+        raise CheckpointError(f"--resume: step {offered.max()} is beyond the 2**24 steps the "
+                              f"ranks can tell each other")
+    return [{int(step) for step in row if step >= 0} for row in gathered_rows(offered,
+                                                                              device_num)]
 
 
 def resume_point(output_dir: str, config, log, saved=None) -> ResumePoint:

@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from model_zoo.data.tokenizer import TOKENIZER_FILE, Tokenizer
+from model_zoo.data.tokenizer import HF_TOKENIZER_FILE, TOKENIZER_FILE, Tokenizer
 from model_zoo.errors import DataError
 from model_zoo.files import exclusive_lock, write_json_atomically
 
@@ -100,6 +100,18 @@ def verify_dataset(dataset_dir, sources=None, checksums: bool = False):
     tokenizer = Path(dataset_dir) / TOKENIZER_FILE
     if tokenizer.exists():
         Tokenizer(tokenizer)
+
+
+def dataset_digests(dataset_dir) -> dict:
+    """What the ranks of a job compare before training, as {file name: SHA-256}, always two
+    entries so that every rank sends as many bytes: the tokenizer file (zeros without one),
+    then dataset.json (which records every data file's size and SHA-256)."""
+    folder = Path(dataset_dir)
+    tokenizer = next((name for name in (TOKENIZER_FILE, HF_TOKENIZER_FILE)
+                      if (folder / name).is_file()), TOKENIZER_FILE)
+    return {tokenizer: sha256_of(folder / tokenizer) if (folder / tokenizer).is_file()
+            else "0" * 64,
+            MANIFEST_FILE: sha256_of(folder / MANIFEST_FILE)}
 
 
 @contextlib.contextmanager

@@ -20,11 +20,25 @@ the end of its log and exits 2 if the rank refused its input (exit 2, one `error
 else 1. A worker that dies therefore ends the job within the grace period plus a few
 seconds, instead of leaving the others waiting in a collective forever.
 
+`--env NAME=VALUE` adds a variable to every process's environment (the launch scripts pass
+theirs so); `--dry-run` prints, for every rank, `rank R device D: ENV=VALUE ... COMMAND` (the
+variables the launch adds to the launcher's own environment, and the command: the part
+after the colon runs as it is in a shell) and starts nothing. With `--devices`,
+`--bind-cores` gives each rank an equal range of this machine's cores (`taskset -c`, as
+MindSpore's model-zoo scripts bind each device's process) and `--rank-workdirs` gives each
+rank its own CANN working folder and compile cache in OUT/rank_<i>/ (ASCEND_WORK_PATH,
+MS_COMPILER_CACHE_PATH), where kernel_meta, fusion results and CANN's logs land instead of
+in one folder shared by the server's processes. Each rank's environment is appended to
+OUT/rank_<i>/env.txt when it starts.
+
 SIGINT or SIGTERM to the launcher is forwarded to every worker: each finishes its step,
 saves a checkpoint and exits 128 + the signal (the ranks agree on the step inside the
 train step, so a signal that reaches one rank only stops them all the same way). The
 launcher waits up to `--stop-timeout` seconds for them and exits with that status; a
-second signal is forwarded too, and the workers then exit at once.
+second signal is forwarded too, and the workers then exit at once. After a signal, a stop
+for bad steps or a failed rank, the launcher prints the command that continues the job:
+`--again COMMAND` (the launch script's own command line, which the scripts pass) plus
+`--resume`, else this launch again with `--resume`.
 """
 
 import argparse
@@ -36,6 +50,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Dict, List, Optional
 
 POLL_SECONDS = 0.5
 BAD_INPUT_STATUS = 2
@@ -45,7 +60,31 @@ CPU_THREADS = "MODEL_ZOO_CPU_THREADS"
 # a rank that saved and stopped: the others get --stop-timeout to do the same
 STOPPED_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGTERM, BAD_STEPS_STATUS)
 STOP_SECONDS = 5.0
+# each rank's own CANN working folder (kernel_meta, fusion results, CANN's logs: CANN's
+# ASCEND_WORK_PATH) and MindSpore compile cache, under OUT/rank_<i>/ (--rank-workdirs)
+WORKDIR_VARIABLES = {"ASCEND_WORK_PATH": "ascend_work", "MS_COMPILER_CACHE_PATH": "compile_cache"}
 LOG_TAIL_LINES = 20
+
+
+@dataclass
+class RankSpec:
+    """A process the launch starts: its name in messages, rank (None for the scheduler),
+    device, the variables it adds to the launcher's environment, its command and log."""
+
+    name: str
+    rank: Optional[int]
+    device: str
+    env: Dict[str, str]
+    command: List[str]
+    log_path: str
+
+    def line(self) -> str:
+        """`rank R device D: ENV=VALUE ... COMMAND` (`scheduler: ...`), what --dry-run prints;
+        the part after the colon runs as it is in a shell."""
+        words = ([f"{name}={shlex.quote(value)}" for name, value in self.env.items()]
+                 + [shlex.quote(word) for word in self.command])
+        head = self.name if self.rank is None else f"rank {self.rank} device {self.device}"
+        return f"{head}: {' '.join(words)}"
 
 
 @dataclass
@@ -53,7 +92,7 @@ class Process:
     """A started process of the job: its role, rank (None for the scheduler) and log."""
 
     name: str
-    rank: int
+    rank: Optional[int]
     popen: subprocess.Popen
     log_path: str
 
@@ -69,15 +108,26 @@ def rank_log_path(output_dir: str, rank: int) -> str:
     return os.path.join(output_dir, f"rank_{rank}", "train.log")
 
 
-def start(command, env, log_path, name, rank=None) -> Process:
-    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-    with open(log_path, "a", encoding="utf-8") as log:
-        log.write(f"=== {name} started {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-                  f"{' '.join(command)}\n")
+def start(spec: RankSpec) -> Process:
+    """Start `spec`'s process in its own session, its output appended to its log; a rank's
+    whole environment is appended to env.txt beside the log."""
+    env = dict(os.environ, **spec.env)
+    folder = os.path.dirname(spec.log_path) or "."
+    os.makedirs(folder, exist_ok=True)
+    for name in WORKDIR_VARIABLES:
+        if name in spec.env:
+            os.makedirs(spec.env[name], exist_ok=True)
+    stamp = time.strftime('%Y-%m-%d %H:%M:%S')
+    if spec.rank is not None:
+        with open(os.path.join(folder, "env.txt"), "a", encoding="utf-8") as record:
+            record.write(f"=== {spec.name} {stamp}\n"
+                         + "".join(f"{name}={env[name]}\n" for name in sorted(env)))
+    with open(spec.log_path, "a", encoding="utf-8") as log:
+        log.write(f"=== {spec.name} started {stamp}: {' '.join(spec.command)}\n")
         log.flush()
-        popen = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+        popen = subprocess.Popen(spec.command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                  start_new_session=True)
-    return Process(name, rank, popen, log_path)
+    return Process(spec.name, spec.rank, popen, spec.log_path)
 
 
 def cpu_threads_share(workers: int) -> int:
@@ -86,18 +136,85 @@ def cpu_threads_share(workers: int) -> int:
     return max(1, len(os.sched_getaffinity(0)) // workers)
 
 
-def cluster_env(role: str, port: int, workers: int, cluster_timeout: int, rank=None) -> dict:
-    """The environment of one process of a CPU job of `workers` ranks on this machine:
-    MindSpore's dynamic-cluster variables, and each rank's share of the cores for the CPU
-    kernels' threads (`CPU_THREADS`, unless already set)."""
-    env = dict(os.environ)
-    env.update({"MS_ROLE": role, "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": str(port),
-                "MS_WORKER_NUM": str(workers), "MS_TOPO_TIMEOUT": str(cluster_timeout),
-                "DEVICE_TARGET": env.get("DEVICE_TARGET", "CPU")})
-    env.setdefault(CPU_THREADS, str(cpu_threads_share(workers)))
+def cluster_variables(role: str, port: int, workers: int, cluster_timeout: int,
+                      rank=None) -> dict:
+    """The variables one process of a CPU job of `workers` ranks on this machine adds to
+    the launcher's environment: MindSpore's dynamic-cluster variables, and each rank's share
+    of the cores for the CPU kernels' threads (`CPU_THREADS`, unless already set)."""
+    added = {"MS_ROLE": role, "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": str(port),
+             "MS_WORKER_NUM": str(workers), "MS_TOPO_TIMEOUT": str(cluster_timeout)}
+    added.setdefault("DEVICE_TARGET", os.environ.get("DEVICE_TARGET", "CPU"))
+    if CPU_THREADS not in os.environ:
+        added[CPU_THREADS] = str(cpu_threads_share(workers))
     if rank is not None:
-        env.update({"MS_NODE_ID": str(rank), "RANK_ID": str(rank)})
-    return env
+        added.update({"MS_NODE_ID": str(rank), "RANK_ID": str(rank)})
+    return added
+
+
+def cluster_env(role: str, port: int, workers: int, cluster_timeout: int, rank=None) -> dict:
+    """The whole environment of that process (`cluster_variables` over the launcher's)."""
+    return dict(os.environ, **cluster_variables(role, port, workers, cluster_timeout, rank))
+
+
+def worker_specs(command, workers: int, output_dir: str, port: int, cluster_timeout: int,
+                 job_env=None) -> List[RankSpec]:
+    """The scheduler and `workers` ranks of a CPU job on loopback, scheduler first."""
+    job_env = job_env or {}
+
+    def variables(role, rank=None):   # the job's own first, and they win
+        return {**job_env, **cluster_variables(role, port, workers, cluster_timeout, rank),
+                **job_env}
+
+    scheduler = RankSpec("scheduler", None, "-", variables("MS_SCHED"), list(command),
+                         os.path.join(output_dir, "scheduler.log"))
+    return [scheduler] + [RankSpec(f"rank {rank}", rank, "cpu", variables("MS_WORKER", rank),
+                                   list(command), rank_log_path(output_dir, rank))
+                          for rank in range(workers)]
+
+
+def device_specs(command, devices, output_dir: str, job_env=None, bind_cores: bool = False,
+                 rank_workdirs: bool = False, cpus=None) -> List[RankSpec]:
+    """One rank per (device id, rank id) of `devices` on this server, each told its
+    DEVICE_ID and RANK_ID; with `bind_cores` each runs under `taskset -c` on its share of
+    `cpus` (default: this process's affinity), with `rank_workdirs` its CANN working folder
+    and compile cache are its own (`WORKDIR_VARIABLES`)."""
+    ranges = core_ranges(len(devices), cpus) if bind_cores else None
+    if bind_cores and ranges is None:
+        print(f"warning: {len(cpus or os.sched_getaffinity(0))} cores for {len(devices)} "
+              f"devices: the ranks are not bound to cores", file=sys.stderr, flush=True)
+    specs = []
+    for index, (device, rank) in enumerate(devices):
+        env = {**(job_env or {}), "DEVICE_ID": str(device), "RANK_ID": str(rank)}
+        if rank_workdirs:
+            folder = os.path.abspath(os.path.join(output_dir, f"rank_{rank}"))
+            env.update({name: os.path.join(folder, sub)
+                        for name, sub in WORKDIR_VARIABLES.items()})
+        prefix = ["taskset", "-c", ranges[index]] if ranges else []
+        specs.append(RankSpec(f"rank {rank} (device {device})", rank, str(device), env,
+                              prefix + list(command), rank_log_path(output_dir, rank)))
+    return specs
+
+
+def core_ranges(count: int, cpus=None) -> Optional[List[str]]:
+    """`count` equal, disjoint shares of `cpus` (default: this process's affinity) in
+    `taskset -c` form ('0-23', '24-47', ...), in order; None when there are fewer cores than
+    shares. The remainder of an uneven split is left to the system."""
+    cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    share = len(cpus) // count
+    if share == 0:
+        return None
+    return [cpu_list(cpus[index * share:(index + 1) * share]) for index in range(count)]
+
+
+def cpu_list(cpus) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    runs = []
+    for cpu in cpus:
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(f"{low}-{high}" if high > low else str(low) for low, high in runs)
 
 
 def stop(processes):
@@ -247,51 +364,32 @@ def job_status(workers, failed, signals) -> int:
     return stopped[0] if stopped else 0
 
 
-def launch(command, workers: int, output_dir: str, grace: float = 10.0,
-           cluster_timeout: int = 120, timeout: float = 0.0, port: int = 0,
+def launch(specs: List[RankSpec], grace: float = 10.0, timeout: float = 0.0,
            stop_timeout: float = 600.0) -> int:
-    """Run `command` as a scheduler plus `workers` ranks on loopback; returns the exit status."""
-    port = port or free_port()
-    scheduler = start(command, cluster_env("MS_SCHED", port, workers, cluster_timeout),
-                      os.path.join(output_dir, "scheduler.log"), "scheduler")
-    processes = [scheduler]
-    ranks = []
+    """Start `specs` (a scheduler first, if the job has one) and watch them (`watch`);
+    returns the job's exit status."""
+    processes, ranks = [], []
+    scheduler = None
+    if any(spec.rank is not None and "DEVICE_ID" in spec.env for spec in specs):
+        print(f"launcher: pid {os.getpid()} (kill -TERM it to make every rank save a "
+              f"checkpoint and stop)", flush=True)
     # the handlers stay while the job is stopped, so a Ctrl-C then cannot cut the cleanup
     # short and leave ranks running in their own sessions
     with ForwardedSignals(ranks) as signals:
         try:
-            for rank in range(workers):
-                ranks.append(start(command,
-                                   cluster_env("MS_WORKER", port, workers, cluster_timeout,
-                                               rank),
-                                   rank_log_path(output_dir, rank), f"rank {rank}", rank))
-                processes.append(ranks[-1])
-                print(f"rank {rank}: pid {ranks[-1].popen.pid}, log {ranks[-1].log_path}",
+            for spec in specs:
+                processes.append(start(spec))
+                if spec.rank is None:
+                    scheduler = processes[-1]
+                    continue
+                ranks.append(processes[-1])
+                where = (f"rank {spec.rank} on device {spec.device}" if "DEVICE_ID" in spec.env
+                         else f"rank {spec.rank}")
+                print(f"{where}: pid {ranks[-1].popen.pid}, log {ranks[-1].log_path}",
                       flush=True)
             return watch(ranks, scheduler, grace, timeout, stop_timeout, signals)
         finally:
             stop(processes)
-
-
-def launch_devices(command, devices, output_dir: str, grace: float = 10.0,
-                   timeout: float = 0.0, stop_timeout: float = 600.0) -> int:
-    """Run `command` once per (device id, rank id) of `devices` on this server, each told
-    its DEVICE_ID and RANK_ID (Ascend with a rank table: HCCL connects the ranks, no
-    scheduler), and watch them as `launch` does; returns the exit status."""
-    ranks = []
-    print(f"launcher: pid {os.getpid()} (kill -TERM it to make every rank save a checkpoint "
-          f"and stop)", flush=True)
-    with ForwardedSignals(ranks) as signals:
-        try:
-            for device, rank in devices:
-                env = dict(os.environ, DEVICE_ID=str(device), RANK_ID=str(rank))
-                ranks.append(start(command, env, rank_log_path(output_dir, rank),
-                                   f"rank {rank} (device {device})", rank))
-                print(f"rank {rank} on device {device}: pid {ranks[-1].popen.pid}, log "
-                      f"{ranks[-1].log_path}", flush=True)
-            return watch(ranks, None, grace, timeout, stop_timeout, signals)
-        finally:
-            stop(ranks)
 
 
 def device_list(text: str):
@@ -328,6 +426,18 @@ def main(argv=None) -> int:
                         help="seconds the ranks get to save a checkpoint and stop after a "
                              "signal (default 600)")
     parser.add_argument("--port", type=int, default=0, help="scheduler port (default: a free one)")
+    parser.add_argument("--env", action="append", type=variable, default=[],
+                        metavar="NAME=VALUE", help="a variable every process gets (repeatable)")
+    parser.add_argument("--bind-cores", action="store_true",
+                        help="with --devices: each rank on its own equal range of cores")
+    parser.add_argument("--rank-workdirs", action="store_true",
+                        help="with --devices: each rank's CANN working folder and compile "
+                             "cache in OUTPUT_DIR/rank_<i>/")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print each rank's added environment and command; start nothing")
+    parser.add_argument("--again", metavar="COMMAND",
+                        help="the command that started this launch, printed with --resume "
+                             "when the job stops before its end (default: this launch)")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the command every process runs, after --")
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -335,27 +445,42 @@ def main(argv=None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --")
+    job_env = dict(args.env)
     if args.devices:
-        status = launch_devices(command, args.devices, args.output_dir, args.grace,
-                                args.timeout, args.stop_timeout)
+        specs = device_specs(command, args.devices, args.output_dir, job_env, args.bind_cores,
+                             args.rank_workdirs)
     else:
         if args.workers < 1:
             parser.error("--workers must be >= 1")
-        status = launch(command, args.workers, args.output_dir, args.grace,
-                        args.cluster_timeout, args.timeout, args.port, args.stop_timeout)
-    if status in STOPPED_STATUSES and "train" in command:
-        print(f"the ranks saved a checkpoint and stopped; continue the job with: "
-              f"{resume_command(argv)}", flush=True)
+        specs = worker_specs(command, args.workers, args.output_dir, args.port or free_port(),
+                             args.cluster_timeout, job_env)
+    if args.dry_run:
+        print("\n".join(spec.line() for spec in specs), flush=True)
+        return 0
+    status = launch(specs, args.grace, args.timeout, args.stop_timeout)
+    if "train" in command and status in (*STOPPED_STATUSES, 1):
+        again = resume_command(args.again or shlex.join(["python3", "-m", "model_zoo.launch",
+                                                          *argv]))
+        reason = ("once the failure is mended, " if status == 1 else
+                  "the ranks saved a checkpoint and stopped; ")
+        print(f"{reason}continue the job with: {again}", flush=True)
     return status
 
 
-def resume_command(argv) -> str:
-    """This launch again, its training command with --resume (the ranks' own resume lines
-    are for one process: run alone, a rank finds fewer devices than its layout needs)."""
-    again = ["python3", "-m", "model_zoo.launch"] + list(argv)
-    if "--resume" not in again:
-        again.append("--resume")
-    return shlex.join(again)
+def variable(text: str):
+    """'NAME=VALUE' -> (NAME, VALUE)."""
+    name, equals, value = text.partition("=")
+    if not equals or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def resume_command(command: str) -> str:
+    """`command` (a shell command line that starts the job) with --resume, which it gets once:
+    every rank then continues from the newest checkpoint they all saved (the ranks' own
+    resume lines are for one process: run alone, a rank finds fewer devices than its
+    layout needs)."""
+    return command if "--resume" in shlex.split(command) else f"{command} --resume"
 
 
 if __name__ == "__main__":

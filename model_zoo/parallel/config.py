@@ -76,6 +76,27 @@ class ParallelConfig:
         """Devices of one pipeline stage (MindSpore's S): dp x mp."""
         return self.data_parallel * self.model_parallel
 
+    def data_parallel_for(self, device_num: int) -> int:
+        """The data_parallel that lays this layout out over a job of `device_num` devices,
+        as the launch scripts do: its own when dp x mp x pp already uses them all; for a
+        layout made for fewer devices (a one-device config, or one server's layout on two),
+        the data-parallel replicas that fill them, mp and pp kept. ConfigError when the
+        layout needs more devices than that, or mp x pp does not divide them."""
+        if self.device_num == device_num:
+            return self.data_parallel
+        per_replica = self.model_parallel * self.pipeline_stage
+        layout = (f"data_parallel {self.data_parallel} x model_parallel {self.model_parallel} "
+                  f"x pipeline_stage {self.pipeline_stage} = {self.device_num} devices")
+        if self.device_num > device_num:
+            raise ConfigError(f"the layout needs more devices than the job has ({layout}, "
+                              f"DEVICE_NUM {device_num}): lower parallel.data_parallel or "
+                              f"launch more devices")
+        if device_num % per_replica:
+            raise ConfigError(f"DEVICE_NUM {device_num} is not a multiple of model_parallel "
+                              f"x pipeline_stage = {per_replica} ({layout}): no data_parallel "
+                              f"fills the job")
+        return device_num // per_replica
+
     def validate(self):
         """Check the sizes on their own; raises ConfigError naming the key."""
         for key in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num"):

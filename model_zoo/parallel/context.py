@@ -8,6 +8,7 @@ checks the layout against the devices; `data_shard` says which slice of the data
 """
 
 import contextlib
+import ctypes
 import os
 from dataclasses import dataclass
 
@@ -18,6 +19,8 @@ from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
 
 COMPILE_CALL_DEPTH = 10_000   # function calls MindSpore's graph compiler may nest
+CANN_VARIABLES = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_OPP_PATH")
+CANN_SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
 PLAN_HINT = "check the layout offline with `model-zoo plan CONFIG --device-num N`"
 
 
@@ -76,6 +79,29 @@ def detect_device_target(requested: str = "auto") -> str:
         return "CPU"
 
 
+def ascend_runtime_problem() -> str:
+    """What keeps MindSpore's Ascend backend from loading on this machine, in words ('' when
+    it loads): the launch scripts refuse a rank table with it instead of training CPU
+    workers."""
+    try:
+        if ms.hal.is_available("Ascend"):
+            return ""
+    except (RuntimeError, ValueError):
+        pass
+    if not any(os.environ.get(name) for name in CANN_VARIABLES):
+        return (f"the CANN environment is not set up in this shell (none of "
+                f"{', '.join(CANN_VARIABLES)} is set): source CANN's set_env.sh, by default "
+                f"{CANN_SET_ENV}")
+    try:
+        ctypes.CDLL("libascendcl.so")
+    except OSError as err:
+        return (f"CANN's runtime library does not load ({err}): check LD_LIBRARY_PATH, which "
+                f"CANN's set_env.sh sets")
+    return ("MindSpore's Ascend backend does not load though CANN's runtime does "
+            "(mindspore.hal.is_available('Ascend') is False): check the devices with "
+            "`npu-smi info` and that this MindSpore matches the CANN version")
+
+
 def set_run_context(requested_target: str = "auto") -> str:
     """MindSpore's context for a command that runs a network, the one place it is set: the
     device (`detect_device_target`; the layers choose their kernels by it, the fused CPU
@@ -114,6 +140,24 @@ def launched_ranks() -> int:
             except ValueError:
                 raise ConfigError(f"environment variable {variable}={value!r} is not a number")
     return 1
+
+
+def gathered_rows(row, device_num: int):
+    """Every rank's `row` (a 1-D numpy array of the same length on each), rank by rank: one
+    all-gather over the whole job, run at once (not in a graph). Every rank must call it at
+    the same point. Float32 on the wire, which CPU ranks' collectives take: integers up to
+    2**24 pass exactly."""
+    import numpy as np
+    from mindspore import Tensor, ops
+    sent = np.asarray(row, np.float32)
+    return ops.AllGather()(Tensor(sent)).asnumpy().reshape(device_num, sent.size)
+
+
+def wait_for_every_rank(device_num: int):
+    """Return once every rank has called it: ranks that stop together (a signal, too many bad
+    steps) leave together, each with its checkpoint saved. msrun kills every worker as soon
+    as one exits with another status than 0, which would cut a slower rank's save short."""
+    gathered_rows([0.0], device_num)
 
 
 def check_layout(parallel: ParallelConfig, device_target: str, device_num: int):

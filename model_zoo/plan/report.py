@@ -357,15 +357,19 @@ def format_report(plan: Plan, max_violations: int = 20) -> str:
             lines.append(f"  ... and {len(plan.violations) - max_violations} more "
                          f"(--json lists all)")
     verdict = "OK" if plan.ok else "FAILED"
-    reasons = []
-    if plan.violations:
-        reasons.append(f"{len(plan.violations)} violation(s)")
+    reasons = failure_reasons(plan, f"{len(plan.violations)} violation(s)")
+    lines.append(f"{verdict}" + (": " + "; ".join(reasons) if reasons else ""))
+    return "\n".join(lines)
+
+
+def failure_reasons(plan: Plan, violations: str) -> List[str]:
+    """Why `plan` fails: `violations` if it breaks a rule, and the memory it lacks."""
+    reasons = [violations] if plan.violations else []
     if plan.memory and not plan.fits:
         reasons.append(f"needs {_gib(plan.worst_stage.total)} GiB per device, a run may "
                        f"fill {_gib(plan.profile.usable_memory)} of {plan.device_name}'s "
                        f"{_gib(plan.device_memory)}")
-    lines.append(f"{verdict}" + (": " + "; ".join(reasons) if reasons else ""))
-    return "\n".join(lines)
+    return reasons
 
 
 def format_time(plan: Plan) -> List[str]:

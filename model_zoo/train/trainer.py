@@ -4,6 +4,7 @@ import hashlib
 import itertools
 import json
 import os
+import socket
 import time
 
 import numpy as np
@@ -11,12 +12,13 @@ import mindspore as ms
 
 from model_zoo.config import Config, import_model, read_yaml, save_config
 from model_zoo.errors import CheckpointError, DataError, UserInputError
-from model_zoo.data.manifest import building, verify_dataset
+from model_zoo.data.manifest import building, dataset_digests, verify_dataset
 from model_zoo.files import directory_in_use
-from model_zoo.parallel.context import (data_shard, eval_network_compiles, gradient_reducer,
-                                        init_parallel, is_ascend_910b, micro_batch_network,
-                                        micro_batching, parameter_init, sync_shared_parameters,
-                                        wrap_eval_network, wrap_train_step)
+from model_zoo.parallel.context import (data_shard, eval_network_compiles, gathered_rows,
+                                        gradient_reducer, init_parallel, is_ascend_910b,
+                                        micro_batch_network, micro_batching, parameter_init,
+                                        sync_shared_parameters, wrap_eval_network,
+                                        wrap_train_step)
 from model_zoo.nn.attention import check_flash_attention_device
 from model_zoo.nn.backend import kernels_for
 from model_zoo.nn.layers import check_precision_device, dtype_of
@@ -30,6 +32,9 @@ from model_zoo.train.metrics import MetricsLog, plot_loss_curve, read_metrics
 from model_zoo.train.schedule import build_schedule
 from model_zoo.train.step import (GradientNorm, StopVote, TrainStep, build_optimizer,
                                   loss_weight_of, uses_float_status)
+
+
+HOST_BYTES = 64   # of each rank's host name, told to the others with its dataset's digests
 
 
 def default_output_dir(config_path: str) -> str:
@@ -62,6 +67,27 @@ def check_output_dir(output_dir: str, config: Config, resume: bool, distributed:
                     f"--resume: model.{key} is {value!r} but the run in {output_dir} used "
                     f"{saved_model.get(key)!r}")
         keep_schedule_length(config, saved.get("train", {}))
+
+
+def check_same_dataset(dataset_dir: str, device_num: int):
+    """DataError on every rank unless all ranks hold the same dataset: their servers' copies
+    of dataset.json and the tokenizer (`dataset_digests`) are exchanged in one all-gather
+    with each rank's host name, so a server with another copy is named before step 1."""
+    digests = dataset_digests(dataset_dir)
+    names = list(digests)
+    own = b"".join(bytes.fromhex(digests[name]) for name in names)
+    host = socket.gethostname().encode()[:HOST_BYTES].ljust(HOST_BYTES, b"\0")
+    rows = gathered_rows(np.frombuffer(own + host, np.uint8), device_num).astype(np.uint8)
+    hosts = [bytes(row[len(own):]).rstrip(b"\0").decode(errors="replace") for row in rows]
+    for rank, row in enumerate(rows[1:], start=1):
+        for index, name in enumerate(names):
+            theirs, first = (bytes(r[32 * index:32 * (index + 1)]).hex() for r in (row, rows[0]))
+            if theirs != first:
+                raise DataError(
+                    f"rank {rank} (server {hosts[rank]}) has another {dataset_dir}/{name} than "
+                    f"rank 0 (server {hosts[0]}): SHA-256 {theirs[:12]}... against "
+                    f"{first[:12]}...; every server needs the same dataset: build it once and "
+                    f"copy the folder to each")
 
 
 def keep_schedule_length(config: Config, saved_train: dict):
@@ -109,6 +135,8 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
                             f"dataset there ({err.strerror or err}); free space or give a "
                             f"writable directory") from None
     verify_dataset(config.data.dataset_dir, getattr(config.data, "sources", None), verify_data)
+    if context.distributed:
+        check_same_dataset(config.data.dataset_dir, context.device_num)
 
     os.makedirs(output_dir, exist_ok=True)
     ms.set_seed(config.train.seed)

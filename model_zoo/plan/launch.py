@@ -1,0 +1,69 @@
+"""The launch scripts' layout step: lay a config out for the job's devices and, for Ascend,
+check the layout with the plan before any rank starts.
+
+    python3 -m model_zoo.plan.launch --device-num N --target Ascend|CPU CONFIG [train args]
+
+Prints the arguments the launch adds to every rank's `model-zoo train` command, one a line
+(none when the config already uses N devices); a layout made for fewer devices gets the
+data-parallel replicas that fill them (`ParallelConfig.data_parallel_for`). A layout that
+does not fit N devices, breaks one of MindSpore's rules or does not fit the device's memory
+ends in one `error:` line and exit status 2.
+"""
+
+import argparse
+import sys
+
+from model_zoo.errors import UserInputError
+
+
+def launch_overrides(config_path: str, train_args, device_num: int, target: str) -> list:
+    """The `--set` arguments that lay `config_path` (with the user's `train_args`) out over
+    `device_num` devices; on Ascend the layout is checked with `model-zoo plan` first.
+    UserInputError (exit 2) naming what does not fit."""
+    from model_zoo.cli import build_parser
+    from model_zoo.plan.report import build_plan, failure_reasons, load_plan_config
+
+    args = build_parser().parse_args(["train", config_path, *train_args])
+    config = load_plan_config(config_path, args.overrides)
+    data_parallel = config.parallel.data_parallel_for(device_num)
+    added = ([] if data_parallel == config.parallel.data_parallel
+             else [f"parallel.data_parallel={data_parallel}"])
+    if added:
+        config = load_plan_config(config_path, args.overrides + added)
+    parallel = config.parallel
+    layout = (f"data_parallel {parallel.data_parallel} x model_parallel "
+              f"{parallel.model_parallel} x pipeline_stage {parallel.pipeline_stage}")
+    if target == "Ascend":
+        plan = build_plan(config, config_path, device_num)
+        if not plan.ok:
+            first = f"{plan.violations[0].message}" if plan.violations else ""
+            more = f" (and {len(plan.violations) - 1} more)" if len(plan.violations) > 1 else ""
+            raise UserInputError(
+                f"the layout {layout} on {device_num} devices does not pass the plan: "
+                + "; ".join(failure_reasons(plan, first + more))
+                + f"; see `model-zoo plan {config_path} --device-num {device_num}"
+                + "".join(f" --set {override}" for override in args.overrides + added) + "`")
+    print(f"layout: {layout} on {device_num} devices"
+          + (f" (the launch adds --set {added[0]})" if added else ""), file=sys.stderr)
+    return [part for override in added for part in ("--set", override)]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m model_zoo.plan.launch",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device-num", type=int, required=True)
+    parser.add_argument("--target", choices=("Ascend", "CPU"), required=True)
+    parser.add_argument("config")
+    parser.add_argument("train_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    try:
+        print("\n".join(launch_overrides(args.config, args.train_args, args.device_num,
+                                         args.target)))
+    except UserInputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
