@@ -4,7 +4,9 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -79,7 +81,8 @@ def _alive(pid):
 def dry_launch(args, env=None, script=SCRIPT):
     """DRY_LAUNCH=1 of a launch script: its CompletedProcess and its `rank R device D:`
     lines as {rank: (device, {added variable: value}, command words)}."""
-    full_env = {k: v for k, v in os.environ.items() if k != "DEVICE_TARGET"}
+    full_env = {k: v for k, v in os.environ.items()   # the scripts' defaults, not a test's
+                if k not in ("DEVICE_TARGET", "HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT")}
     full_env.update(GLOG_v="3", PYTHON=sys.executable, DRY_LAUNCH="1", **(env or {}))
     result = subprocess.run(["bash", script, *args], cwd=ROOT, env=full_env,
                             capture_output=True, text=True, timeout=120)
@@ -226,22 +229,40 @@ def test_the_script_reads_config_paths_as_train_does_and_wants_a_rank_table_on_a
     assert "error: Ascend needs the HCCL rank table" in result.stderr
 
 
-def test_msrun_launcher_trains_two_cpu_workers(tmp_path, write_config):
+def test_msrun_launcher_trains_two_cpu_workers_and_stops_them_to_resume(tmp_path,
+                                                                         write_config):
+    """The msrun script on two CPU workers: a run to its end; then a long run stopped by
+    SIGTERM to the script, which reaches both workers (msrun would kill them): each saves
+    the same step and waits for the other before leaving, and the script prints the
+    command that continues the job and exits 143."""
     config = write_config({"train.steps": 6, "train.save_steps": 6})
     out = tmp_path / "out"
-    port = str(20000 + os.getpid() % 20000)
-    result = subprocess.run(
-        ["bash", os.path.join(ROOT, "scripts", "run_distribute_train_msrun.sh"), "2", config,
-         "--output-dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, GLOG_v="3", PYTHON=sys.executable, DEVICE_TARGET="CPU",
-                 MASTER_PORT=port))
+    script = os.path.join(ROOT, "scripts", "run_distribute_train_msrun.sh")
+    env = dict(os.environ, GLOG_v="3", PYTHON=sys.executable, DEVICE_TARGET="CPU",
+               MASTER_PORT=str(20000 + os.getpid() % 20000))
+    result = subprocess.run(["bash", script, "2", config, "--output-dir", str(out)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     for rank in (0, 1):
         assert (out / "msrun_logs" / f"worker_{rank}.log").exists()
         assert (out / f"rank_{rank}" / "checkpoints" / "step_00000006.ckpt").exists()
         info = json.loads((out / f"rank_{rank}" / "run_info.json").read_text())
         assert (info["device_num"], info["shard_id"]) == (2, rank)
+
+    long = write_config({"train.steps": 100000, "train.save_steps": 100000,
+                         "train.log_steps": 1}, name="long.yaml")
+    out = tmp_path / "long"
+    logs = [out / "msrun_logs" / f"worker_{rank}.log" for rank in (0, 1)]
+    job = subprocess.Popen(["bash", script, "2", long, "--output-dir", str(out)], cwd=ROOT,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = stop_when_logged(job, logs[1], "step 2/")
+    assert job.returncode == 128 + signal.SIGTERM, stdout[-2000:] + stderr[-2000:]
+    assert re.search(r"continue the job with: cd \S+ && .*run_distribute_train_msrun\.sh 2 "
+                     r".* --resume$", stdout, re.M), stdout[-2000:]
+    saved = stopped_steps(logs)
+    assert saved[0] == saved[1]
+    for rank in (0, 1):
+        assert (out / f"rank_{rank}" / "checkpoints" / f"step_{saved[0]:08d}.ckpt").exists()
 
 
 def test_a_rank_refusing_its_input_makes_the_job_exit_2(tmp_path, write_config):
@@ -415,3 +436,94 @@ def test_bad_steps_are_skipped_on_every_rank_then_the_run_stops_to_resume(tmp_pa
         saved = read_checkpoint(out / f"rank_{rank}" / "checkpoints" / "step_00000004.ckpt")
         assert int(saved["train_step"]) == 4
         assert all(np.all(np.isfinite(value)) for value in saved.values())
+
+
+def stop_when_logged(job, log, text, sig=signal.SIGTERM, group=False, timeout=180):
+    """Send `sig` to `job` (its process group with `group`) once `log` holds `text`; then
+    its (stdout, stderr)."""
+    try:
+        deadline = time.monotonic() + timeout
+        while text not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline and job.poll() is None, job.stderr.read()
+            time.sleep(0.2)
+        if group:
+            os.killpg(job.pid, sig)
+        else:
+            job.send_signal(sig)
+        return job.communicate(timeout=timeout)
+    finally:
+        if job.poll() is None:
+            job.kill()
+
+
+def stopped_steps(logs):
+    """The step each log's last `stopped by SIGNAL after step N` names."""
+    return [int(re.findall(r"stopped by \S+ after step (\d+)", log.read_text())[-1])
+            for log in logs]
+
+
+def test_the_printed_resume_command_continues_the_job_from_a_fresh_shell(tmp_path,
+                                                                           write_config):
+    """SIGTERM to a two-rank CPU job started by the script: every rank saves and stops, and
+    the launcher prints the command that continues the job (the script's own command line
+    with --resume, its folder and launch variables included). Run by a shell with an empty
+    environment, it resumes both ranks at the next step (stopped again by a signal: the run
+    is long, so that no signal comes too late)."""
+    config = write_config({"train.steps": 100000, "train.save_steps": 100000,
+                           "train.log_steps": 1})
+    out = tmp_path / "out"
+    logs = [out / f"rank_{rank}" / "train.log" for rank in (0, 1)]
+    env = dict(os.environ, GLOG_v="3", PYTHON=sys.executable, DEVICE_TARGET="CPU")
+    job = subprocess.Popen(["bash", SCRIPT, "2", config, "--output-dir", str(out)], cwd=ROOT,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = stop_when_logged(job, logs[1], "step 2/")   # the script execs the launcher
+    assert job.returncode == 128 + signal.SIGTERM, stderr[-2000:]
+    command = re.search(r"continue the job with: (.*)$", stdout, re.M).group(1)
+    assert command.endswith(" --resume") and "run_distribute_train.sh 2" in command
+    saved = stopped_steps(logs)
+    assert saved[0] == saved[1]
+    resumed = subprocess.Popen(["env", "-i", f"PATH={os.environ['PATH']}", "bash", "-c", command],
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    stdout, stderr = stop_when_logged(resumed, logs[1], f"step {saved[0] + 1}/", group=True)
+    assert "continue the job with: " + command in stdout, stdout + stderr[-2000:]
+    again = stopped_steps(logs)
+    assert again[0] == again[1] > saved[0]
+    for log in logs:
+        resumed_log = log.read_text().split("=== rank")[-1]
+        assert f"step {saved[0] + 1}/" in resumed_log and "step 1/" not in resumed_log
+
+
+def test_ranks_whose_dataset_copies_differ_stop_before_the_first_step(tmp_path, tiny_dataset):
+    """Two CPU ranks, each reading its own copy of the dataset (as two servers do), the
+    second built from other text: both stop with one `error:` line naming rank 1's server
+    and the tokenizer file that differs, before step 1. (Equal copies pass: every other
+    launched run here has them.)"""
+    from model_zoo.data import python_docstrings_corpus
+    from model_zoo.data.streaming import BuildOptions
+    from model_zoo.causal_lm.data import build_dataset
+    from conftest import TINY_DOCUMENTS, TINY_SEQ, TINY_VOCAB, write_jsonl, write_tiny_config
+
+    shutil.copytree(tiny_dataset, tmp_path / "data_0")
+    corpus = write_jsonl(tmp_path / "other.jsonl",
+                         python_docstrings_corpus()[TINY_DOCUMENTS:2 * TINY_DOCUMENTS])
+    build_dataset(tmp_path / "data_1", [corpus], vocab_size=TINY_VOCAB, seq_length=TINY_SEQ,
+                  options=BuildOptions(heldout_fraction=0.1, seed=1),
+                  source="python docstrings (test slice)", record_sources=False)
+    config = write_tiny_config(tmp_path / "tiny.yaml", tiny_dataset,
+                               {"parallel.data_parallel": 2, "train.steps": 2})
+
+    train = (f"exec {shlex.quote(sys.executable)} -m model_zoo train {config} --output-dir "
+             f"{tmp_path / 'differ'} --set data.dataset_dir={tmp_path}/data_$RANK_ID")
+    result = subprocess.run(
+        [sys.executable, "-m", "model_zoo.launch", "--workers", "2", "--output-dir",
+         str(tmp_path / "differ"), "--", "sh", "-c", train],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, GLOG_v="3"))
+    assert result.returncode == 2, result.stderr[-2000:]
+    host = socket.gethostname()
+    for rank in (0, 1):
+        log = (tmp_path / "differ" / f"rank_{rank}" / "train.log").read_text()
+        errors = [line for line in log.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "step 1/" not in log, log[-2000:]
+        assert (f"rank 1 (server {host}) has another tokenizer.model than rank 0 (server "
+                f"{host})") in errors[0] and f"data_{rank}" in errors[0]

@@ -271,9 +271,11 @@ def test_the_launcher_forwards_a_signal_to_every_rank(write_config, tmp_path):
         out / "rank_0" / "train.log").read_text()
     prefix = "the ranks saved a checkpoint and stopped; continue the job with: "
     (line,) = [line for line in stdout.splitlines() if line.startswith(prefix)]
-    again = shlex.split(line[len(prefix):])
-    assert again[:3] == ["python3", "-m", "model_zoo.launch"] and again[-1] == "--resume"
-    resumed = subprocess.run([sys.executable] + again[1:] + ["--set", f"train.steps={step + 1}"],
+    again = line[len(prefix):]   # the script's command line, from its folder, with --resume
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert shlex.split(again)[:3] == ["cd", root, "&&"] and again.endswith(" --resume")
+    assert "scripts/run_distribute_train.sh 2 " in again
+    resumed = subprocess.run(["bash", "-c", f"{again} --set train.steps={step + 1}"],
                              capture_output=True, text=True, timeout=300,
                              env=dict(os.environ, GLOG_v="3"))
     assert resumed.returncode == 0, resumed.stderr

@@ -668,3 +668,28 @@ def test_no_recompute_by_default():
     for _, cell in net.cells_and_names():
         assert not is_recomputed(cell)
         assert "output_recompute" not in cell.get_flags()
+
+
+@pytest.mark.parametrize("layout, device_num, expected", [
+    ((1, 1, 1), 8, 8),     # a one-device config on a server: data parallel 8
+    ((8, 1, 1), 8, 8),     # already laid out
+    ((2, 2, 1), 16, 8),    # one server's dp2 x mp2 on four servers' worth: mp kept
+    ((1, 2, 2), 16, 4),
+])
+def test_a_layout_for_fewer_devices_gets_the_replicas_that_fill_the_job(layout, device_num,
+                                                                          expected):
+    dp, mp, pp = layout
+    parallel = ParallelConfig(data_parallel=dp, model_parallel=mp, pipeline_stage=pp,
+                              micro_batch_num=max(pp, 1))
+    assert parallel.data_parallel_for(device_num) == expected
+
+
+@pytest.mark.parametrize("layout, device_num, message", [
+    ((16, 1, 1), 8, "needs more devices than the job has"),
+    ((1, 3, 1), 8, "DEVICE_NUM 8 is not a multiple of model_parallel x pipeline_stage = 3"),
+])
+def test_a_layout_that_cannot_fill_the_job_is_named(layout, device_num, message):
+    dp, mp, pp = layout
+    with pytest.raises(ConfigError, match=message):
+        ParallelConfig(data_parallel=dp, model_parallel=mp,
+                       pipeline_stage=pp).data_parallel_for(device_num)

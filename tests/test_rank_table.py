@@ -316,3 +316,40 @@ def test_cli_generate_merge_and_devices(tmp_path, monkeypatch, capsys):
     assert main(["rank-table", "generate", "--device-num", "[0,4)", "--hccn-conf", conf_b,
                  "--server-ip", "10.155.111.141", "-o", "b.json", "--force"]) == 0
     assert len(load_rank_table(tmp_path / "b.json")["server_list"][0]["device"]) == 4
+
+
+def test_cores_are_split_evenly_in_device_order_or_not_at_all():
+    from model_zoo.launch.local import core_ranges, cpu_list
+    assert core_ranges(8, range(192)) == [f"{24 * i}-{24 * i + 23}" for i in range(8)]
+    assert core_ranges(2, [0, 1, 2, 3, 8, 9, 10]) == ["0-2", "3,8-9"]
+    assert core_ranges(8, range(2)) is None
+    assert cpu_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+def test_the_launcher_dry_run_prints_each_rank_as_a_shell_command(tmp_path):
+    """`--dry-run` with `--devices`: one line a rank with the variables the launch adds (the
+    job's --env, DEVICE_ID, RANK_ID, the rank's own CANN folder) and the bound command, each
+    word quoted for a shell; nothing is written."""
+    import shlex
+    import subprocess
+    import sys
+    result = subprocess.run(
+        [sys.executable, "-m", "model_zoo.launch", "--devices", "4:8,5:9", "--output-dir",
+         str(tmp_path / "out"), "--env", "RANK_SIZE=16", "--env", "NOTE=a b", "--rank-workdirs",
+         "--dry-run", "--", "python3", "-m", "model_zoo", "train", "my config.yaml"],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["rank 8 device 4", "rank 9 device 5"]
+    words = shlex.split(lines[1].split(": ", 1)[1])
+    assert words[:4] == ["RANK_SIZE=16", "NOTE=a b", "DEVICE_ID=5", "RANK_ID=9"]
+    assert words[4] == f"ASCEND_WORK_PATH={tmp_path}/out/rank_9/ascend_work"
+    assert words[-5:] == ["python3", "-m", "model_zoo", "train", "my config.yaml"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_resume_command_is_the_start_command_with_resume_once():
+    from model_zoo.launch.local import resume_command
+    start = "cd /srv/zoo && SERVER_IP=10.0.0.2 bash scripts/run_distribute_train.sh 16 t.json"
+    assert resume_command(start) == start + " --resume"
+    assert resume_command(start + " --resume") == start + " --resume"

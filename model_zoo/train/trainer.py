@@ -84,10 +84,11 @@ def check_same_dataset(dataset_dir: str, device_num: int):
             theirs, first = (bytes(r[32 * index:32 * (index + 1)]).hex() for r in (row, rows[0]))
             if theirs != first:
                 raise DataError(
-                    f"rank {rank} (server {hosts[rank]}) has another {dataset_dir}/{name} than "
-                    f"rank 0 (server {hosts[0]}): SHA-256 {theirs[:12]}... against "
-                    f"{first[:12]}...; every server needs the same dataset: build it once and "
-                    f"copy the folder to each")
+                    f"the dataset of data.dataset_dir ({dataset_dir}) differs between the "
+                    f"ranks: rank {rank} (server {hosts[rank]}) has another {name} than rank "
+                    f"0 (server {hosts[0]}), SHA-256 {theirs[:12]}... against {first[:12]}...; "
+                    f"every server needs the same dataset: build it once and copy the folder "
+                    f"to each")
 
 
 def keep_schedule_length(config: Config, saved_train: dict):
