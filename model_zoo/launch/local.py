@@ -86,6 +86,11 @@ class RankSpec:
         head = self.name if self.rank is None else f"rank {self.rank} device {self.device}"
         return f"{head}: {' '.join(words)}"
 
+    @property
+    def on_device(self) -> bool:
+        """A rank of an accelerator (--devices), not of the CPU cluster."""
+        return self.device.isdigit()
+
 
 @dataclass
 class Process:
@@ -370,7 +375,7 @@ def launch(specs: List[RankSpec], grace: float = 10.0, timeout: float = 0.0,
     returns the job's exit status."""
     processes, ranks = [], []
     scheduler = None
-    if any(spec.rank is not None and "DEVICE_ID" in spec.env for spec in specs):
+    if any(spec.on_device for spec in specs):
         print(f"launcher: pid {os.getpid()} (kill -TERM it to make every rank save a "
               f"checkpoint and stop)", flush=True)
     # the handlers stay while the job is stopped, so a Ctrl-C then cannot cut the cleanup
@@ -383,7 +388,7 @@ def launch(specs: List[RankSpec], grace: float = 10.0, timeout: float = 0.0,
                     scheduler = processes[-1]
                     continue
                 ranks.append(processes[-1])
-                where = (f"rank {spec.rank} on device {spec.device}" if "DEVICE_ID" in spec.env
+                where = (f"rank {spec.rank} on device {spec.device}" if spec.on_device
                          else f"rank {spec.rank}")
                 print(f"{where}: pid {ranks[-1].popen.pid}, log {ranks[-1].log_path}",
                       flush=True)
