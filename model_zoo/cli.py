@@ -188,7 +188,7 @@ def run(args) -> int:
             train(config, output_dir, resume=args.resume, on_save=storage.upload,
                   verify_data=args.verify_data)
         except TrainingInterrupted as stopped:
-            if launched_ranks() > 1:
+            if stopped.agreed and launched_ranks() > 1:
                 from model_zoo.parallel.context import wait_for_every_rank
                 wait_for_every_rank(launched_ranks())
             overrides = "".join(f" --set {override}" for override in args.overrides)

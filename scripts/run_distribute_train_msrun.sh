@@ -94,25 +94,36 @@ mkdir -p "$OUTPUT_DIR"
 # workers to save and stop: msrun itself answers SIGINT by killing every worker at once
 starter=()
 command -v setsid >/dev/null && starter=(setsid)
-${starter[@]+"${starter[@]}"} "${MSRUN[@]}" "${TRAIN[@]}" &
-MSRUN_PID=$!
-SIGNAL=""
 # msrun starts each worker in a session of its own (the workers lead their sessions;
 # its scheduler and log tails do not)
 workers() {
     ps -eo pid=,ppid=,sid= | awk -v parent="$MSRUN_PID" '$2 == parent && $1 == $3 { print $1 }'
 }
+# the first signal asks each worker to save and stop; a second one, or one before any
+# worker started, ends them (and msrun) at once
 forward() {  # SIGNAL
-    [ -z "$SIGNAL" ] && echo "received SIG$1: asking every worker of this node to save a" \
-        "checkpoint and stop (send it again to stop them at once)" >&2
+    local pid pids again=${SIGNAL:+yes}
     SIGNAL=${SIGNAL:-$1}
-    local pid
-    for pid in $(workers); do
+    [ -z "$MSRUN_PID" ] && exit $(( 128 + $(kill -l "$1") ))
+    pids=$(workers)
+    if [ -z "$pids" ] || [ -n "$again" ]; then
+        echo "received SIG$1: stopping every worker of this node at once" >&2
+        for pid in $pids; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+        kill -TERM -- "-$MSRUN_PID" 2>/dev/null || kill -TERM "$MSRUN_PID" 2>/dev/null || true
+        return
+    fi
+    echo "received SIG$1: asking every worker of this node to save a checkpoint and stop" \
+         "(send it again to stop them at once)" >&2
+    for pid in $pids; do
         kill -s "$1" -- "-$pid" 2>/dev/null || true
     done
 }
+SIGNAL=""
+MSRUN_PID=""
 trap 'forward INT' INT
 trap 'forward TERM' TERM
+${starter[@]+"${starter[@]}"} "${MSRUN[@]}" "${TRAIN[@]}" &
+MSRUN_PID=$!
 status=0
 while true; do
     wait "$MSRUN_PID" && status=0 || status=$?

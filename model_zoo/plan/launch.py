@@ -25,6 +25,7 @@ def launch_overrides(config_path: str, train_args, device_num: int, target: str)
 
     args = build_parser().parse_args(["train", config_path, *train_args])
     config = load_plan_config(config_path, args.overrides)
+    config.parallel.validate()
     data_parallel = config.parallel.data_parallel_for(device_num)
     added = ([] if data_parallel == config.parallel.data_parallel
              else [f"parallel.data_parallel={data_parallel}"])

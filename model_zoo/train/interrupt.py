@@ -20,10 +20,13 @@ class TrainingInterrupted(Exception):
     """Raised by the loop after the checkpoint of an interrupted run is saved. `signum` is
     None on a rank that stops because another rank was signalled."""
 
-    def __init__(self, signum, step: int, checkpoint: str):
+    def __init__(self, signum, step: int, checkpoint: str, agreed: bool = True):
         cause = signal.Signals(signum).name if signum else "another rank's signal"
         super().__init__(f"stopped by {cause} after step {step}; saved {checkpoint}")
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        # every rank stops here (the step's vote); False for a signal after the last step,
+        # which only the signalled ranks see
+        self.agreed = agreed
 
     @property
     def exit_status(self) -> int:
@@ -36,7 +39,7 @@ class TooManyBadSteps(TrainingInterrupted):
 
     def __init__(self, reason: str, step: int, checkpoint: str):
         Exception.__init__(self, f"{reason}; stopped after step {step}, saved {checkpoint}")
-        self.signum, self.step, self.checkpoint = None, step, checkpoint
+        self.signum, self.step, self.checkpoint, self.agreed = None, step, checkpoint, True
 
     @property
     def exit_status(self) -> int:
@@ -83,13 +86,13 @@ class StopRequests:
         has nothing to save, so a signal now stops it at once (and one that came during
         the last step, too late for the step's vote, stops the run now)."""
         if self.signum is not None:
-            raise TrainingInterrupted(self.signum, step, checkpoint)
+            raise TrainingInterrupted(self.signum, step, checkpoint, agreed=False)
         self._done = (step, checkpoint)
         self.install()
 
     def _handle(self, signum, frame):
         if self._done is not None:
-            raise TrainingInterrupted(signum, *self._done)
+            raise TrainingInterrupted(signum, *self._done, agreed=False)
         if self.signum is not None:
             os._exit(128 + signum)
         self.signum = signum
