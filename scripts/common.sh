@@ -97,12 +97,21 @@ print(p())" 2>/dev/null) || fail "$PYTHON cannot import model_zoo (install it: p
     fi
 }
 
-# The arguments the launch adds to `model-zoo train` to lay CONFIG out over DEVICE_NUM
-# devices, one a line (model_zoo/plan/launch.py); on Ascend the layout is checked with the
+# Sets LAYOUT to the arguments the launch adds to `model-zoo train` to lay CONFIG out over
+# DEVICE_NUM devices (model_zoo/plan/launch.py); on Ascend the layout is checked with the
 # plan first. A layout that does not fit ends the script with its `error:` line.
 launch_layout() {  # TARGET DEVICE_NUM CONFIG [train args]
-    "$PYTHON" -m model_zoo.plan.launch --target "$1" --device-num "$2" "$3" "${@:4}" \
+    local added
+    added=$("$PYTHON" -m model_zoo.plan.launch --target "$1" --device-num "$2" "$3" "${@:4}") \
         || exit $?
+    LAYOUT=()
+    [ -z "$added" ] || mapfile -t LAYOUT <<< "$added"
+}
+
+# A line about the launch: on stdout, or on stderr for a DRY_LAUNCH (whose stdout is the
+# ranks' lines).
+launch_note() {  # MESSAGE
+    if [ -n "${DRY_LAUNCH:-}" ]; then echo "$1" >&2; else echo "$1"; fi
 }
 
 # Raise the per-user process limit as MindSpore's cluster scripts do (MAX_USER_PROCESSES,

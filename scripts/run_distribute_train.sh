@@ -66,12 +66,9 @@ TARGET=$(launch_target "$RANK_TABLE")
 [ "$TARGET" = Ascend ] && [ -z "$RANK_TABLE" ] && fail "$NO_TABLE"
 OUTPUT_DIR=$(output_dir_of "$CONFIG" "$@")
 if [ "$TARGET" != Ascend ]; then
-    echo "no Ascend: starting $DEVICE_NUM data-parallel CPU workers (logs in $OUTPUT_DIR/rank_<i>/train.log)" \
-        >&"$([ -n "${DRY_LAUNCH:-}" ] && echo 2 || echo 1)"
+    launch_note "no Ascend: starting $DEVICE_NUM data-parallel CPU workers (logs in $OUTPUT_DIR/rank_<i>/train.log)"
 fi
-layout=$(launch_layout "$TARGET" "$DEVICE_NUM" "$CONFIG" "$@")
-LAYOUT=()
-[ -n "$layout" ] && mapfile -t LAYOUT <<< "$layout"
+launch_layout "$TARGET" "$DEVICE_NUM" "$CONFIG" "$@"
 TRAIN=("$PYTHON" -m model_zoo train "$CONFIG" "$@" ${LAYOUT[@]+"${LAYOUT[@]}"})
 LAUNCH=("$PYTHON" -m model_zoo.launch --output-dir "$OUTPUT_DIR" --again "$AGAIN"
         --grace "${FAILURE_GRACE_SECONDS:-10}" --timeout "${JOB_TIMEOUT_SECONDS:-0}"

@@ -48,12 +48,9 @@ CONFIG=$(config_file "$CONFIG")
 OUTPUT_DIR=$(output_dir_of "$CONFIG" "$@")
 TARGET=$(launch_target "")
 if [ "$TARGET" != Ascend ]; then
-    echo "no Ascend: starting $LOCAL data-parallel CPU workers through msrun (logs in $OUTPUT_DIR/msrun_logs/)" \
-        >&"$([ -n "${DRY_LAUNCH:-}" ] && echo 2 || echo 1)"
+    launch_note "no Ascend: starting $LOCAL data-parallel CPU workers through msrun (logs in $OUTPUT_DIR/msrun_logs/)"
 fi
-layout=$(launch_layout "$TARGET" "$WORKER_NUM" "$CONFIG" "$@")
-LAYOUT=()
-[ -n "$layout" ] && mapfile -t LAYOUT <<< "$layout"
+launch_layout "$TARGET" "$WORKER_NUM" "$CONFIG" "$@"
 TRAIN=(python3 -m model_zoo train "$CONFIG" "$@" ${LAYOUT[@]+"${LAYOUT[@]}"})
 MSRUN=(msrun "--worker_num=$WORKER_NUM" "--local_worker_num=$LOCAL"
        "--master_addr=${MASTER_ADDR:-127.0.0.1}" "--master_port=${MASTER_PORT:-8118}"
