@@ -12,7 +12,7 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["model_zoo", "model_zoo.*"]),
     package_data={"model_zoo": ["models/*/configs/*.yaml", "models/*/configs/*/*.yaml",
-                                "plan/device_profiles/*.yaml", "plan/measurements/*.csv",
+                                "cost/device_profiles/*.yaml", "cost/measurements/*.csv",
                                 "models/*/README.md", "nn/cpu_kernels.cc"]},
     install_requires=[
         "mindspore==2.10.0",

@@ -8,8 +8,8 @@ profile's free constants on all rows first and prints them (to put in its YAML).
     python benchmarks/calibrate_profile.py --fit             # refit its free constants
     python benchmarks/calibrate_profile.py --csv OTHER.csv   # rows of the same columns
 
-The rows are LiBai's 42 published A100 runs (model_zoo/plan/measurements/libai_a100.csv,
-columns and shapes in model_zoo/plan/measurements/README.md); `model_zoo.plan.calibration`
+The rows are LiBai's 42 published A100 runs (model_zoo/cost/measurements/libai_a100.csv,
+columns and shapes in model_zoo/cost/measurements/README.md); `model_zoo.cost.calibration`
 plans each one with the project's bert-large / gpt2-1024 config.
 """
 
@@ -17,8 +17,8 @@ import argparse
 import statistics
 import time
 
-from model_zoo.plan import calibration
-from model_zoo.plan.devices import load_profile
+from model_zoo.cost import calibration
+from model_zoo.cost.devices import load_profile
 
 
 def summary(name: str, errors: list, agree: dict) -> str:
@@ -37,7 +37,7 @@ def main():
     parser.add_argument("--device", default="a100",
                         choices=sorted(calibration.DEVICE_MEASUREMENTS))
     parser.add_argument("--csv", help="measurements (default: the device's own, "
-                                      "model_zoo/plan/measurements/)")
+                                      "model_zoo/cost/measurements/)")
     parser.add_argument("--fit", action="store_true", help="refit the profile's free "
                                                            "constants on these rows")
     args = parser.parse_args()

@@ -27,12 +27,12 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from model_zoo.plan.docs import cluster_config_files, shown_path  # noqa: E402
-from model_zoo.plan.dryrun import blocks_overrides  # noqa: E402
-from model_zoo.plan.report import load_plan_config  # noqa: E402
+from model_zoo.dryrun.run import blocks_overrides  # noqa: E402
+from model_zoo.config import load_config  # noqa: E402
 
 
 def measure(path: str, blocks_per_stage: int, timeout: float) -> dict:
-    config = load_plan_config(path)
+    config = load_config(path, layout_checked=False)
     parallel, train = config.parallel, config.train
     overrides = []
     layers = config.model.num_layers

@@ -19,8 +19,8 @@ from model_zoo.config import add_overrides_argument, available_models, import_mo
 from model_zoo.errors import UserInputError
 from model_zoo.launch.rank_table import add_rank_table_arguments, run_rank_table_command
 from model_zoo.checkpoint.command import add_checkpoint_arguments
-from model_zoo.plan.command import (add_advise_arguments, add_dryrun_arguments,
-                                    add_plan_arguments)
+from model_zoo.dryrun.command import add_dryrun_arguments
+from model_zoo.plan.command import add_advise_arguments, add_plan_arguments
 from model_zoo.train.interrupt import Stopped, stop_at_once
 
 MODEL_SUBCOMMANDS = {"data": "build a model's dataset from text files",
@@ -159,7 +159,7 @@ def run(args) -> int:
         from model_zoo.plan.command import run_plan_command
         return run_plan_command(args)
     if args.command == "dryrun":
-        from model_zoo.plan.command import run_dryrun_command
+        from model_zoo.dryrun.command import run_dryrun_command
         return run_dryrun_command(args)
     if args.command == "advise":
         from model_zoo.plan.command import run_advise_command

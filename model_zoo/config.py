@@ -205,12 +205,14 @@ def import_model(name: str):
     return importlib.import_module(f"model_zoo.models.{name}")
 
 
-def load_config(path: str, overrides: Optional[List[str]] = None) -> Config:
-    """Read a YAML config, apply `a.b=c` overrides, type-check and validate it."""
+def load_config(path: str, overrides: Optional[List[str]] = None,
+                layout_checked: bool = True) -> Config:
+    """Read a YAML config, apply `a.b=c` overrides, type-check and validate it (the layout
+    too unless `layout_checked` is False: `config_from_dict`)."""
     raw = read_yaml(path)
     for override in overrides or []:
         apply_override(raw, override)
-    return config_from_dict(raw, origin=path)
+    return config_from_dict(raw, path, layout_checked)
 
 
 def shipped_config(path: str) -> str:
@@ -293,10 +295,16 @@ def apply_override(raw: dict, override: str):
     target[key] = value
 
 
-def config_from_dict(raw: dict, origin: str = "<dict>") -> Config:
-    """A typed config from its sections, every value and the layout validated."""
+def config_from_dict(raw: dict, origin: str = "<dict>", layout_checked: bool = True) -> Config:
+    """A typed config from its sections, every value and the layout validated. With
+    `layout_checked` False only the model and train sections are: the plan reports the
+    parallel layout's and the batch's problems itself, all of them in one run."""
     config = typed_config(raw, origin)
-    config.validate()
+    if layout_checked:
+        config.validate()
+    else:
+        config.model.validate()
+        config.train.validate()
     return config
 
 

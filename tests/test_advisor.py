@@ -7,8 +7,9 @@ import json
 import pytest
 
 from conftest import run_cli
-from model_zoo.plan import advisor, cost
-from model_zoo.plan.report import build_plan, load_plan_config
+from model_zoo.cost import advisor, communication, memory
+from model_zoo.config import load_config
+from model_zoo.cost.build import build_plan
 
 TINY = "model_zoo/gpt2/configs/tiny.yaml"
 
@@ -16,8 +17,9 @@ TINY = "model_zoo/gpt2/configs/tiny.yaml"
 @pytest.fixture(scope="module")
 def config():
     # 4 layers, 4 heads, hidden 64: mp and pp up to 4
-    return load_plan_config(TINY, ["model.num_layers=4", "model.num_heads=4",
-                                   "model.hidden_size=64", "train.global_batch_size=32"])
+    return load_config(TINY, ["model.num_layers=4", "model.num_heads=4",
+                              "model.hidden_size=64", "train.global_batch_size=32"],
+                       layout_checked=False)
 
 
 def test_layouts_cover_the_products_the_model_divides(config):
@@ -34,9 +36,9 @@ def test_layouts_cover_the_products_the_model_divides(config):
 
 @pytest.fixture(scope="module")
 def bert_config():
-    return load_plan_config("model_zoo/bert/configs/tiny.yaml", [
+    return load_config("model_zoo/bert/configs/tiny.yaml", [
         "model.num_layers=4", "model.num_heads=4", "model.hidden_size=64",
-        "train.global_batch_size=32"])
+        "train.global_batch_size=32"], layout_checked=False)
 
 
 @pytest.mark.parametrize("model, layout", [
@@ -72,9 +74,9 @@ def test_a_layout_without_recompute_is_the_same_graph_without_checkpoints(config
     direct = build_plan(advisor.Layout(2, 2, 2, 2, False, False, False).apply(config),
                         device="a100")
     parallel = direct.config.parallel
-    for ours, theirs in zip(cost.estimate_memory(cleared, parallel), direct.memory):
+    for ours, theirs in zip(memory.estimate_memory(cleared, parallel), direct.memory):
         assert ours.total == pytest.approx(theirs.total, rel=1e-12)
-    for ours, theirs in zip(cost.estimate_communication(cleared, parallel),
+    for ours, theirs in zip(communication.estimate_communication(cleared, parallel),
                             direct.communication):
         assert ours.total == pytest.approx(theirs.total, rel=1e-12)
 
@@ -117,9 +119,10 @@ def test_advise_says_when_nothing_fits():
 
 
 def test_on_an_ascend_910b_flash_attention_is_a_layout_option():
-    config = load_plan_config(TINY, ["model.num_layers=4", "model.num_heads=4",
-                                     "model.hidden_size=64", "train.global_batch_size=32",
-                                     "model.attention_dropout=0", "train.precision=fp16"])
+    config = load_config(TINY, ["model.num_layers=4", "model.num_heads=4",
+                                "model.hidden_size=64", "train.global_batch_size=32",
+                                "model.attention_dropout=0", "train.precision=fp16"],
+                         layout_checked=False)
     found = advisor.layouts(config, 8, flash_attention=True)
     assert {layout.flash_attention for layout in found} == {False, True}
     assert not any(layout.flash_attention for layout in advisor.layouts(config, 8))
@@ -131,7 +134,8 @@ def test_on_an_ascend_910b_flash_attention_is_a_layout_option():
     assert scored.time.step == pytest.approx(plan.time.step, rel=1e-7)
     assert scored.memory == pytest.approx(plan.worst_stage.total, rel=1e-7)
     # with attention dropout the layer refuses it: the layout is rejected, not an error
-    dropout = advisor.Advisor(load_plan_config(TINY, ["train.precision=fp16",
-                                                      "model.attention_dropout=0.1"]),
+    dropout = advisor.Advisor(load_config(TINY, ["train.precision=fp16",
+                                                 "model.attention_dropout=0.1"],
+                                          layout_checked=False),
                               "ascend910b")
     assert dropout.score(advisor.Layout(8, 1, 1, 1, False, False, False, True)) is None

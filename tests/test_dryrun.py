@@ -18,10 +18,11 @@ from conftest import run_cli
 from model_zoo.errors import UserInputError
 from model_zoo.parallel.context import eval_network_compiles
 from model_zoo.parallel.strategy_file import parameter_layout
-from model_zoo.plan import cuda_stubs
+from model_zoo.dryrun import cuda_stubs
 from model_zoo.plan.docs import MODELS_DIR, cluster_config_files
-from model_zoo.plan.dryrun import blocks_overrides, compare_layouts, run_dryrun, select_ranks
-from model_zoo.plan.report import build_plan, load_plan_config
+from model_zoo.dryrun.run import blocks_overrides, compare_layouts, run_dryrun, select_ranks
+from model_zoo.config import load_config
+from model_zoo.cost.build import build_plan
 from model_zoo.train.loop import sink_size_of
 
 pytestmark = pytest.mark.slow   # the slow tier (tests/conftest.py)
@@ -35,7 +36,7 @@ def reduced_overrides(path: str) -> list:
     stages (MindSpore unrolls each micro batch into the graph): the layout stays, the
     strategies do not depend on the counts (accumulation and micro batches have their own
     test below; benchmarks/compile_time.py compiles the full configurations)."""
-    parallel = load_plan_config(path).parallel
+    parallel = load_config(path, layout_checked=False).parallel
     counts = parallel.stage_blocks or [1] * parallel.pipeline_stage
     return blocks_overrides(parallel, [1 + (n > min(counts)) for n in counts]) + [
         "train.grad_accumulation=1", f"parallel.micro_batch_num={parallel.pipeline_stage}"]
@@ -52,14 +53,14 @@ EVALUATION_REFUSED = "llama/configs/plan/llama-10b-d1m8p2.yaml"
 
 
 def evaluated(path: str) -> bool:
-    return (eval_network_compiles(load_plan_config(path).parallel)
+    return (eval_network_compiles(load_config(path, layout_checked=False).parallel)
             or os.path.relpath(path, MODELS_DIR) == EVALUATION_REFUSED)
 
 
 def test_the_evaluation_refusal_is_pinned_on_a_shipped_layout():
     config = os.path.join(MODELS_DIR, EVALUATION_REFUSED)
     assert config in cluster_config_files()
-    assert not eval_network_compiles(load_plan_config(config).parallel)
+    assert not eval_network_compiles(load_config(config, layout_checked=False).parallel)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def shipped_dryruns(request):
     futures = {}
     for path in selected:   # plans here, one at a time; the compiles two at a time
         overrides = reduced_overrides(path)
-        config = load_plan_config(path, overrides)
+        config = load_config(path, overrides, layout_checked=False)
         futures[path] = pool.submit(run_dryrun, config, path, overrides,
                                     first_and_last_stage(config), jobs=1, timeout=900,
                                     plan=build_plan(config, path), evaluation=evaluated(path))
@@ -88,14 +89,15 @@ def test_every_shipped_layout_compiles(path, shipped_dryruns):
         assert not rank.layout_mismatches, rank.layout_mismatches[:3]
         # the held-out evaluation network too, where the trainer evaluates through it; with
         # pipeline stages and sequence parallel MindSpore 2.10 refuses it (docs/ascend.md)
-        if eval_network_compiles(load_plan_config(path).parallel):
+        if eval_network_compiles(load_config(path, layout_checked=False).parallel):
             assert rank.eval_error is None and rank.eval_compile_s is not None, rank.eval_error
         elif evaluated(path):
             assert "Reshape op can't be a border" in rank.eval_error
         else:
             assert rank.eval_error is None and rank.eval_compile_s is None
         # the step an Ascend run of this config trains: sunk when the trainer sinks it
-        assert rank.sink_size == sink_size_of(load_plan_config(path).train, "Ascend", 0)
+        assert rank.sink_size == sink_size_of(load_config(path,
+                                                          layout_checked=False).train, "Ascend", 0)
     assert result.ok
     if result.device_num > 1:   # a parallel layout: MindSpore inserted its communication
         assert any(rank.collectives for rank in result.ranks)
@@ -117,7 +119,7 @@ def test_llama_grouped_heads_compile_on_every_stage(overrides):
     SwiGLU, an untied head on the last stage; on the pipeline, uneven stages and selective
     recompute of the first block): MindSpore compiles every stage and its layouts are the
     plan's."""
-    config = load_plan_config(LLAMA_TINY, overrides)
+    config = load_config(LLAMA_TINY, overrides, layout_checked=False)
     result = run_dryrun(config, LLAMA_TINY, overrides, select_ranks("stages", config.parallel))
     assert result.ok, [(rank.error, rank.layout_mismatches[:2]) for rank in result.ranks]
     assert all(rank.eval_error is None for rank in result.ranks)
@@ -129,7 +131,7 @@ def test_llama_flash_attention_takes_the_grouped_heads_as_they_are():
     shapes and the layouts are the plan's for Ascend 910B."""
     overrides = ["parallel.data_parallel=2", "parallel.model_parallel=2",
                  "model.flash_attention=true", "train.precision=fp16"]
-    config = load_plan_config(LLAMA_TINY, overrides)
+    config = load_config(LLAMA_TINY, overrides, layout_checked=False)
     result = run_dryrun(config, LLAMA_TINY, overrides, [0],
                         plan=build_plan(config, LLAMA_TINY, device="ascend910b"))
     assert result.ok, [(rank.error, rank.layout_mismatches[:2]) for rank in result.ranks]
@@ -145,7 +147,7 @@ def test_the_sunk_step_holds_the_fed_steps_collectives():
     found = {}
     for sink in ("true", "false"):
         overrides = base + [f"train.dataset_sink={sink}"]
-        config = load_plan_config(TINY, overrides)
+        config = load_config(TINY, overrides, layout_checked=False)
         result = run_dryrun(config, TINY, overrides, [0, 2])
         assert result.ok, [(rank.error, rank.layout_mismatches[:2]) for rank in result.ranks]
         assert [rank.sink_size for rank in result.ranks] == [5 if sink == "true" else 0] * 2
@@ -185,7 +187,8 @@ def test_micro_steps_share_one_graph():
     found = {}
     for accumulation in (2, 32):
         overrides = ["model.num_layers=2", f"train.grad_accumulation={accumulation}"]
-        result = run_dryrun(load_plan_config(path, overrides), path, overrides, [0])
+        result = run_dryrun(load_config(path, overrides,
+                                        layout_checked=False), path, overrides, [0])
         assert result.ok, result.ranks[0].error
         found[accumulation] = result.ranks[0].collectives
     assert found[32] == found[2] and found[2]["AllReduce"] > 0
@@ -197,7 +200,7 @@ def test_pipeline_with_optimizer_shard_compiles_on_every_stage():
     does on both stages."""
     overrides = DP2_MP2 + ["parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
                            "parallel.optimizer_shard=true", "parallel.vocab_emb_dp=false"]
-    config = load_plan_config(TINY, overrides)
+    config = load_config(TINY, overrides, layout_checked=False)
     result = run_dryrun(config, TINY, overrides, select_ranks("stages", config.parallel))
     assert [rank.rank for rank in result.ranks] == [0, 4]
     assert result.ok, [(rank.error, rank.layout_mismatches[:2]) for rank in result.ranks]
@@ -210,7 +213,7 @@ def test_layout_differences_are_found():
     """compare_layouts against the plan's own layouts finds nothing, and one changed
     split, optimizer shard or missing entry each once."""
     overrides = DP2_MP2 + ["parallel.optimizer_shard=true"]
-    config = load_plan_config(TINY, overrides)
+    config = load_config(TINY, overrides, layout_checked=False)
     plan = build_plan(config, TINY)
     params = plan.recording.params
     layouts = {}
@@ -235,8 +238,9 @@ def test_layout_differences_are_found():
 
 
 def test_ranks_argument():
-    parallel = load_plan_config(TINY, DP2_MP2 + ["parallel.pipeline_stage=2",
-                                                 "parallel.micro_batch_num=2"]).parallel
+    parallel = load_config(TINY, DP2_MP2 + ["parallel.pipeline_stage=2",
+                                            "parallel.micro_batch_num=2"],
+                           layout_checked=False).parallel
     assert select_ranks("stages", parallel) == [0, 4]
     assert select_ranks("all", parallel) == list(range(8))
     assert select_ranks("5,1,5", parallel) == [1, 5]
@@ -262,13 +266,13 @@ def test_the_short_form_of_a_shipped_config_reaches_every_rank():
     """`model_zoo/gpt2/configs/...` (the docs' form) names the shipped config in the
     compile processes too, which run in folders of their own."""
     short = "model_zoo/gpt2/configs/tiny.yaml"
-    config = load_plan_config(short, DP2_MP2)
+    config = load_config(short, DP2_MP2, layout_checked=False)
     result = run_dryrun(config, short, DP2_MP2, [0])
     assert result.ok, result.ranks[0].error
 
 
 def test_a_compile_past_its_timeout_is_reported():
-    config = load_plan_config(TINY, DP2_MP2)
+    config = load_config(TINY, DP2_MP2, layout_checked=False)
     result = run_dryrun(config, TINY, DP2_MP2, [0], timeout=0.5)
     (rank,) = result.ranks
     assert not rank.compiled and "did not finish within 0.5 s" in rank.error
@@ -325,7 +329,7 @@ def test_the_partitioned_step_gives_one_devices_numbers(layout, tmp_path):
     from model_zoo.parallel.replication import device_piece
     from model_zoo.parallel.strategy_file import laid_out_names
     overrides = PARITY_BASE + PARITY_LAYOUTS[layout]
-    config = load_plan_config(TINY, overrides)
+    config = load_config(TINY, overrides, layout_checked=False)
     rng = np.random.default_rng(7)
     batches = [rng.integers(0, config.model.vocab_size, (8, config.model.seq_length + 1))
                .astype(np.int32) for _ in range(2)]
@@ -342,7 +346,7 @@ def test_the_partitioned_step_gives_one_devices_numbers(layout, tmp_path):
     job = subprocess.run(
         [sys.executable, "-m", "model_zoo.launch", "--workers", str(len(ranks)),
          "--output-dir", str(tmp_path / "job"), "--timeout", "400", "--",
-         sys.executable, "-m", "model_zoo.plan.dryrun_cpu", str(tmp_path / "dry"),
+         sys.executable, "-m", "model_zoo.dryrun.cpu_ranks", str(tmp_path / "dry"),
          *map(str, files)], capture_output=True, text=True, timeout=450,
         env=dict(os.environ, GLOG_v="3"))
     assert job.returncode == 0, job.stdout + job.stderr
@@ -383,9 +387,9 @@ def test_mindspores_strategy_file_carries_the_optimizer_state_to_another_layout(
     from model_zoo.checkpoint.layouts import rank_slices, split, strategy_names
     from model_zoo.parallel.replication import device_piece
     from model_zoo.parallel.strategy_file import laid_out_names
-    source = load_plan_config(TINY, PARITY_BASE + ["parallel.model_parallel=4"])
+    source = load_config(TINY, PARITY_BASE + ["parallel.model_parallel=4"], layout_checked=False)
     target_overrides = PARITY_BASE + DP2_MP2 + ["parallel.optimizer_shard=true"]
-    target = load_plan_config(TINY, target_overrides)
+    target = load_config(TINY, target_overrides, layout_checked=False)
     _, _ = one_device_steps(source, [], tmp_path / "init.ckpt")
     rng = np.random.default_rng(3)
     full = {name: rng.standard_normal(value.shape).astype(np.float32)

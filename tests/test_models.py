@@ -143,28 +143,3 @@ def test_every_command_that_runs_a_network_runs_it_compiled(argv, module, hook, 
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
     assert modes == [ms.GRAPH_MODE]
-
-
-def test_imports_go_one_way():
-    """docs/architecture.md: `parallel` imports neither `train` nor `checkpoint`, and
-    `checkpoint` imports nothing of `train` but the step (what a checkpoint holds) and the
-    loop's `log` (which itself imports checkpoint.files: packages refer to each other there,
-    modules never in a cycle). Read from the source, imports at any depth."""
-    import ast
-    import os
-    import model_zoo
-    root = os.path.dirname(model_zoo.__file__)
-    allowed = {"parallel": set(), "checkpoint": {"model_zoo.train.step", "model_zoo.train.loop"}}
-    for package, exceptions in allowed.items():
-        for name in os.listdir(os.path.join(root, package)):
-            if not name.endswith(".py"):
-                continue
-            tree = ast.parse(open(os.path.join(root, package, name), encoding="utf-8").read())
-            imported = {node.module for node in ast.walk(tree)
-                        if isinstance(node, ast.ImportFrom) and node.module}
-            imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-                         for alias in node.names}
-            wrong = {module for module in imported - exceptions
-                     if module.startswith(("model_zoo.train", "model_zoo.checkpoint"))
-                     and not module.startswith(f"model_zoo.{package}")}
-            assert not wrong, f"model_zoo/{package}/{name} imports {sorted(wrong)}"

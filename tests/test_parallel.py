@@ -25,7 +25,7 @@ from model_zoo.nn.attention import MultiHeadAttention
 from model_zoo.nn.backend import kernels_for
 from model_zoo.nn.layers import LayerNorm
 from model_zoo.nn.loss import CrossEntropy
-from model_zoo.plan.trace import primitives, record
+from model_zoo.layout.trace import primitives, record
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "model_zoo", "models", "gpt2",
                           "configs")
@@ -287,8 +287,8 @@ def benchmark_net(dp: int, mp: int, vocab_emb_dp: bool):
     key = (dp, mp, vocab_emb_dp)
     if key not in _BUILT:
         config = load_config(BENCHMARK, [f"parallel.data_parallel={dp}",
-                                         f"parallel.model_parallel={mp}",
-                                         f"parallel.vocab_emb_dp={str(vocab_emb_dp).lower()}"])
+                                    f"parallel.model_parallel={mp}",
+                                    f"parallel.vocab_emb_dp={str(vocab_emb_dp).lower()}"])
         assert (config.model.num_layers, config.model.hidden_size, config.model.num_heads,
                 config.model.seq_length, config.model.vocab_size) == (24, 1024, 16, 1024, 50304)
         _BUILT[key] = (build(config.model, config.parallel, ms.float16), config.parallel)
@@ -495,7 +495,7 @@ def test_strategies_fit_real_shapes(pynative, dp, mp):
         net = GPT2ForTraining(config, parallel)
     owners = {f"{name}.{attr}" if name else attr for name, _, attr, _ in primitives(net)}
     ids = Tensor(np.random.default_rng(0).integers(0, 64, (4, 17)), ms.int32)
-    # plan.record spies on every outermost primitive call while the kernels really run
+    # layout.trace.record spies on every outermost primitive call while the kernels really run
     recording = record(net, [ids], compute=True)
     loss = float(recording.output.asnumpy())
     assert np.isfinite(loss)
@@ -565,7 +565,7 @@ def test_sequence_parallel_computes_the_same_loss_and_gradients(pynative, name):
     token-wise operators on the (tokens, hidden) view) gives the loss and gradients of the
     same model without it, to float32 rounding."""
     from model_zoo.config import config_from_dict, import_model
-    from model_zoo.plan.report import network_inputs
+    from model_zoo.layout.network import network_inputs
     raw = {"model": {"name": name, "num_layers": 2, "hidden_size": 32, "num_heads": 4,
                      "seq_length": 16, "vocab_size": 64, "dropout": 0.0,
                      "attention_dropout": 0.0},

@@ -106,9 +106,9 @@ BUILD_100B = r'''
 import json, sys
 from model_zoo.config import import_model
 from model_zoo.parallel.context import RunContext
-from model_zoo.plan.report import load_plan_config
+from model_zoo.config import load_config
 from model_zoo.train.trainer import build_model
-config = load_plan_config(sys.argv[1])
+config = load_config(sys.argv[1], layout_checked=False)
 def build(rank):
     context = RunContext("Ascend", rank=rank, device_num=config.parallel.device_num)
     return build_model(import_model(config.model.name), config, context)

@@ -20,19 +20,20 @@ from mindspore import Tensor
 from mindspore.nn.utils import no_init_parameters
 
 from conftest import run_cli
-from model_zoo.config import load_config
 from model_zoo.errors import ConfigError
 from model_zoo.models.gpt2.model import GPT2Config, GPT2ForTraining
-from model_zoo.plan import cost
+from model_zoo.cost import memory
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.nn.attention import check_flash_attention_device
 from model_zoo.nn.backend import kernels_for
 from model_zoo.plan.command import DOC_PATH
 from model_zoo.plan.docs import (_layer_examples, generated_sections, plan_config_files,
                                  render_doc, sharded_layer_names)
-from model_zoo.plan.report import (build_plan, format_report, load_plan_config,
-                                   plan_config_from_dict)
-from model_zoo.plan.trace import PlanError, record
+from model_zoo.config import config_from_dict, load_config
+from model_zoo.cost.build import build_plan
+from model_zoo.plan.report import format_report
+from model_zoo.layout.recording import PlanError
+from model_zoo.layout.trace import record
 from model_zoo.parallel.replication import (device_piece, norm_weights, optimizer_shard_size,
                                             stage_of_rank)
 
@@ -129,7 +130,7 @@ def tiny(dp=1, mp=1, pp=1, micro=1, layers=2, batch=8, acc=1, hidden=64, **paral
            "train": {"global_batch_size": batch, "grad_accumulation": acc,
                      "precision": "fp16"},
            "data": {"dataset_dir": "unused"}}
-    return plan_config_from_dict(raw)
+    return config_from_dict(raw, layout_checked=False)
 
 
 def reshard(path: str, strategy, out_strategy=None):
@@ -160,7 +161,8 @@ _PLANS = {}
 
 def shipped(relative: str):
     if relative not in _PLANS:
-        _PLANS[relative] = build_plan(load_plan_config(os.path.join(ROOT, relative)), relative)
+        _PLANS[relative] = build_plan(load_config(os.path.join(ROOT, relative),
+                                                  layout_checked=False), relative)
     return _PLANS[relative]
 
 
@@ -405,7 +407,7 @@ def test_shape_rules_agree_with_the_kernels(dtype, recompute):
 
 
 def test_model_without_plan_inputs_hook():
-    from model_zoo.plan.report import network_inputs
+    from model_zoo.layout.network import network_inputs
 
     class TwoInputs(ms.nn.Cell):
         def construct(self, a, b):
@@ -435,12 +437,12 @@ def test_activations_follow_the_closed_form(compute_bytes, dropout, dp, mp, sp):
                "train": {"global_batch_size": 8,
                          "precision": "fp16" if compute_bytes == 2 else "fp32"},
                "data": {"dataset_dir": "unused"}}
-        plan = build_plan(plan_config_from_dict(raw))
+        plan = build_plan(config_from_dict(raw, layout_checked=False))
         assert plan.violations == []
         return plan.memory[0].activations_per_micro_batch
 
     layer = per_micro_batch(2) - per_micro_batch(1)
-    expected = cost.gpt2_layer_activation_bytes(8, 32, 128, 8, dp, mp, compute_bytes, dropout,
+    expected = memory.gpt2_layer_activation_bytes(8, 32, 128, 8, dp, mp, compute_bytes, dropout,
                                                 sequence_parallel=sp)
     assert layer == expected
     if compute_bytes == 2 and dropout:  # the fp16 forms stated in the docstring
@@ -479,7 +481,7 @@ def flash_config(flash, name="gpt2", **parallel):
                         **parallel},
            "train": {"global_batch_size": 8, "precision": "fp16"},
            "data": {"dataset_dir": "unused"}}
-    return plan_config_from_dict(raw)
+    return config_from_dict(raw, layout_checked=False)
 
 
 @pytest.mark.parametrize("name, padded, causal", [("gpt2", 0, 2), ("bert", 2, 0),
@@ -487,7 +489,7 @@ def flash_config(flash, name="gpt2", **parallel):
 def test_flash_attention_keeps_no_seq_squared_tensor(name, padded, causal):
     """FlashAttentionScore (910B) passes the rules for all three models and saves, per
     attention layer and micro batch, (4 + c) a s^2 (b/d)/t - 64 a s (b/d)/t - c T h/t bytes
-    of activations against the plain attention, less s^2 b/d for a padding mask (cost.py
+    of activations against the plain attention, less s^2 b/d for a padding mask (cost/memory.py
     docstring). Padded layers: BERT's, the Transformer's encoder and cross attention; causal:
     GPT-2's and the Transformer's decoder self attention."""
     flash = build_plan(flash_config(True, name), device="ascend910b")
@@ -525,9 +527,9 @@ def test_llama_layers_pass_the_plan_and_the_concat_axis_is_read_from_the_primiti
     path = os.path.join(ROOT, "model_zoo/models/llama/configs/tiny.yaml")
     overrides = ["parallel.data_parallel=2", "parallel.model_parallel=2",
                  "parallel.sequence_parallel=true"]
-    assert not build_plan(load_plan_config(path, overrides)).violations
+    assert not build_plan(load_config(path, overrides, layout_checked=False)).violations
     concat = "lm.model.blocks.0.attention.rotary.concat"
-    plan = build_plan(load_plan_config(path, overrides),
+    plan = build_plan(load_config(path, overrides, layout_checked=False),
                       customize=reshard(concat, ((2, 1, 1, 2),) * 2))
     violation = only(plan, "Concat")[0]
     assert violation.path == concat and "concatenated axis" in str(violation)
@@ -623,8 +625,8 @@ def test_data_parallel_gradient_reduction_once_per_step(accumulation):
     many accumulation micro steps make it (MindSpore's GradAccumulation on Ascend)."""
     relative = os.path.join("model_zoo", "models", "gpt2", "configs", "plan",
                             "gpt2-1024-d8m1p1.yaml")
-    config = load_plan_config(os.path.join(ROOT, relative),
-                              [f"train.grad_accumulation={accumulation}"])
+    config = load_config(os.path.join(ROOT, relative),
+                         [f"train.grad_accumulation={accumulation}"], layout_checked=False)
     plan = build_plan(config, relative)
     (comm,) = plan.communication
     amount, _ = comm.details[("all_reduce", "parameter gradients (data parallel)")]
@@ -665,7 +667,7 @@ def test_sequence_parallel_splits_the_stream_at_the_same_volume():
     path = os.path.join(ROOT, "model_zoo", "models", "gpt2", "configs", "plan",
                         "gpt2-1024-d1m8p1.yaml")
     plain = shipped(os.path.relpath(path, ROOT))
-    split = build_plan(load_plan_config(path, ["parallel.sequence_parallel=true"]))
+    split = build_plan(load_config(path, ["parallel.sequence_parallel=true"], layout_checked=False))
     assert split.violations == []
 
     def block_collectives(plan, kinds):
@@ -682,10 +684,10 @@ def test_sequence_parallel_splits_the_stream_at_the_same_volume():
     tokens, hidden, mp = 8 * 1024, 1024, 8
     (before,), (after,) = plain.memory, split.memory
     kept = (24 * 4 * tokens * hidden + 4 * tokens * hidden + 8 * tokens
-            + tokens * hidden * cost.MASK_BYTES)
+            + tokens * hidden * memory.MASK_BYTES)
     assert (before.activations_per_micro_batch - after.activations_per_micro_batch
             == kept * (1 - 1 / mp))
-    block = functools.partial(cost.gpt2_layer_activation_bytes, 8, 1024, 1024, 16, 1, 8)
+    block = functools.partial(memory.gpt2_layer_activation_bytes, 8, 1024, 1024, 16, 1, 8)
     assert before.recompute_peak - after.recompute_peak == \
         block() - block(sequence_parallel=True)
 
@@ -728,7 +730,7 @@ def test_sequence_parallel_moves_the_same_block_volume(name):
                             "sequence_parallel": sequence_parallel},
                "train": {"global_batch_size": 8, "precision": "fp16"},
                "data": {"dataset_dir": "unused"}}
-        built = build_plan(plan_config_from_dict(raw))
+        built = build_plan(config_from_dict(raw, layout_checked=False))
         assert built.violations == []
         return built.communication[0]
 
@@ -871,9 +873,9 @@ def test_report_names_violations_and_memory_overflow():
     text = format_report(plan)
     assert "lm.transformer.blocks.1.attention.core.softmax (Softmax) input 0 dimension 3" in text
     assert text.rstrip().endswith("FAILED: 1 violation(s)")
-    big = build_plan(load_plan_config(
+    big = build_plan(load_config(
         os.path.join(ROOT, "model_zoo/models/gpt2/configs/plan/gpt2-1024-d1m1p1.yaml"),
-        ["train.grad_accumulation=1"]))  # 512 sequences at once on one device
+        ["train.grad_accumulation=1"], layout_checked=False))  # 512 sequences at once on one device
     assert not big.fits and "DOES NOT FIT" in format_report(big)
 
 
@@ -921,7 +923,7 @@ def test_memory_estimate_against_a_measured_cpu_run(cpu_memory_run):
     assert cpu_memory_run.returncode == 0, err[-3000:]
     measured = json.loads(out.strip().splitlines()[-1])
     assert all(np.isfinite(measured["losses"]))
-    plan = build_plan(plan_config_from_dict(json.loads(json.dumps(MEMORY_CONFIG))))
+    plan = build_plan(config_from_dict(json.loads(json.dumps(MEMORY_CONFIG)), layout_checked=False))
     (memory,) = plan.memory
     estimate = memory.total
     seen, forward_outputs = set(), 0
@@ -948,7 +950,7 @@ KNOBS_BASE = ["model.num_layers=6", "parallel.model_parallel=2", "parallel.pipel
 
 def knob_plan(*overrides):
     path = "model_zoo/gpt2/configs/tiny.yaml"
-    return build_plan(load_plan_config(path, KNOBS_BASE + list(overrides)), path)
+    return build_plan(load_config(path, KNOBS_BASE + list(overrides), layout_checked=False), path)
 
 
 def test_selective_recompute_recomputes_the_attention_core_only():
@@ -987,7 +989,8 @@ def test_bf16_is_planned_on_devices_that_have_it():
     plan = knob_plan("train.precision=bf16")
     assert plan.profile.key == "ascend910b" and not plan.violations
     path = "model_zoo/gpt2/configs/tiny.yaml"
-    on_910 = build_plan(load_plan_config(path, KNOBS_BASE + ["train.precision=bf16"]), path,
+    on_910 = build_plan(load_config(path, KNOBS_BASE + ["train.precision=bf16"],
+                                    layout_checked=False), path,
                         device="ascend910")
     assert any(v.rule == "precision" for v in on_910.violations)
 

@@ -1,6 +1,6 @@
-"""The time model of `model-zoo plan` (`plan.timing`): placement of collectives on servers,
+"""The time model of `model-zoo plan` (`cost.timing`): placement of collectives on servers,
 the JSON of the plan's prediction, and the a100 profile against the published measurements
-it was fitted on (`plan.calibration`, `benchmarks/calibrate_profile.py`)."""
+it was fitted on (`cost.calibration`, `benchmarks/calibrate_profile.py`)."""
 
 import dataclasses
 import json
@@ -9,9 +9,9 @@ import statistics
 import pytest
 
 from conftest import run_cli
-from model_zoo.plan import calibration
-from model_zoo.plan.devices import load_profile
-from model_zoo.plan.timing import spans_servers
+from model_zoo.cost import calibration
+from model_zoo.cost.devices import load_profile
+from model_zoo.cost.timing import spans_servers
 
 # the interface the checks use: GPT-2 medium's shape, d2 x m2 x p4 on 16 A100s
 GPT2_D2M2P4 = ["model_zoo/gpt2/configs/gpt2-1024.yaml", "--device", "a100",
@@ -137,7 +137,7 @@ def test_spearman_against_a_hand_count():
 
 def test_the_ascend_rows_read_as_their_model_cards_state():
     """ms/step rows: samples/s = global batch / step; tokens/s/p rows: figure x devices /
-    seq (model_zoo/plan/measurements/README.md)."""
+    seq (model_zoo/cost/measurements/README.md)."""
     runs = {run.name: run for run in calibration.read_rows(
         calibration.DEVICE_MEASUREMENTS["ascend910"])}
     bert = runs["BERT-base pretrain (Ascend 910)"]

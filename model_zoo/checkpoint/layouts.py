@@ -72,14 +72,14 @@ class Layout:
 
 def plan_layout(config) -> Layout:
     """The plan's layout of `config`; UserInputError naming the first rule it breaks."""
-    from model_zoo.plan.report import build_plan, usable_parameters
-    return Layout(config, usable_parameters(build_plan(config), "model-zoo checkpoint"))
+    from model_zoo.layout.network import usable_parameters
+    return Layout(config, usable_parameters(config, "model-zoo checkpoint"))
 
 
 def layout_config(path: str, overrides=()):
     """A config (from YAML plus `--set` overrides) whose layout is checked by the plan."""
-    from model_zoo.plan.report import load_plan_config
-    return load_plan_config(path, list(overrides))
+    from model_zoo.config import load_config
+    return load_config(path, list(overrides), layout_checked=False)
 
 
 def rank_file(directory: str, rank: int) -> str:

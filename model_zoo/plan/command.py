@@ -1,4 +1,5 @@
-"""`model-zoo plan`: the command line of the plan and of the docs it generates.
+"""`model-zoo plan` and `model-zoo advise`: their arguments, their runs, and the docs `plan`
+generates.
 
 Light to import (the CLI builds its parser from it); the plan itself is imported when the
 command runs."""
@@ -9,7 +10,7 @@ import os
 
 from model_zoo.config import add_overrides_argument
 from model_zoo.errors import UserInputError
-from model_zoo.plan.devices import DEVICE_KEYS
+from model_zoo.cost.devices import DEVICE_KEYS
 
 # the guide in a source checkout (an editable install's repository; a wheel has no docs/)
 DOC_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -24,7 +25,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--device-num", type=int, default=None,
                         help="devices the job will have (default: dp x mp x pp of the config)")
     parser.add_argument("--device", choices=DEVICE_KEYS,
-                        help="device profile (model_zoo/plan/device_profiles/) whose memory "
+                        help="device profile (model_zoo/cost/device_profiles/) whose memory "
                              "the estimate is held against and whose speeds time the step "
                              "(ascend910: 32 GiB, ascend910b: 64 GiB, a100: 40 GiB; default: "
                              "ascend910b for a config with flash attention or bf16, else "
@@ -52,7 +53,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser):
 
 def run_plan_command(args) -> int:
     from model_zoo.plan.docs import layout_table, strategy_table
-    from model_zoo.plan.report import build_plan, format_report, load_plan_config
+    from model_zoo.config import load_config
+    from model_zoo.cost.build import build_plan
+    from model_zoo.plan.report import format_report
     docs_option = args.update_docs or args.strategy_table or args.layout_table
     if docs_option and args.config:
         raise UserInputError("--update-docs, --strategy-table and --layout-table take no CONFIG")
@@ -70,7 +73,7 @@ def run_plan_command(args) -> int:
     if not args.config:
         raise UserInputError("model-zoo plan needs a CONFIG (or --update-docs, "
                              "--strategy-table, --layout-table)")
-    config = load_plan_config(args.config, args.overrides)
+    config = load_config(args.config, args.overrides, layout_checked=False)
     plan = build_plan(config, args.config, args.device_num, args.device,
                       devices_per_server=args.devices_per_server)
     if args.save_strategy:
@@ -85,8 +88,8 @@ def run_plan_command(args) -> int:
 def save_strategy(plan, path: str):
     """Write the strategy file of a plan whose layout breaks no rule."""
     from model_zoo.parallel.strategy_file import training_state_names, write_strategy_file
-    from model_zoo.plan.report import usable_parameters
-    params = usable_parameters(plan, "--save-strategy")
+    from model_zoo.layout.network import usable_recording
+    params = usable_recording(plan.recording, plan.violations, "--save-strategy").params
     parallel = plan.config.parallel
     write_strategy_file(path, params, parallel,
                         training_state_names(params, parallel, plan.config.train.grad_accumulation))
@@ -114,7 +117,7 @@ def add_advise_arguments(parser: argparse.ArgumentParser):
     add_overrides_argument(parser)
     parser.add_argument("--device-num", type=int, required=True, help="devices of the job")
     parser.add_argument("--device", choices=DEVICE_KEYS,
-                        help="device profile (model_zoo/plan/device_profiles/; default: as "
+                        help="device profile (model_zoo/cost/device_profiles/; default: as "
                              "`model-zoo plan` picks it)")
     parser.add_argument("--devices-per-server", type=int, default=0, metavar="K",
                         help="devices per server (default: the profile's)")
@@ -127,11 +130,11 @@ def add_advise_arguments(parser: argparse.ArgumentParser):
 
 def run_advise_command(args) -> int:
     from model_zoo.config import save_config
-    from model_zoo.plan.advisor import advise, format_advice
-    from model_zoo.plan.report import load_plan_config
+    from model_zoo.cost.advisor import advise, format_advice
+    from model_zoo.config import load_config
     if args.devices_per_server < 0:
         raise UserInputError(f"--devices-per-server must be >= 1, got {args.devices_per_server}")
-    config = load_plan_config(args.config, args.overrides)
+    config = load_config(args.config, args.overrides, layout_checked=False)
     advice = advise(config, args.device_num, args.device, args.devices_per_server, args.top)
     if args.write and advice.best:
         save_config(advice.best[0].layout.apply(config), args.write)
@@ -142,60 +145,3 @@ def run_advise_command(args) -> int:
         if args.write and advice.best:
             print(f"wrote {args.write}")
     return 0 if advice.best else 1
-
-
-# --- `model-zoo dryrun` -------------------------------------------------------------------------
-
-def add_dryrun_arguments(parser: argparse.ArgumentParser):
-    parser.add_argument("config", help="YAML config whose layout MindSpore compiles")
-    add_overrides_argument(parser)
-    parser.add_argument("--ranks", default="stages",
-                        help="ranks to compile: stages (the first rank of every pipeline "
-                             "stage, the default), all, or a list such as 0,4")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--output-dir", metavar="DIR",
-                        help="keep each rank's MindSpore strategy file and compile log in "
-                             "DIR/rank_<r>/ (default: a temporary folder, removed)")
-    parser.add_argument("--jobs", type=int, default=2,
-                        help="ranks compiled at a time, one process each (default 2)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                        help="give up on a rank's compile after this long (default 3600)")
-    parser.epilog = ("Exit status: 0 when every rank compiled and every layout agrees with "
-                     "`model-zoo plan`, 1 otherwise, 2 for bad input or a machine that "
-                     "cannot run the dry run.")
-
-
-def run_dryrun_command(args) -> int:
-    import sys
-    from model_zoo.plan.dryrun import DEFAULT_TIMEOUT, format_dryrun, run_dryrun, select_ranks
-    from model_zoo.plan.report import load_plan_config
-    if args.jobs < 1:
-        raise UserInputError(f"--jobs must be >= 1, got {args.jobs}")
-    if args.timeout is not None and args.timeout <= 0:
-        raise UserInputError(f"--timeout must be > 0, got {args.timeout}")
-    config = load_plan_config(args.config, args.overrides)
-    config.parallel.validate()
-    ranks = select_ranks(args.ranks, config.parallel)
-    if args.output_dir:
-        check_output_folder(args.output_dir)
-    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    result = run_dryrun(config, args.config, args.overrides, ranks, args.output_dir,
-                        jobs=args.jobs, timeout=args.timeout or DEFAULT_TIMEOUT,
-                        progress=progress)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        print(format_dryrun(result))
-    return 0 if result.ok else 1
-
-
-def check_output_folder(path: str):
-    """Refuse an --output-dir that is a file or cannot be written, before any work."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UserInputError(f"--output-dir {path!r} is a file, not a folder")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as err:
-        raise UserInputError(f"--output-dir {path!r} cannot be made: {err.strerror}")
-    if not os.access(path, os.W_OK):
-        raise UserInputError(f"--output-dir {path!r} is not writable")

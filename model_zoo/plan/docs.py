@@ -8,8 +8,11 @@ import mindspore as ms
 from mindspore import nn
 
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.plan.report import Plan, _count, _gib, build_plan, load_plan_config
-from model_zoo.plan.trace import PlanError, primitives, strategy_of
+from model_zoo.config import load_config
+from model_zoo.cost.build import Plan, build_plan
+from model_zoo.plan.report import count_text, gib
+from model_zoo.layout.recording import PlanError, strategy_of
+from model_zoo.layout.trace import primitives
 
 MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models")
 
@@ -213,7 +216,7 @@ def shown_path(path: str) -> str:
 def layout_table(plans: Optional[Dict[str, Plan]] = None) -> str:
     """Markdown: every shipped layout config with its devices, estimated memory, the
     communication of its busiest stage and the predicted step time, on the device it is
-    planned on by default (`report.default_device`)."""
+    planned on by default (`cost.build.default_device`)."""
     lines = ["| config | parameters | dp x mp x pp | devices | micro batches x accumulation | "
              "device | memory per device (worst stage) | fits | pipeline bubble | "
              "communication per device a step (busiest stage) | predicted step |",
@@ -222,14 +225,14 @@ def layout_table(plans: Optional[Dict[str, Plan]] = None) -> str:
         relative = shown_path(path)
         plan = (plans or {}).get(relative)
         if plan is None:
-            plan = build_plan(load_plan_config(path), relative)
+            plan = build_plan(load_config(path, layout_checked=False), relative)
         p, accumulation = plan.config.parallel, plan.config.train.grad_accumulation
-        lines.append(f"| `{relative}` | {_count(plan.parameter_count)} | "
+        lines.append(f"| `{relative}` | {count_text(plan.parameter_count)} | "
                      f"{p.dp} x {p.mp} x {p.pipeline_stage} | {plan.device_num} | "
                      f"{p.micro_batch_num} x {accumulation} | {plan.profile.name} | "
-                     f"{_gib(plan.worst_stage.total)} GiB (stage {plan.worst_stage.stage}) | "
+                     f"{gib(plan.worst_stage.total)} GiB (stage {plan.worst_stage.stage}) | "
                      f"{'yes' if plan.fits else 'NO'} | {100 * plan.bubble:.0f}% | "
-                     f"{_gib(max(c.total for c in plan.communication))} GiB | "
+                     f"{gib(max(c.total for c in plan.communication))} GiB | "
                      f"{plan.time.step:.3g} s ({plan.time.tokens_per_s:,.0f} tokens/s) |")
     return "\n".join(lines)
 

@@ -21,16 +21,18 @@ def launch_overrides(config_path: str, train_args, device_num: int, target: str)
     `device_num` devices; on Ascend the layout is checked with `model-zoo plan` first.
     UserInputError (exit 2) naming what does not fit."""
     from model_zoo.cli import build_parser
-    from model_zoo.plan.report import build_plan, failure_reasons, load_plan_config
+    from model_zoo.config import load_config
+    from model_zoo.cost.build import build_plan
+    from model_zoo.plan.report import failure_reasons
 
     args = build_parser().parse_args(["train", config_path, *train_args])
-    config = load_plan_config(config_path, args.overrides)
+    config = load_config(config_path, args.overrides, layout_checked=False)
     config.parallel.validate()
     data_parallel = config.parallel.data_parallel_for(device_num)
     added = ([] if data_parallel == config.parallel.data_parallel
              else [f"parallel.data_parallel={data_parallel}"])
     if added:
-        config = load_plan_config(config_path, args.overrides + added)
+        config = load_config(config_path, args.overrides + added, layout_checked=False)
     parallel = config.parallel
     layout = (f"data_parallel {parallel.data_parallel} x model_parallel "
               f"{parallel.model_parallel} x pipeline_stage {parallel.pipeline_stage}")

@@ -295,7 +295,7 @@ def gradient_norm(config: Config, network, optimizer, context) -> GradientNorm:
     float_status = uses_float_status(context.device_target)
     if not context.semi_auto:
         return GradientNorm(float_status=float_status)
-    from model_zoo.plan.report import parameter_layouts
+    from model_zoo.layout.network import parameter_layouts
     started = time.perf_counter()
     layouts = parameter_layouts(config, network)
     names = [param.name for param in optimizer.parameters]

@@ -28,8 +28,8 @@ from model_zoo.config import TrainConfig, load_config
 from model_zoo.nn.attention import MultiHeadAttention, fuse_head_projections
 from model_zoo.nn.layers import sinusoid_table
 from model_zoo.nn.loss import CrossEntropy
-from model_zoo.plan.rules import check_recording
-from model_zoo.plan.trace import record
+from model_zoo.layout.rules import check_recording
+from model_zoo.layout.trace import record
 from model_zoo.train.schedule import build_schedule
 from model_zoo.train.step import TrainStep, build_optimizer
 from model_zoo.models.transformer import data as tdata

@@ -1,7 +1,7 @@
 """`model-zoo dryrun`: MindSpore's own semi-auto-parallel compiler on a layout, on a laptop.
 
 `model-zoo plan` re-derives MindSpore's strategy rules; this asks MindSpore itself. Each
-chosen rank of the layout is compiled in a process of its own (`dryrun_rank`) through
+chosen rank of the layout is compiled in a process of its own (`dryrun.rank`) through
 MindSpore's dry run: simulation level 0 (`MS_SIMULATION_LEVEL=0`, dummy collectives of
 `RANK_SIZE` ranks) on the wheel's GPU plugin, loaded against stand-in CUDA libraries
 (`cuda_stubs`), since the parallel pass refuses the CPU target. That runs the whole
@@ -123,8 +123,8 @@ def run_dryrun(config, config_path: str, overrides, ranks: List[int],
     `rank_<r>/step.mindir` under `output_dir` (what `tests/test_dryrun.py` runs on CPU
     ranks); `evaluation`: also compile the held-out evaluation network."""
     from model_zoo.parallel.replication import stage_of_rank
-    from model_zoo.plan import cuda_stubs
-    from model_zoo.plan.report import build_plan
+    from model_zoo.dryrun import cuda_stubs
+    from model_zoo.cost.build import build_plan
 
     cuda_home = cuda_stubs.fake_cuda_home()     # before any work: the one machine check
     parallel = config.parallel
@@ -212,7 +212,7 @@ def _start(request: Path, rank: int, device_num: int, cuda_home: Path) -> subpro
         env.pop(variable, None)          # a launcher's variables would make it a real rank
     log = open(request.parent / "dryrun.log", "w", encoding="utf-8")
     with log:
-        return subprocess.Popen([sys.executable, "-m", "model_zoo.plan.dryrun_rank",
+        return subprocess.Popen([sys.executable, "-m", "model_zoo.dryrun.rank",
                                  str(request)], stdout=log, stderr=subprocess.STDOUT,
                                 env=env, cwd=str(request.parent))
 
@@ -264,7 +264,7 @@ def mindspore_split(layout: dict) -> tuple:
 def compare_layouts(layouts: dict, plan_params: dict, parallel, stage: int) -> list:
     """The entries of one rank whose layout MindSpore and the plan see differently.
 
-    `layouts` are MindSpore's (`dryrun_rank.layout_of`, by checkpoint name); each names a
+    `layouts` are MindSpore's (`dryrun.rank.layout_of`, by checkpoint name); each names a
     parameter or its training state (`adam_m.<p>`, `adam_v.<p>`, `accu_grads.<p>`), laid
     out like the parameter. Compared: the split of every dimension, the optimizer shard's
     group, the whole shape and the stage; a differing trainable parameter also carries the

@@ -6,7 +6,7 @@ real dimensions under `mindspore.nn.utils.no_init_parameters()`, so no weight is
 and runs its forward pass once in PyNative mode with every primitive's `__call__`
 intercepted (`Recorder`). The interceptor records the primitive, the cell that owns it,
 its `in_strategy` and its inputs, and returns outputs of the inferred shape *without
-computing anything* (each operator's `shape` in `operators.OPERATORS`). Large outputs
+computing anything* (each operator's `shape` in `layout.operators.OPERATORS`). Large outputs
 are lazy `Tensor(shape, dtype, init)` objects that hold no memory; outputs of at most
 `SMALL_TENSOR` elements are real zero tensors, so that the Python-level arithmetic a model
 may do on scalars (`total / count`) still runs.
@@ -26,30 +26,23 @@ it to check that the shape rules agree with MindSpore.
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Initializer
 
-from model_zoo.errors import UserInputError
-from model_zoo.plan.operators import operator, output_layout
+from model_zoo.layout.operators import operator, output_layout
+from model_zoo.layout.recording import (OpCall, ParamInfo, PlanError, Recording, TensorInfo,
+                                        dtype_name, strategy_of)
 
 SMALL_TENSOR = 1 << 16
 MAX_FALLBACK_ELEMENTS = 1 << 24
 
-_ITEMSIZE = {"Bool": 1, "Int8": 1, "UInt8": 1, "Int16": 2, "UInt16": 2, "Float16": 2,
-             "BFloat16": 2, "Int32": 4, "UInt32": 4, "Float32": 4, "Int64": 8, "UInt64": 8,
-             "Float64": 8}
 _NUMPY = {"Bool": np.bool_, "Int8": np.int8, "UInt8": np.uint8, "Int16": np.int16,
           "Float16": np.float16, "Int32": np.int32, "Float32": np.float32, "Int64": np.int64,
           "Float64": np.float64}
-
-
-class PlanError(UserInputError):
-    """The plan cannot record the model (e.g. an operator without a shape rule)."""
 
 
 # --- walking a network's primitives ---------------------------------------------------------
@@ -65,15 +58,6 @@ def primitives(net: nn.Cell):
                 seen.add(id(value))
                 found.append((name, cell, attr, value))
     return found
-
-
-def strategy_of(prim, attr: str = "in_strategy") -> Optional[tuple]:
-    """The strategy `.shard()` recorded (`attr="out_strategy"`: its output strategy):
-    MindSpore 2.10 keeps both in the primitive's attrs."""
-    value = prim.attrs.get(attr)
-    if value is None:
-        return None
-    return tuple(tuple(int(v) for v in part) for part in value)
 
 
 def stage_of(cell) -> Optional[int]:
@@ -94,123 +78,7 @@ def is_recomputed(cell) -> bool:
     return bool(cell._has_config_recompute and (cell._scope or "").startswith("recompute_"))
 
 
-def _dtype_name(dtype) -> str:
-    return str(dtype).replace("mindspore.", "")
-
-
-def itemsize(dtype) -> int:
-    return _ITEMSIZE.get(_dtype_name(dtype), 4)
-
-
 # --- the recording --------------------------------------------------------------------------
-
-@dataclass
-class TensorInfo:
-    """What the recording knows about one tensor.
-
-    key: identity for de-duplication; a Cast to the same dtype shares its input's key and
-        repeated Casts of one tensor to one dtype share a key (MindSpore's graph optimiser
-        merges them), so a tensor saved by several operators counts once.
-    param: the parameter this tensor is (or is a cast of).
-    producer: index of the call that produced it (None for inputs, parameters, constants).
-    layout: splits per dimension as the producer leaves it (None when unknown).
-    """
-
-    key: int
-    shape: tuple
-    dtype: str
-    needs_grad: bool = False
-    param: Optional[str] = None
-    producer: Optional[int] = None
-    layout: Optional[tuple] = None
-    network_input: bool = False
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * itemsize(self.dtype)
-
-
-@dataclass
-class OpCall:
-    """One primitive call of the recorded forward pass."""
-
-    index: int
-    name: str                 # primitive name, e.g. MatMul
-    path: str                 # owner cell path + attribute, or enclosing cell + /Name
-    cell: str                 # the innermost enclosing cell
-    prim: Any
-    strategy: Optional[tuple]
-    args: list                # TensorInfo for tensors (lists for tuples of tensors), else value
-    outputs: List[TensorInfo]
-    stage: int
-    recompute_root: Optional[str]   # outermost recomputed cell this call runs in
-    staged: bool = True       # the stage comes from an enclosing cell's pipeline_stage
-
-    @property
-    def out_strategy(self) -> Optional[tuple]:
-        """The output strategy given to `.shard()`, or None (rule G6)."""
-        return strategy_of(self.prim, "out_strategy")
-
-    @property
-    def tensors(self) -> List[TensorInfo]:
-        """Tensor inputs in order, tuples of tensors flattened (the strategy's order)."""
-        found = []
-        for arg in self.args:
-            if isinstance(arg, TensorInfo):
-                found.append(arg)
-            elif isinstance(arg, list):
-                found.extend(a for a in arg if isinstance(a, TensorInfo))
-        return found
-
-    def attr(self, name, default=None):
-        value = self.prim.attrs.get(name, None)
-        if value is None:
-            value = getattr(self.prim, name, default)
-        return value
-
-
-@dataclass
-class ParamInfo:
-    name: str
-    shape: tuple
-    dtype: str
-    stage: int
-    requires_grad: bool
-    split: Optional[tuple] = None            # from its strategy-bearing consumers
-    consumers: List[Tuple[str, int, tuple]] = field(default_factory=list)
-    used_on_stages: set = field(default_factory=set)
-    parallel_optimizer: bool = True   # False: the parallel optimizer leaves it whole
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def slice_numel(self) -> int:
-        return self.numel // math.prod(self.split) if self.split else self.numel
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the whole parameter in its own dtype."""
-        return self.numel * itemsize(self.dtype)
-
-
-@dataclass
-class Recording:
-    calls: List[OpCall]
-    params: Dict[str, ParamInfo]
-    checkpoints: Dict[str, List[TensorInfo]]   # recomputed cell path -> its input tensors
-    inputs: List[TensorInfo]
-    stages: int
-    output: Any = None          # what the network returned (zeros unless compute=True)
-
-    def strategy_calls(self) -> List[OpCall]:
-        return [call for call in self.calls if call.strategy is not None]
-
 
 class _NotComputed(Initializer):
     """Initializer of the recording's lazy tensors: they must never be materialised."""
@@ -222,7 +90,7 @@ class _NotComputed(Initializer):
 
 def _make_tensor(shape, dtype):
     shape = tuple(int(d) for d in shape)
-    name = _dtype_name(dtype)
+    name = dtype_name(dtype)
     if math.prod(shape) <= SMALL_TENSOR and name in _NUMPY:
         return Tensor(np.zeros(shape, _NUMPY[name]), dtype=dtype)
     return Tensor(shape=shape, dtype=dtype, init=_NotComputed())
@@ -231,7 +99,7 @@ def _make_tensor(shape, dtype):
 def _materialise(value):
     """A computable copy of a lazy tensor (zeros), for the fallback path."""
     if isinstance(value, Tensor) and getattr(value, "has_init", False):
-        return Tensor(np.zeros(tuple(value.shape), _NUMPY.get(_dtype_name(value.dtype),
+        return Tensor(np.zeros(tuple(value.shape), _NUMPY.get(dtype_name(value.dtype),
                                                                np.float32)), dtype=value.dtype)
     if isinstance(value, (tuple, list)):
         return type(value)(_materialise(v) for v in value)
@@ -297,7 +165,7 @@ class Recorder:
         if known is not None:
             return known
         param = value.name if isinstance(value, Parameter) else None
-        info = TensorInfo(self._key(), tuple(value.shape), _dtype_name(value.dtype),
+        info = TensorInfo(self._key(), tuple(value.shape), dtype_name(value.dtype),
                           needs_grad=bool(param and value.requires_grad), param=param)
         self._register(value, info)
         return info
@@ -439,11 +307,11 @@ class Recorder:
         if size > MAX_FALLBACK_ELEMENTS:
             raise PlanError(f"{call.path} ({prim.name}): the plan has no shape rule for "
                             f"{prim.name} and its inputs are too large to compute on a laptop; "
-                            f"add its entry to model_zoo.plan.operators.OPERATORS")
+                            f"add its entry to model_zoo.layout.operators.OPERATORS")
         return original(prim, *_materialise(args), **kwargs)
 
     def _output_info(self, call, position, tensor) -> TensorInfo:
-        dtype = _dtype_name(tensor.dtype)
+        dtype = dtype_name(tensor.dtype)
         tensor_inputs = call.tensors
         entry = operator(call.name)
         needs_grad = (entry.gradient and dtype.startswith(("Float", "BFloat"))
@@ -563,7 +431,7 @@ def _parameters(net, recorder) -> Dict[str, ParamInfo]:
                 stage = stage_of(cell)
                 break
         params[param.name] = ParamInfo(param.name, tuple(param.shape),
-                                       _dtype_name(param.dtype), stage, param.requires_grad,
+                                       dtype_name(param.dtype), stage, param.requires_grad,
                                        parallel_optimizer=param.parallel_optimizer)
     for call in recorder.calls:
         for index, tensor in enumerate(call.tensors):

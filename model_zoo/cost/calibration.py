@@ -5,7 +5,7 @@ check the fit on what it was not fitted on (leave one group out).
 `measurements/libai_a100.csv` holds the 42 runs LiBai v0.2.0 published for BERT-large and
 GPT-2-medium shapes on A100s (docs/source/tutorials/get_started/Benchmark.md of
 Oneflow-Inc/libai: data, tensor and pipeline parallel alone, two axes and three axes, 1-32
-GPUs; columns in model_zoo/plan/measurements/README.md). A row becomes the project's
+GPUs; columns in model_zoo/cost/measurements/README.md). A row becomes the project's
 bert-large / gpt2-1024 config with the row's layers, layout and batch: pipeline runs take
 the micro steps as micro batches, the others as gradient accumulation.
 """
@@ -80,7 +80,7 @@ def libai_run(row: dict) -> Run:
 
 
 def ascend_run(row: dict) -> Run:
-    """A row of ascend_calibration.csv (columns in model_zoo/plan/measurements/README.md): its
+    """A row of ascend_calibration.csv (columns in model_zoo/cost/measurements/README.md): its
     model's dimensions set on the family's config; the vocabulary rounded up to a multiple
     of 128 (as Megatron pads it) so that every model-parallel split divides it."""
     dp, mp, pp = int(row["dp"]), int(row["mp"]), int(row["pp"])
@@ -111,10 +111,11 @@ def ascend_run(row: dict) -> Run:
 
 def plan_rows(runs: list) -> list:
     """(run, plan) for every run, planned with its device's profile."""
-    from model_zoo.plan.report import build_plan, load_plan_config
+    from model_zoo.config import load_config
+    from model_zoo.cost.build import build_plan
     planned = []
     for run in runs:
-        config = load_plan_config(run.config, run.overrides)
+        config = load_config(run.config, run.overrides, layout_checked=False)
         planned.append((run, build_plan(config, run.config, device=run.device,
                                         devices_per_server=run.devices_per_server)))
     return planned
@@ -129,7 +130,7 @@ def fitting_runs(planned: list, profile) -> list:
 
 def predict(plan, profile) -> float:
     """Samples/s of a plan's layout on `profile` (the plan's own profile by default)."""
-    from model_zoo.plan.timing import estimate_time
+    from model_zoo.cost.timing import estimate_time
     config = plan.config
     profile = dataclasses.replace(profile, devices_per_server=plan.profile.devices_per_server)
     return estimate_time(plan.compute, plan.communication, plan.memory, config.parallel,

@@ -1,6 +1,6 @@
 """`model-zoo advise`: every layout a model and its global batch allow on N devices, checked
 against the rules, held against the device's memory and ranked by predicted throughput
-(the plan's memory and time models, `cost` and `timing`).
+(the memory, communication, compute and time models of this package).
 
 Layouts: dp x mp x pp = N with mp dividing the heads and pp the layers; m micro steps per
 step, powers of two from 1 (from pp on a pipeline, where they are micro batches; gradient
@@ -29,9 +29,13 @@ import time
 from typing import Dict, List, Optional
 
 from model_zoo.errors import ConfigError, UserInputError
-from model_zoo.plan import cost, timing
-from model_zoo.plan.devices import load_profile
-from model_zoo.plan.rules import check_layout, check_recording
+from model_zoo.cost.communication import estimate_communication
+from model_zoo.cost.compute import estimate_compute
+from model_zoo.cost.devices import load_profile
+from model_zoo.cost.memory import backward_working_sets, estimate_memory
+from model_zoo.cost.timing import StepTime, estimate_time
+from model_zoo.layout.network import ascend_training_network, record_training_network
+from model_zoo.layout.rules import check_layout, check_recording
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +94,7 @@ class Layout:
 class Scored:
     layout: Layout
     memory: float                   # worst stage, bytes per device
-    time: timing.StepTime
+    time: StepTime
     confirmed: Optional[bool] = None   # planned in full: every rule holds and it fits
 
     def to_dict(self) -> dict:
@@ -148,11 +152,6 @@ class Advisor:
         key = (layout.dp, layout.mp, layout.pp, layout.sequence_parallel,
                layout.flash_attention, micro_batch, blocks, selective)
         if key not in self.recordings:
-            from mindspore.nn.utils import no_init_parameters
-            from model_zoo.config import import_model
-            from model_zoo.nn.backend import kernels_for
-            from model_zoo.nn.layers import dtype_of
-            from model_zoo.plan.report import record_training_network
             started = time.perf_counter()
             shape = dataclasses.replace(layout, micro_steps=max(layout.pp, 1),
                                         recompute="selective" if selective else True,
@@ -163,11 +162,8 @@ class Advisor:
                 train=dataclasses.replace(
                     config.train, global_batch_size=layout.dp * micro_batch * shape.micro_steps,
                     grad_accumulation=1))
-            module = import_model(config.model.name)
             try:
-                with no_init_parameters(), kernels_for("Ascend"):
-                    network = module.build_train_network(config,
-                                                         dtype_of(config.train.precision))
+                network = ascend_training_network(config)
             except ConfigError as err:   # a layer refuses the layout (e.g. flash attention
                 self.recordings[key] = (None, None, [str(err)])   # with dropout)
                 return None, [str(err)]
@@ -196,7 +192,7 @@ class Advisor:
         in the micro batch, but their largest is not: a weight's gradient can lead at a
         small batch and an activation's at a large one), from the calls of the one-block
         recordings at u and 2u sequences (blocks repeat, so one is enough)."""
-        at_unit, at_double = (cost.backward_working_sets(self.recording(
+        at_unit, at_double = (backward_working_sets(self.recording(
             layout, batch, 1, layout.recompute)[0]) for batch in (unit, 2 * unit))
         working = {}
         for (stage, low), (_, high) in zip(at_unit, at_double):
@@ -225,15 +221,15 @@ class Advisor:
             for blocks in (1, 2):
                 rec, _ = self.recording(layout, batch, blocks, layout.recompute)
                 corners[batch // unit, blocks] = (
-                    cost.estimate_memory(rec, parallel, train.grad_accumulation),
-                    cost.estimate_communication(rec, parallel, train.grad_accumulation),
-                    cost.estimate_compute(rec, parallel, train.grad_accumulation))
+                    estimate_memory(rec, parallel, train.grad_accumulation),
+                    estimate_communication(rec, parallel, train.grad_accumulation),
+                    estimate_compute(rec, parallel, train.grad_accumulation))
         memory, communication, compute = affine(
             affine(corners[1, 1], corners[2, 1], micro_batch / unit),
             affine(corners[1, 2], corners[2, 2], micro_batch / unit),
             config.model.num_layers // layout.pp)
         self.fix_backward_working(memory, layout, unit, micro_batch / unit)
-        step = timing.estimate_time(compute, communication, memory, parallel, train.precision,
+        step = estimate_time(compute, communication, memory, parallel, train.precision,
                                     train.global_batch_size, config.model.seq_length,
                                     self.profile, layout.micro_steps)
         return Scored(layout, max(m.total for m in memory), step)
@@ -297,7 +293,7 @@ def advise(config, device_num: int, device: Optional[str] = None, devices_per_se
            top: int = 5) -> Advice:
     """Score every layout, keep those that fit, rank them by samples/s and plan the best
     `top` in full (a layout the full plan refuses is replaced by the next one)."""
-    from model_zoo.plan.report import build_plan, default_device
+    from model_zoo.cost.build import build_plan, default_device
     device = device or default_device(config)
     if device_num < 1:
         raise UserInputError(f"--device-num must be >= 1, got {device_num}")

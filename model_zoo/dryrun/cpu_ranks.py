@@ -2,9 +2,9 @@
 real collectives: the numbers of a partitioned step, on a laptop.
 
     python -m model_zoo.launch --workers N --output-dir LOGS -- \\
-        python -m model_zoo.plan.dryrun_cpu DIR BATCH.npy [BATCH2.npy ...]
+        python -m model_zoo.dryrun.cpu_ranks DIR BATCH.npy [BATCH2.npy ...]
 
-DIR holds `rank_<r>/step.mindir` for every rank r, written by `dryrun.run_dryrun(...,
+DIR holds `rank_<r>/step.mindir` for every rank r, written by `dryrun.run.run_dryrun(...,
 export=True)`: each is rank r's compiled step with its slices of the weights. On CPU rank
 r (MindSpore's dynamic cluster, mccl) this loads it, renames the compile's world group (and
 any group of every rank) to the CPU one, creates its other groups (`create_group`, with
@@ -37,7 +37,7 @@ def cpu_graph(path: Path, rank: int, world_size: int):
     groups and the collectives the CPU lacks rewritten (`as_all_reduces`). Returns
     (serialized bytes, {sub-group name: ranks}, collectives rewritten)."""
     from mindspore.train import mind_ir_pb2
-    from model_zoo.plan.dryrun_rank import WORLD_GROUPS, group_ranks
+    from model_zoo.dryrun.rank import WORLD_GROUPS, group_ranks
     model = mind_ir_pb2.ModelProto()
     model.ParseFromString(path.read_bytes())
     groups = {}
@@ -157,7 +157,7 @@ class GraphEdit:
                            dims, to)]
 
     def all_gather(self, node, collective, rank: int):
-        from model_zoo.plan.dryrun_rank import group_ranks
+        from model_zoo.dryrun.rank import group_ranks
         ranks = group_ranks(collective)
         (out,) = node.attribute[0].tensors       # the gathered tensor: (k x rows, ...)
         dims, data_type = list(out.dims), out.data_type
@@ -183,7 +183,7 @@ class GraphEdit:
         return nodes
 
     def reduce_scatter(self, node, collective, rank: int):
-        from model_zoo.plan.dryrun_rank import group_ranks
+        from model_zoo.dryrun.rank import group_ranks
         ranks = group_ranks(collective)
         reduce = text_attribute(collective, "op")
         (out,) = node.attribute[0].tensors       # this rank's rows: (rows / k, ...)
@@ -212,7 +212,7 @@ def main(folder: str, batch_files) -> int:
     from mindspore import Tensor, nn
     from mindspore.communication import create_group, get_group_size, get_rank, init
     from model_zoo.parallel.context import data_shard
-    from model_zoo.plan.report import load_plan_config
+    from model_zoo.config import load_config
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     init()
@@ -220,7 +220,7 @@ def main(folder: str, batch_files) -> int:
     rank_dir = Path(folder).resolve() / f"rank_{rank}"
     request = json.loads((rank_dir / "request.json").read_text())
     os.chdir(request["cwd"])   # the config's own relative paths are those of the dry run
-    config = load_plan_config(request["config"], request["overrides"])
+    config = load_config(request["config"], request["overrides"], layout_checked=False)
     graph, groups, rewritten = cpu_graph(rank_dir / "step.mindir", rank, size)
     print(f"rank {rank}: {rewritten} collectives run as all-reduces", flush=True)
     for name, ranks in sorted(groups.items()):

@@ -1,7 +1,7 @@
 """Step time of a layout, from the plan's compute and communication and a device profile.
 
 Per device of pipeline stage k, for one step of m = micro_batch_num x grad_accumulation
-micro steps (`cost.estimate_compute`, `cost.estimate_communication` count it all):
+micro steps (`compute.estimate_compute`, `communication.estimate_communication` count it all):
 
     compute_k   = F_matmul / (peak e_matmul) + F_attention / (peak e_attention)
                   + B_other / (bandwidth e_memory) + launches x overhead
@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import List
 
-from model_zoo.plan.devices import DeviceProfile
+from model_zoo.cost.devices import DeviceProfile
 
 OPTIMIZER_BYTES_PER_PARAMETER = 28   # AdamW: read w, g, m, v (16) and write w, m, v (12), fp32
 # gradients are reduced in buckets of this size: MindSpore's comm_fusion "auto" mode fuses

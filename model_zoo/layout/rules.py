@@ -1,7 +1,7 @@
 """MindSpore's strategy rules, checked on every recorded call and on the layout itself.
 
 The rules every strategy obeys (G1-G4, G6) are here; each operator's own rule is in its
-entry (`operators.OPERATORS`).
+entry (`layout.operators.OPERATORS`).
 
 Tags (G1-G11 and per-operator names) are those of docs/mindspore-parallel-rules.md, which
 cites the MindSpore sources each rule comes from.
@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, List, Optional
 
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.plan.operators import device_matrix, matmul_dims, operator
+from model_zoo.layout.contracting import matmul_dims
+from model_zoo.layout.operators import device_matrix, operator
 
 if TYPE_CHECKING:
-    from model_zoo.plan.trace import OpCall, Recording
+    from model_zoo.layout.recording import OpCall, Recording
 
 # --- the rules --------------------------------------------------------------------------------
 

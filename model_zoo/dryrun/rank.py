@@ -1,5 +1,5 @@
 """One rank of `model-zoo dryrun`, in a process of its own:
-`python -m model_zoo.plan.dryrun_rank REQUEST.json` (the driver, `dryrun.py`, writes the
+`python -m model_zoo.dryrun.rank REQUEST.json` (the driver, `dryrun.run`, writes the
 request and sets the environment: stand-in CUDA, `MS_SIMULATION_LEVEL=0`, `RANK_SIZE`,
 `RANK_ID`).
 
@@ -45,7 +45,7 @@ WORLD_GROUPS = ("nccl_world_group", "hccl_world_group")
 def main(request_path: str) -> int:
     request = json.loads(Path(request_path).read_text())
     folder = Path(request_path).parent
-    from model_zoo.plan import cuda_stubs
+    from model_zoo.dryrun import cuda_stubs
     cuda_stubs.load(Path(os.environ["CUDA_HOME"]))   # before MindSpore loads its GPU plugin
     result = {"rank": request["rank"], "compiled": False, "compile_s": None, "sink_size": 0,
               "eval_compile_s": None, "eval_collectives": {}, "eval_error": None,
@@ -68,14 +68,14 @@ def compile_rank(request: dict, folder: Path, result: dict):
     from model_zoo.config import import_model
     from model_zoo.parallel.context import (RunContext, data_shard, sync_shared_parameters,
                                             wrap_eval_network, wrap_train_step)
-    from model_zoo.plan.report import load_plan_config
+    from model_zoo.config import load_config
     from model_zoo.train.loop import sink_size_of
     from model_zoo.train.trainer import build_model
 
     here = os.getcwd()
     os.chdir(request["cwd"])   # the config's own relative paths are the user's
     try:
-        config = load_plan_config(request["config"], request["overrides"])
+        config = load_config(request["config"], request["overrides"], layout_checked=False)
     finally:
         os.chdir(here)         # MindSpore writes its failure reports beside the result
     module = import_model(config.model.name)
