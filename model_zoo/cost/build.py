@@ -13,7 +13,7 @@ from model_zoo.cost.devices import DeviceProfile, load_profile
 from model_zoo.cost.memory import estimate_memory
 from model_zoo.cost.timing import StepTime, estimate_time
 from model_zoo.errors import UserInputError
-from model_zoo.layout.network import layout_violations, micro_batch_size, record_and_check
+from model_zoo.layout.network import checked_recording, layout_violations, micro_batch_size
 from model_zoo.layout.recording import Recording
 from model_zoo.layout.rules import Violation
 
@@ -153,7 +153,7 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
             "precision", "train.precision=bf16: the Ascend 910 has no bfloat16 Cube unit; "
                          "plan with --device ascend910b (or a100), or use fp16"))
     plan = Plan(config, config_path, device_num, profile, micro_batch, violations)
-    plan.recording = record_and_check(config, violations, device_num, customize)
+    plan.recording = checked_recording(config, violations, device_num, customize)
     if plan.recording is None:
         return plan
     plan.memory = estimate_memory(plan.recording, parallel, train.grad_accumulation)

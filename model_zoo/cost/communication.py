@@ -81,7 +81,7 @@ class StageCommunication:
                                 self.details.items(), key=lambda item: -item[1][0])]}
 
 
-def _generic(path: str) -> str:
+def _generic_path(path: str) -> str:
     """A cell path with block indices replaced by *, to sum the same operator of all layers."""
     return ".".join("*" if part.isdigit() else part for part in path.split("."))
 
@@ -101,7 +101,7 @@ def estimate_communication(rec, parallel: ParallelConfig,
         comm = stages[call.stage]
         forward = micro_steps * (2 if call.recompute_root else 1)
         backward = micro_steps
-        where = _generic(call.path)
+        where = _generic_path(call.path)
         tensors = call.tensors
         if call.strategy is not None and call.outputs and len(call.strategy) == len(tensors):
             own = operator(call.name).communication

@@ -73,7 +73,7 @@ def has_bad_sizes(violations: List[Violation]) -> bool:
     return any(v.rule == "layout" and "must be >= 1" in v.message for v in violations)
 
 
-def record_and_check(config, violations: List[Violation], device_num: Optional[int] = None,
+def checked_recording(config, violations: List[Violation], device_num: Optional[int] = None,
                      customize=None) -> Optional[Recording]:
     """The recording of `config`'s training network, adding to `violations` the rules its
     strategies break; None (a "build" violation added) when a layer refuses the layout, or
@@ -99,7 +99,7 @@ def usable_parameters(config, purpose: str) -> Dict[str, ParamInfo]:
     checkpoint"); UserInputError naming the first rule the layout or a strategy breaks
     (memory is the cost model's concern, not checked here)."""
     violations = layout_violations(config)
-    recording = record_and_check(config, violations)
+    recording = checked_recording(config, violations)
     return usable_recording(recording, violations, purpose).params
 
 
