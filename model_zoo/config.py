@@ -91,7 +91,7 @@ class TrainConfig:
     reads and writes too, and which MindFormers is moving to); --resume reads either.
     max_bad_steps: how many bad steps in a row are skipped (not applied) before the run
     stops with a checkpoint to resume from: a non-finite loss or gradient (fp16 overflows
-    excepted: the loss scale absorbs them), or a loss spike.
+    excepted while the loss scale absorbs them, above its floor of 1), or a loss spike.
     loss_spike_factor: a step whose loss is above this many times the running average of
     the applied steps' losses is a spike (0: no spike check), as MindFormers skips steps by
     global norm (`use_skip_data_by_global_norm`).

@@ -8,8 +8,6 @@ the wheel's GPU plugin); nothing here stands in for them.
 
 import json
 import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -20,7 +18,9 @@ from model_zoo.parallel.context import eval_network_compiles
 from model_zoo.parallel.strategy_file import parameter_layout
 from model_zoo.dryrun import cuda_stubs
 from model_zoo.plan.docs import MODELS_DIR, cluster_config_files
-from model_zoo.dryrun.run import blocks_overrides, compare_layouts, run_dryrun, select_ranks
+from model_zoo.dryrun.numbers import one_device_steps
+from model_zoo.dryrun.run import blocks_overrides, run_dryrun, select_ranks
+from model_zoo.parallel.compiled_layouts import compare_layouts
 from model_zoo.config import load_config
 from model_zoo.cost.build import build_plan
 from model_zoo.train.loop import sink_size_of
@@ -287,93 +287,92 @@ def test_a_wheel_without_the_gpu_plugin_is_one_clear_error(tmp_path, monkeypatch
 
 # --- the partitioned step's numbers ------------------------------------------------------------
 
-PARITY_BASE = ["model.num_layers=2", "model.dropout=0.0", "model.attention_dropout=0.0",
-               "train.global_batch_size=8", "train.grad_clip=0.5"]
+PARITY_BASE = ["model.num_layers=2", "train.global_batch_size=8", "train.grad_clip=0.5"]
 # Layouts whose compiled steps run on CPU ranks (sub-group all-gathers and reduce-scatters
-# as all-reduces: dryrun_cpu.as_all_reduces). Not pipeline stages, for want of CPU
+# as all-reduces: cpu_ranks.as_all_reduces). Not pipeline stages, for want of CPU
 # Send/Receive kernels ("Unsupported op [Send] on CPU").
 PARITY_LAYOUTS = {"dp2mp2": ["parallel.data_parallel=2", "parallel.model_parallel=2"],
                   "mp2": ["parallel.model_parallel=2"],
                   "mp2-sequence-parallel-optimizer-shard": [
                       "parallel.model_parallel=2", "parallel.sequence_parallel=true",
-                      "parallel.optimizer_shard=true"]}
-SAME_ON_CPU = ("mp2",)   # layouts whose collectives the CPU runs as compiled
-
-
-def one_device_steps(config, batches, checkpoint):
-    """The layout's train step on one device (MindSpore's operators, as a cluster's, no
-    parallel pass): its initial state saved to `checkpoint`, then one step per batch."""
-    import mindspore as ms
-    from model_zoo.config import import_model
-    from model_zoo.parallel.context import RunContext
-    from model_zoo.train.trainer import build_model
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    ms.set_seed(config.train.seed)
-    _, step = build_model(import_model(config.model.name), config, RunContext("Ascend"))
-    ms.save_checkpoint(step, str(checkpoint))
-    step.set_train(True)
-    outputs = []
-    for batch in batches:
-        loss, finite, _, norm, _, _, _ = step(ms.Tensor(batch))
-        outputs.append((float(loss.asnumpy()), bool(finite.asnumpy()), float(norm.asnumpy())))
-    return outputs, {name: value.asnumpy() for name, value in step.parameters_dict().items()}
+                      "parallel.optimizer_shard=true"],
+                  # accumulation across devices: MindSpore's GradAccumulation cell
+                  "dp2-accumulation2": ["parallel.data_parallel=2",
+                                        "train.grad_accumulation=2"],
+                  "mp2-accumulation4": ["parallel.model_parallel=2",
+                                        "train.grad_accumulation=4"]}
+SAME_ON_CPU = ("mp2", "mp2-accumulation4")   # collectives the CPU runs as compiled
 
 
 @pytest.mark.parametrize("layout", PARITY_LAYOUTS)
 def test_the_partitioned_step_gives_one_devices_numbers(layout, tmp_path):
-    """Each rank's step as MindSpore compiled it (dry run, exported with its weight slices)
-    run on CPU ranks with real collectives: two steps give one device's losses, gradient
-    norms and overflow decisions, and every parameter and AdamW moment slice after them
-    is one device's, within 1e-5 (fp32, no dropout, clipping on)."""
+    """`model-zoo dryrun --check-numbers`: each rank's step as MindSpore compiled it
+    (exported with its weight slices) run on CPU ranks with real collectives gives, over
+    two steps, one device's losses, gradient norms and overflow decisions, and every
+    parameter and AdamW moment slice after them is one device's, within 1e-5 (fp32, no
+    dropout, clipping on)."""
     import numpy as np
-    from model_zoo.parallel.replication import device_piece
-    from model_zoo.parallel.strategy_file import laid_out_names
-    overrides = PARITY_BASE + PARITY_LAYOUTS[layout]
-    config = load_config(TINY, overrides, layout_checked=False)
-    rng = np.random.default_rng(7)
-    batches = [rng.integers(0, config.model.vocab_size, (8, config.model.seq_length + 1))
-               .astype(np.int32) for _ in range(2)]
-    files = []
-    for index, batch in enumerate(batches):
-        files.append(tmp_path / f"batch_{index}.npy")
-        np.save(files[-1], batch)
-    expected, after = one_device_steps(config, batches, tmp_path / "init.ckpt")
-
-    ranks = list(range(config.parallel.device_num))
-    compiled = run_dryrun(config, TINY, overrides, ranks, output_dir=str(tmp_path / "dry"),
-                          load=str(tmp_path / "init.ckpt"), export=True)
-    assert compiled.ok, [(rank.error, rank.layout_mismatches[:2]) for rank in compiled.ranks]
-    job = subprocess.run(
-        [sys.executable, "-m", "model_zoo.launch", "--workers", str(len(ranks)),
-         "--output-dir", str(tmp_path / "job"), "--timeout", "400", "--",
-         sys.executable, "-m", "model_zoo.dryrun.cpu_ranks", str(tmp_path / "dry"),
-         *map(str, files)], capture_output=True, text=True, timeout=450,
-        env=dict(os.environ, GLOG_v="3"))
-    assert job.returncode == 0, job.stdout + job.stderr
-
-    params = build_plan(config, TINY).recording.params
-    trained = [name for name, param in params.items() if param.requires_grad]
-    for rank in ranks:
-        found = np.load(tmp_path / "dry" / f"rank_{rank}" / "cpu_step.npz")
-        assert {prefix + name for name in trained for prefix in ("", "adam_m.", "adam_v.")} \
-            <= set(found.files)
-        for index, (loss, finite, norm) in enumerate(expected):
-            assert float(found[f"loss_{index}"]) == pytest.approx(loss, rel=1e-5)
-            assert float(found[f"grad_norm_{index}"]) == pytest.approx(norm, rel=1e-5)
-            assert bool(found[f"finite_{index}"]) is finite is True
-        assert expected[0][2] > 0.5   # clipped: the norm's value matters
+    result = run_cli("dryrun", TINY, "--set", *PARITY_BASE, *PARITY_LAYOUTS[layout],
+                     "--check-numbers", "--json", "--output-dir", tmp_path, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    numbers = report["numbers"]
+    assert numbers["ok"] and numbers["steps"] == 2 and len(numbers["loss"]) == 2
+    assert max(numbers["max_abs_diff"].values()) < 1e-4
+    assert numbers["loss"] == pytest.approx(numbers["one_device_loss"], rel=1e-5)
+    device_num = report["device_num"]
+    assert [rank["rank"] for rank in report["ranks"]] == list(range(device_num))
+    for rank in range(device_num):
+        found = np.load(tmp_path / f"rank_{rank}" / "cpu_step.npz")
+        assert float(found["grad_norm_0"]) > 0.5   # clipped: the norm's value matters
         # dp2 x mp2 all-gathers within sub-groups; the optimizer shard and sequence
         # parallel reduce-scatter: both run as all-reduces on CPU; mp2's all-reduces over
         # the whole group run as compiled
         assert (int(found["collectives_as_all_reduces"]) > 0) == (layout not in SAME_ON_CPU)
-        sliced = laid_out_names(params, found.files)
-        for name, value in after.items():
-            if name not in found.files:
-                continue
-            piece = device_piece(params[sliced[name]], config.parallel, rank) \
-                if name in sliced else ...
-            np.testing.assert_allclose(found[name], value[piece], rtol=1e-5, atol=1e-6,
-                                       err_msg=f"rank {rank}: {name}")
+
+
+def test_check_numbers_finds_a_difference(tmp_path):
+    """The comparison fails when a rank's numbers are not one device's: the outputs of a
+    real check with one moment slice and one loss changed by 1e-3."""
+    import numpy as np
+    from model_zoo.dryrun import numbers
+    overrides = PARITY_BASE + ["parallel.model_parallel=2"]
+    _, found = numbers.check_numbers(TINY, overrides, 1, tmp_path, jobs=2, timeout=600)
+    assert found["ok"], found
+    config = load_config(TINY, overrides + numbers.numbers_overrides(
+        load_config(TINY, overrides, layout_checked=False)), layout_checked=False)
+    params = build_plan(config, TINY).recording.params
+    expected, after = numbers.one_device_steps(
+        config, [[np.load(tmp_path / "batch_0.npz")["arr_0"]]], str(tmp_path / "again.ckpt"))
+    assert numbers.compare(config, params, expected, after, tmp_path, 1)["ok"]
+    rank_file = tmp_path / "rank_1" / "cpu_step.npz"
+    values = dict(np.load(rank_file))
+    moment = next(name for name in values if name.startswith("adam_v."))
+    values[moment] = values[moment] + 1e-3
+    values["loss_0"] = values["loss_0"] + 1e-3
+    np.savez(rank_file, **values)
+    broken = numbers.compare(config, params, expected, after, tmp_path, 1)
+    assert not broken["ok"]
+    assert broken["max_abs_diff"]["moments"] == pytest.approx(1e-3, rel=1e-3)
+    assert any(moment in problem for problem in broken["problems"])
+    assert any("rank 1, step 1: loss" in problem for problem in broken["problems"])
+
+
+def test_check_numbers_refuses_what_cpu_ranks_cannot_run():
+    """Bad input is exit 2 and one line, before any compile: a pipeline, too many ranks,
+    a layout too big for this machine, --ranks or --steps misused."""
+    for extra, message in (
+            (["--set", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2"],
+             "no Send/Receive kernels"),
+            (["--set", "parallel.data_parallel=32"], "too many for CPU ranks"),
+            (["--set", "model.hidden_size=16384", "model.num_heads=128"], "too big for CPU"),
+            (["--ranks", "0"], "leave out --ranks"),
+            (["--steps", "0"], "--steps must be >= 1")):
+        result = run_cli("dryrun", TINY, "--check-numbers", *extra)
+        assert result.returncode == 2, (extra, result.stdout, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, extra
+    result = run_cli("dryrun", TINY, "--steps", "3")
+    assert result.returncode == 2 and "--steps goes with --check-numbers" in result.stderr
 
 
 def test_mindspores_strategy_file_carries_the_optimizer_state_to_another_layout(tmp_path):
@@ -390,7 +389,7 @@ def test_mindspores_strategy_file_carries_the_optimizer_state_to_another_layout(
     source = load_config(TINY, PARITY_BASE + ["parallel.model_parallel=4"], layout_checked=False)
     target_overrides = PARITY_BASE + DP2_MP2 + ["parallel.optimizer_shard=true"]
     target = load_config(TINY, target_overrides, layout_checked=False)
-    _, _ = one_device_steps(source, [], tmp_path / "init.ckpt")
+    _, _ = one_device_steps(source, [], str(tmp_path / "init.ckpt"))
     rng = np.random.default_rng(3)
     full = {name: rng.standard_normal(value.shape).astype(np.float32)
             if value.dtype == ms.float32 else value.asnumpy()

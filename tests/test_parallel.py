@@ -693,3 +693,32 @@ def test_a_layout_that_cannot_fill_the_job_is_named(layout, device_num, message)
     with pytest.raises(ConfigError, match=message):
         ParallelConfig(data_parallel=dp, model_parallel=mp,
                        pipeline_stage=pp).data_parallel_for(device_num)
+
+
+def test_a_compiled_layout_other_than_the_norm_weights_stops_the_run():
+    """The trainer's check before step 1 (`check_compiled_layouts`): MindSpore's
+    parameter_layout_dict entries (device matrix, tensor map, slice, ..., optimizer-shard
+    group, whole shape) that say what the gradient-norm weights assumed pass; one weight
+    compiled whole where the plan splits it stops the run, naming it."""
+    from model_zoo.errors import UserInputError
+    from model_zoo.layout.network import usable_parameters
+    from model_zoo.parallel.compiled_layouts import check_compiled_layouts
+    from model_zoo.parallel.strategy_file import parameter_layout
+    config = load_config("model_zoo/gpt2/configs/tiny.yaml",
+                         ["parallel.data_parallel=2", "parallel.model_parallel=2",
+                          "parallel.optimizer_shard=true"], layout_checked=False)
+    planned = {name: param for name, param in usable_parameters(config, "test").items()
+               if param.requires_grad}
+    compiled = {}
+    for name, param in planned.items():   # as MindSpore reports the plan's layout
+        dev_matrix, tensor_map, _, shard = parameter_layout(param, config.parallel)
+        group = f"{shard}-{abs(hash(name))}" if shard else ""
+        compiled[name] = (dev_matrix, tensor_map, list(param.shape), 0, True, group,
+                          list(param.shape))
+    check_compiled_layouts(compiled, planned, config.parallel, rank=3)
+    split = next(name for name, param in planned.items() if param.split
+                 and max(param.split) == 2 and name.endswith("weight"))
+    entry = compiled[split]
+    compiled[split] = (entry[0], [-1] * len(entry[1]), *entry[2:])
+    with pytest.raises(UserInputError, match=f"MindSpore compiled for {split}, split"):
+        check_compiled_layouts(compiled, planned, config.parallel, rank=3)

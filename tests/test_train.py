@@ -196,6 +196,37 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale():
     assert int(step.good_steps.asnumpy()) == 0
 
 
+class RootOfZero(nn.Cell):
+    """loss = mean(sqrt(w)) at w = 0: a finite loss (0) whose gradient, 1 / (2 sqrt(w)),
+    overflows whatever the loss scale is."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = Parameter(Tensor(np.zeros((2, 2), np.float32)), name="weight")
+
+    def construct(self, x):
+        return ops.reduce_mean(ops.sqrt(self.weight)) + ops.reduce_mean(x) * 0.0
+
+
+def test_an_overflow_at_the_loss_scales_floor_is_a_bad_step():
+    """Above its floor the scale absorbs an overflow (halved, no bad step); at the floor
+    (1) nothing is left to absorb it, so it counts as a bad step, and a run that overflows
+    there on every step meets `train.max_bad_steps` instead of skipping for ever."""
+    network = RootOfZero()
+    schedule = WarmupCosineSchedule(1e-2, 1e-3, 0, 100)
+    step = TrainStep(network, build_optimizer(network, TrainConfig(), schedule), schedule,
+                     dynamic_loss_scale=True, loss_scale=2.0, scale_window=2)
+    x = Tensor(np.ones((2, 2), np.float32))
+    loss, finite, scale, _, _ = run_step(step, x)
+    assert (loss, finite, scale) == (0.0, False, 2.0)
+    assert step.step_tally.read()["bad"] == 0          # absorbed: the scale halves to 1
+    for count in (1, 2):
+        _, finite, scale, _, _ = run_step(step, x)
+        assert finite is False and scale == 1.0        # at the floor, and it stays there
+        tally = step.step_tally.read()
+        assert tally["bad_in_row"] == count and tally["last_bad"] == 4
+
+
 def sgd_step(network, lr, **kwargs):
     schedule = WarmupCosineSchedule(lr, lr, 0, 100)  # constant lr
     optimizer = nn.SGD(network.trainable_params(), learning_rate=schedule)
@@ -439,26 +470,31 @@ def test_the_step_tally_counts_every_step_between_two_reads():
     """StepTally, which the loop reads once per log interval or sink of steps: the applied
     steps' losses summed over a log interval (restarted by the step counter), a run of
     non-finite steps in a row and the longest run, and an fp16 overflow that the loss
-    scale absorbs, which is no bad step."""
+    scale absorbs, which is no bad step unless the scale is at its floor."""
     from model_zoo.train.step import BAD_STEP_REASONS, StepTally
+    ONE = Tensor(1.0, ms.float32)   # the loss scale of a run without one
     tally = StepTally(log_steps=4)
     true, false = Tensor(True), Tensor(False)
     steps = ((2.0, true, true), (np.nan, false, false), (3.0, false, false),
              (1.0, true, true), (np.inf, false, false), (5.0, false, false))
     for before, (loss, applied, finite) in enumerate(steps):
-        tally(Tensor(loss, ms.float32), applied, finite, Tensor(before, ms.int32))
+        tally(Tensor(loss, ms.float32), applied, finite, Tensor(before, ms.int32), ONE)
         if before == 3:   # the end of the first log interval
             assert tally.read() == {"loss_sum": 3.0, "applied": 2, "bad": 2, "bad_in_row": 0,
                                     "most_bad_in_row": 2, "last_bad": 2}
     assert tally.read() == {"loss_sum": 0.0, "applied": 0, "bad": 4, "bad_in_row": 2,
                             "most_bad_in_row": 2, "last_bad": 2}
     assert BAD_STEP_REASONS[2] == "the gradients are not finite"
-    tally(Tensor(np.nan, ms.float32), false, false, Tensor(6, ms.int32))
+    tally(Tensor(np.nan, ms.float32), false, false, Tensor(6, ms.int32), ONE)
     assert tally.read()["most_bad_in_row"] == 3
     fp16 = StepTally(overflow_expected=True)
-    fp16(Tensor(4.0, ms.float32), false, false, Tensor(0, ms.int32))
+    fp16(Tensor(4.0, ms.float32), false, false, Tensor(0, ms.int32), Tensor(2.0, ms.float32))
     assert fp16.read() == {"loss_sum": 0, "applied": 0, "bad": 0, "bad_in_row": 0,
                            "most_bad_in_row": 0, "last_bad": 0}
+    # at the scale's floor an overflow is absorbed no more: a bad step of its own reason
+    fp16(Tensor(4.0, ms.float32), false, false, Tensor(1, ms.int32), ONE)
+    assert fp16.read()["bad_in_row"] == 1 and fp16.read()["last_bad"] == 4
+    assert "floor" in BAD_STEP_REASONS[4]
 
 
 @pytest.mark.slow

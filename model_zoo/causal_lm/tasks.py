@@ -66,6 +66,13 @@ def plan_inputs(config: Config, batch_size: int):
     return [((batch_size, config.model.seq_length + 1), ms.int32)]
 
 
+def random_batch(config: Config, batch_size: int, rng) -> List[np.ndarray]:
+    """A batch of random token ids in `plan_inputs`' shape (`model-zoo dryrun
+    --check-numbers`)."""
+    return [rng.integers(0, config.model.vocab_size, (batch_size, config.model.seq_length + 1))
+            .astype(np.int32)]
+
+
 def inference_graphs(config: Config, network, batch_size: int) -> dict:
     """`model-zoo export`: the logits (batch, seq_length, vocab) of token ids int32
     (batch, seq_length)."""

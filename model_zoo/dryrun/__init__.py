@@ -7,5 +7,6 @@ strategy file held against the plan's layouts, and the partitioned graphs run on
 - `rank`: one rank's compile, in its own process;
 - `cuda_stubs`: the stub CUDA libraries the GPU plugin loads;
 - `cpu_ranks`: the exported partitioned graphs run on CPU ranks with real collectives;
+- `numbers`: `--check-numbers`, those steps against one device's;
 - `command`: the command line.
 """

@@ -2,15 +2,16 @@
 real collectives: the numbers of a partitioned step, on a laptop.
 
     python -m model_zoo.launch --workers N --output-dir LOGS -- \\
-        python -m model_zoo.dryrun.cpu_ranks DIR BATCH.npy [BATCH2.npy ...]
+        python -m model_zoo.dryrun.cpu_ranks DIR BATCH.npz [BATCH2.npz ...]
 
 DIR holds `rank_<r>/step.mindir` for every rank r, written by `dryrun.run.run_dryrun(...,
 export=True)`: each is rank r's compiled step with its slices of the weights. On CPU rank
 r (MindSpore's dynamic cluster, mccl) this loads it, renames the compile's world group (and
 any group of every rank) to the CPU one, creates its other groups (`create_group`, with
-the ranks the graph lists), feeds the rank's slice of each global batch (`data_shard`:
-the dataset strategy's) and writes `rank_<r>/cpu_step.npz`: the step's loss, overflow
-decision and gradient norm, then every parameter after the step (this rank's slices).
+the ranks the graph lists), feeds the rank's slice of each global batch (a `.npz` of the
+network's input columns in order; `data_shard`: the dataset strategy's) and writes
+`rank_<r>/cpu_step.npz`: the step's loss, overflow decision and gradient norm, then every
+parameter after the step (this rank's slices).
 
 MindSpore 2.10's CPU backend runs AllReduce in any group but AllGather in the world group
 only ("AllGather only support mccl_world_group on CPU") and has no ReduceScatter kernel
@@ -37,7 +38,8 @@ def cpu_graph(path: Path, rank: int, world_size: int):
     groups and the collectives the CPU lacks rewritten (`as_all_reduces`). Returns
     (serialized bytes, {sub-group name: ranks}, collectives rewritten)."""
     from mindspore.train import mind_ir_pb2
-    from model_zoo.dryrun.rank import WORLD_GROUPS, group_ranks
+    from model_zoo.dryrun.rank import group_ranks
+    from model_zoo.parallel.compiled_layouts import WORLD_GROUPS
     model = mind_ir_pb2.ModelProto()
     model.ParseFromString(path.read_bytes())
     groups = {}
@@ -232,8 +234,10 @@ def main(folder: str, batch_files) -> int:
     start = shard.shard_id * shard.batch_size
     outputs = {}
     for index, batch_file in enumerate(batch_files):
-        batch = np.load(batch_file)[start:start + shard.batch_size]
-        loss, finite, _, norm, _, _, _ = step(Tensor(batch))
+        columns = np.load(batch_file)
+        loss, finite, _, norm, _, _, _ = step(*[
+            Tensor(columns[f"arr_{column}"][start:start + shard.batch_size])
+            for column in range(len(columns.files))])
         outputs.update({f"loss_{index}": loss.asnumpy(), f"finite_{index}": finite.asnumpy(),
                         f"grad_norm_{index}": norm.asnumpy()})
         print(f"rank {rank}: step {index}: loss {float(loss.asnumpy()):.6f}, grad norm "

@@ -16,10 +16,11 @@ built as for Ascend (`RunContext("Ascend")`: the operators and strategies an Asc
 uses).
 
 It writes `result.json` beside the request: whether the step compiled, MindSpore's error,
-compile seconds, peak memory, the collectives in the compiled graph and every parameter's
-layout, then the same of the evaluation network (its refusal in `eval_error`; not compiled
-when the request says `"evaluation": false`). A config
-that sinks its data on Ascend (`train.dataset_sink`, `loop.sink_size_of`) compiles the
+compile seconds, peak memory, the collectives in the compiled graph, every parameter's
+layout and the trainer's check of the layouts its gradient-norm weights assume
+(`norm_weights_error`), then the same of the evaluation network (its refusal in
+`eval_error`; not compiled when the request says `"evaluation": false`). A config that
+sinks its data on Ascend (`train.dataset_sink`, `loop.sink_size_of`) compiles the
 sunk step the trainer runs there (`sink_size` steps a call: `GetNext` from MindSpore's data
 queue, then the step), unless the step is exported for CPU ranks.
 """
@@ -34,12 +35,15 @@ import traceback
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from model_zoo.errors import UserInputError
+from model_zoo.parallel.compiled_layouts import (check_compiled_layouts, layout_of,
+                                                 named_group_size)
+
 # MindSpore's names of the communication primitives it inserts -> the kind reported
 COLLECTIVES = {"AllReduce": "AllReduce", "AllGather": "AllGather",
                "ReduceScatter": "ReduceScatter", "Send": "Send", "Receive": "Receive",
                "AlltoAll": "AllToAll", "AllToAll": "AllToAll", "AlltoAllV": "AllToAll",
                "NeighborExchange": "AllToAll", "Broadcast": "Broadcast"}
-WORLD_GROUPS = ("nccl_world_group", "hccl_world_group")
 
 
 def main(request_path: str) -> int:
@@ -50,7 +54,7 @@ def main(request_path: str) -> int:
     result = {"rank": request["rank"], "compiled": False, "compile_s": None, "sink_size": 0,
               "eval_compile_s": None, "eval_collectives": {}, "eval_error": None,
               "peak_rss_mb": None, "collectives": {}, "collective_groups": {},
-              "layouts": {}, "error": None}
+              "layouts": {}, "norm_weights_error": None, "error": None}
     try:
         compile_rank(request, folder, result)
     except Exception as err:  # noqa: BLE001 - MindSpore's refusal is the result
@@ -112,6 +116,12 @@ def compile_rank(request: dict, folder: Path, result: dict):
         compiled, compiled.compile_phase, "mind_ir")
     result["collectives"], result["collective_groups"] = collectives(graph,
                                                                      context.device_num)
+    if context.semi_auto:   # the trainer's check before step 1, on what MindSpore compiled
+        try:
+            check_compiled_layouts(layouts, step_cell.gradient_norm.planned_layouts,
+                                   config.parallel, context.rank)
+        except UserInputError as err:
+            result["norm_weights_error"] = str(err)
     names = set(step_cell.parameters_dict())
     result["layouts"] = {name: layout_of(value, context.device_num) for name, value
                          in layouts.items() if name in names}
@@ -193,15 +203,6 @@ def group_size(primitive, device_num: int) -> int:
     return 2 if primitive.op_type in ("Send", "Receive") else 0
 
 
-def named_group_size(group: str, device_num: int) -> int:
-    """Ranks of a group known by its name alone: the world group's, or the size MindSpore
-    puts in front of a sub-group's name ("<size>-<hash>"); 0 when the name does not say."""
-    if group in WORLD_GROUPS:
-        return device_num
-    match = re.match(r"(\d+)-", group)
-    return int(match.group(1)) if match else 0
-
-
 def group_ranks(primitive) -> list:
     """The global ranks of a MindIR collective's group (its `group_rank_ids` tuple), or []
     when it does not list them."""
@@ -209,17 +210,6 @@ def group_ranks(primitive) -> list:
         if attribute.name == "group_rank_ids":
             return [int(value.ints[0]) for value in attribute.values if len(value.ints)]
     return []
-
-
-def layout_of(layout, device_num: int) -> dict:
-    """A `parameter_layout_dict` entry as plain values: device matrix, tensor map, the
-    model-parallel slice this rank holds, the whole shape, and the optimizer shard's group
-    size (1 without it), read from the group's name (`named_group_size`).
-    Entry fields: MindSpore's `parallel/_tensor.py` (`_load_tensor_by_layout`)."""
-    group = layout[5]
-    return {"dev_matrix": list(layout[0]), "tensor_map": list(layout[1]),
-            "slice_shape": list(layout[2]), "full_shape": list(layout[6]),
-            "optimizer_shard": named_group_size(group, device_num) if group else 1}
 
 
 def one_line(err: BaseException) -> str:

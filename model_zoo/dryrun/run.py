@@ -17,7 +17,6 @@ gradient-norm weight the train step gives it.
 """
 
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -30,6 +29,7 @@ from typing import List, Optional
 
 from model_zoo.config import shipped_config
 from model_zoo.errors import UserInputError
+from model_zoo.parallel.compiled_layouts import compare_layouts, short_view
 
 DEFAULT_TIMEOUT = 3600
 
@@ -50,6 +50,7 @@ class RankResult:
     collectives: dict = field(default_factory=dict)         # kind -> count
     collective_groups: dict = field(default_factory=dict)   # kind -> {group size: count}
     layout_mismatches: list = field(default_factory=list)
+    norm_weights_error: Optional[str] = None   # the trainer's check before step 1
     error: Optional[str] = None
     strategy_file: Optional[str] = None
     log: Optional[str] = None
@@ -66,7 +67,8 @@ class DryRun:
 
     @property
     def ok(self) -> bool:
-        return all(r.compiled and not r.error and not r.layout_mismatches for r in self.ranks)
+        return all(r.compiled and not r.error and not r.layout_mismatches
+                   and not r.norm_weights_error for r in self.ranks)
 
     def to_dict(self) -> dict:
         ranks = []
@@ -237,7 +239,8 @@ def _collect(request: Path, rank: int, stage: int, process, timed_out: Optional[
     found = json.loads(path.read_text())
     for key in ("compiled", "compile_s", "sink_size", "eval_compile_s", "eval_collectives",
                 "eval_error",
-                "peak_rss_mb", "collectives", "collective_groups", "error"):
+                "peak_rss_mb", "collectives", "collective_groups", "norm_weights_error",
+                "error"):
         setattr(result, key, found[key])
     strategy = folder / "strategy.ckpt"
     if keep and strategy.is_file():
@@ -252,73 +255,6 @@ def _log_tail(path: Path) -> str:
     except OSError:
         return ""
     return lines[-1][:300] if lines else ""
-
-
-def mindspore_split(layout: dict) -> tuple:
-    """Per tensor dimension, the number of slices MindSpore cut it into."""
-    dev_matrix = layout["dev_matrix"]
-    return tuple(dev_matrix[len(dev_matrix) - 1 - axis] if axis >= 0 else 1
-                 for axis in layout["tensor_map"])
-
-
-def compare_layouts(layouts: dict, plan_params: dict, parallel, stage: int) -> list:
-    """The entries of one rank whose layout MindSpore and the plan see differently.
-
-    `layouts` are MindSpore's (`dryrun.rank.layout_of`, by checkpoint name); each names a
-    parameter or its training state (`adam_m.<p>`, `adam_v.<p>`, `accu_grads.<p>`), laid
-    out like the parameter. Compared: the split of every dimension, the optimizer shard's
-    group, the whole shape and the stage; a differing trainable parameter also carries the
-    gradient-norm weight the train step gives its slice (`replication.norm_weights`) and
-    the one MindSpore's layout implies. Scalars (step counters, the loss scale) are in
-    neither. A parameter of this stage that MindSpore did not lay out is reported too."""
-    from model_zoo.parallel.replication import norm_weights, split_of
-    from model_zoo.parallel.strategy_file import entry_layout, laid_out_names
-
-    mismatches = []
-    known = laid_out_names(plan_params, layouts)
-    for name, layout in sorted(layouts.items()):
-        if name not in known:
-            if math.prod(layout["full_shape"]) > 1:
-                mismatches.append({"parameter": name, "problem": "not in the plan",
-                                   "mindspore": _ms_view(layout), "plan": None})
-            continue
-        param = plan_params[known[name]]
-        _, _, _, shard = entry_layout(name, param, parallel)
-        plan_view = {"split": list(split_of(param)), "optimizer_shard": max(shard, 1),
-                     "stage": param.stage}
-        ms_view = _ms_view(layout)
-        problems = []
-        if ms_view["split"] != plan_view["split"]:
-            problems.append("split")
-        if ms_view["optimizer_shard"] != plan_view["optimizer_shard"]:
-            problems.append("optimizer shard")
-        if list(layout["full_shape"]) != list(param.shape):
-            problems.append("shape")
-        if param.stage != stage and stage not in param.used_on_stages:
-            problems.append("stage")
-        if not problems:
-            continue
-        entry = {"parameter": name, "problem": ", ".join(problems), "mindspore": ms_view,
-                 "plan": plan_view}
-        if name == known[name] and param.requires_grad:
-            # a parameter's gradient is counted on its own stage only (other stages: 0)
-            entry["norm_weight"] = norm_weights([param], parallel, stage)[0]
-            copies = math.prod(layout["dev_matrix"]) // max(1, math.prod(ms_view["split"]))
-            entry["norm_weight_mindspore"] = (ms_view["optimizer_shard"] / max(1, copies)
-                                              if param.stage == stage else 0.0)
-        mismatches.append(entry)
-    unplaced = [name for name, param in plan_params.items()
-                if param.stage == stage and name not in layouts]
-    for name in sorted(unplaced):
-        mismatches.append({"parameter": name, "problem": "not laid out by MindSpore",
-                           "mindspore": None, "plan": {"split": list(split_of(
-                               plan_params[name])), "stage": stage}})
-    return mismatches
-
-
-def _ms_view(layout: dict) -> dict:
-    return {"split": list(mindspore_split(layout)), "optimizer_shard": layout["optimizer_shard"],
-            "dev_matrix": layout["dev_matrix"], "tensor_map": layout["tensor_map"]}
 
 
 # --- the report -------------------------------------------------------------------------------
@@ -338,6 +274,8 @@ def rank_line(result: RankResult) -> str:
         line += f"\n      evaluation network: {result.eval_error}"
     if result.layout_mismatches:
         line += f"; {len(result.layout_mismatches)} layouts differ from the plan"
+    if result.norm_weights_error:
+        line += f"\n      the trainer would stop: {result.norm_weights_error}"
     return line
 
 
@@ -352,8 +290,8 @@ def format_dryrun(run: DryRun, max_mismatches: int = 10) -> str:
             lines.append(f"      {kind}: {groups} devices")
         for mismatch in result.layout_mismatches[:max_mismatches]:
             lines.append(f"      differs ({mismatch['problem']}): {mismatch['parameter']}: "
-                         f"MindSpore {_short(mismatch['mindspore'])}, plan "
-                         f"{_short(mismatch['plan'])}" + _weights(mismatch))
+                         f"MindSpore {short_view(mismatch['mindspore'])}, plan "
+                         f"{short_view(mismatch['plan'])}" + _weights(mismatch))
         if len(result.layout_mismatches) > max_mismatches:
             lines.append(f"      ... and {len(result.layout_mismatches) - max_mismatches} more "
                          f"(--json lists all)")
@@ -365,15 +303,6 @@ def format_dryrun(run: DryRun, max_mismatches: int = 10) -> str:
     lines.append("ok: every rank compiled and agrees with the plan" if run.ok else
                  "NOT OK: a rank did not compile or a layout differs from the plan")
     return "\n".join(lines)
-
-
-def _short(view) -> str:
-    if view is None:
-        return "none"
-    text = f"split {tuple(view['split'])}"
-    if view.get("optimizer_shard", 1) > 1:
-        text += f" optimizer shard {view['optimizer_shard']}"
-    return text
 
 
 def _weights(mismatch: dict) -> str:

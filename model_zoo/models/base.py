@@ -63,6 +63,9 @@ OPTIONAL_HOOKS = {
                               "a sharded run's evaluation (its held-out loss)",
     "inference_graphs": "inference_graphs(config, network, batch_size) -> {name: (cell, "
                         "example inputs)}: what `model-zoo export` writes as MindIR",
+    "random_batch": "random_batch(config, batch_size, rng) -> [numpy arrays]: a valid batch "
+                    "of random values in plan_inputs' columns, for `model-zoo dryrun "
+                    "--check-numbers`",
     "run_data_command": "run_data_command(args): `model-zoo data <name>`",
     "run_convert_command": "run_convert_command(args): `model-zoo convert <name>`",
     "run_<verb>": "run_<verb>(config, ckpt, args) -> str: each shared verb add_commands adds",
@@ -73,7 +76,7 @@ OPTIONAL_HOOKS = {
 # `dict.fromkeys(TASK_HOOKS, "tasks")`
 TASK_HOOKS = ("build_train_network", "create_train_dataset", "prepare_data", "dataset_ready",
               "evaluate", "plan_inputs", "sample_text", "inference_graphs",
-              "create_heldout_dataset")
+              "create_heldout_dataset", "random_batch")
 
 
 def lazy_hooks(package: str, hooks: dict):

@@ -81,7 +81,9 @@ class StopVote(nn.Cell):
 
 # why StepTally counts a step as bad (0: it is not)
 BAD_STEP_REASONS = {1: "the loss is not finite", 2: "the gradients are not finite",
-                    3: "the loss is a spike"}
+                    3: "the loss is a spike",
+                    4: "the gradients overflow at the loss scale's floor (1)"}
+LOSS_SCALE_FLOOR = 1.0   # the dynamic loss scale is never halved below it
 
 
 class StepTally(nn.Cell):
@@ -96,12 +98,16 @@ class StepTally(nn.Cell):
 
     A step is bad when its update was not applied (a non-finite loss or gradients, or a
     loss spike), except an fp16 overflow with a finite loss (`overflow_expected`): the
-    dynamic loss scale absorbs those by design. Every rank holds the same loss (StopVote)
-    and the same finite decision (GradientNorm), so every rank counts alike.
+    dynamic loss scale absorbs those by design, unless the scale the step used was already
+    at its floor (LOSS_SCALE_FLOOR), where it can absorb nothing more: a run overflowing
+    there would skip every step for ever, so those count, and `train.max_bad_steps` stops
+    it. Every rank holds the same loss (StopVote), decision (GradientNorm) and scale, so
+    every rank counts alike.
 
     Inputs:
         loss: float32 scalar; applied, finite: bool scalars (TrainStep's); steps_before:
-        the int32 count of steps run before this one.
+        the int32 count of steps run before this one; scale: the float32 loss scale the
+        step used.
     Outputs:
         the loss, made to wait for the tally's update.
     """
@@ -117,9 +123,11 @@ class StepTally(nn.Cell):
         self.log_steps = log_steps
         self.overflow_expected = overflow_expected
 
-    def construct(self, loss, applied, finite, steps_before):
+    def construct(self, loss, applied, finite, steps_before, scale):
         zero, one = ops.zeros((), ms.float32), ops.ones((), ms.float32)
-        gradients_bad = zero if self.overflow_expected else one * 2.0
+        gradients_bad = one * 2.0
+        if self.overflow_expected:
+            gradients_bad = ops.select(scale <= LOSS_SCALE_FLOOR, one * 4.0, zero)
         reason = ops.select(ops.isfinite(loss),
                             ops.select(finite, one * 3.0, gradients_bad), one)
         reason = ops.select(applied, zero, reason)
@@ -397,7 +405,7 @@ class TrainStep(nn.Cell):
         # ExitByRequest and PanGu-alpha's overflow all-reduce also wait for the gradients)
         stop, loss = self.stop_vote(ops.depend(loss, norm))
         applied = self._not_a_spike(finite, loss)
-        loss = self.step_tally(loss, applied, finite, self.step * 1)
+        loss = self.step_tally(loss, applied, finite, self.step * 1, scale)
         grad_norm = norm / divisor
         factor = 1.0 / divisor
         if self.grad_clip > 0:
@@ -435,7 +443,7 @@ class TrainStep(nn.Cell):
         good = ops.select(finite, self.good_steps + 1, ops.zeros_like(self.good_steps))
         grow = good >= self.scale_window
         grown = ops.select(grow, self.loss_scale * 2.0, self.loss_scale)
-        lowered = ops.maximum(self.loss_scale / 2.0, 1.0)
+        lowered = ops.maximum(self.loss_scale / 2.0, LOSS_SCALE_FLOOR)
         ops.assign(self.loss_scale, ops.select(finite, grown, lowered))
         ops.assign(self.good_steps, ops.select(grow, ops.zeros_like(good), good))
 

@@ -1,5 +1,6 @@
 """The training loop: checks, data, model, train step, progress, checkpoints, resume."""
 
+import functools
 import hashlib
 import itertools
 import json
@@ -14,6 +15,7 @@ from model_zoo.config import Config, import_model, read_yaml, save_config
 from model_zoo.errors import CheckpointError, DataError, UserInputError
 from model_zoo.data.manifest import building, dataset_digests, verify_dataset
 from model_zoo.files import directory_in_use
+from model_zoo.parallel.compiled_layouts import check_compiled_layouts
 from model_zoo.parallel.context import (data_shard, eval_network_compiles, gathered_rows,
                                         gradient_reducer, init_parallel, is_ascend_910b,
                                         micro_batch_network, micro_batching, parameter_init,
@@ -186,9 +188,14 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
             compile_step = feed.compile
         else:
             compile_step = lambda: runnable.compile(*first_batch)   # noqa: E731
-        if context.semi_auto and (resume or config.train.init_checkpoint):
-            restore_sliced(compile_step, step_cell, network, config, context.rank, output_dir,
-                           strategy_file, resume_path, resharded_from)
+        if context.semi_auto:
+            checked = functools.partial(compile_checked, compile_step, runnable, step_cell,
+                                        config, context.rank)
+            if resume or config.train.init_checkpoint:
+                restore_sliced(checked, step_cell, network, config, context.rank, output_dir,
+                               strategy_file, resume_path, resharded_from)
+            else:
+                checked()
         if sink_size:
             final_checkpoint = feed.run()
         else:
@@ -288,6 +295,18 @@ def build_train_step(config: Config, network, context) -> TrainStep:
         loss_spike_factor=train.loss_spike_factor, log_steps=train.log_steps)
 
 
+def compile_checked(compile_step, runnable, step_cell, config: Config, rank: int):
+    """Semi-auto runs: compile the step before step 1 (`compile_step()`), then hold the
+    layouts MindSpore compiled against those the gradient-norm weights were computed from
+    (`compiled_layouts.check_compiled_layouts`): a difference stops the run here."""
+    started = time.perf_counter()
+    compile_step()
+    check_compiled_layouts(runnable.parameter_layout_dict,
+                           step_cell.gradient_norm.planned_layouts, config.parallel, rank)
+    log(f"compiled the train step in {time.perf_counter() - started:.1f} s; its parameters' "
+        f"layouts are those the gradient norm is weighted by")
+
+
 def gradient_norm(config: Config, network, optimizer, context) -> GradientNorm:
     """The step's GradientNorm: on semi-auto parallel runs, weighted by where each
     parameter's slices live (from a recorded forward pass, as `model-zoo plan` sees the
@@ -299,11 +318,15 @@ def gradient_norm(config: Config, network, optimizer, context) -> GradientNorm:
     started = time.perf_counter()
     layouts = parameter_layouts(config, network)
     names = [param.name for param in optimizer.parameters]
-    weights = norm_weights(layouts_by_name(layouts, names), config.parallel,
-                           stage_of_rank(context.rank, config.parallel))
+    weighted = layouts_by_name(layouts, names)
+    weights = norm_weights(weighted, config.parallel, stage_of_rank(context.rank,
+                                                                    config.parallel))
     log(f"gradient norm: {sum(w > 0 for w in weights)} of {len(weights)} parameters on this "
         f"stage, layouts recorded in {time.perf_counter() - started:.1f} s")
-    return GradientNorm(weights, all_reduce=True, float_status=float_status)
+    norm = GradientNorm(weights, all_reduce=True, float_status=float_status)
+    # what the weights were computed from, held against the compiled step's layouts
+    norm.planned_layouts = dict(zip(names, weighted))
+    return norm
 
 
 def tokens_counter(module, config, shard):

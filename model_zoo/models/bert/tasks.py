@@ -115,6 +115,25 @@ def plan_inputs(config: Config, batch_size: int):
     return [((batch_size, seq), ms.int32)] * 3 + [((batch_size,), ms.int32)]
 
 
+def random_batch(config: Config, batch_size: int, rng) -> list:
+    """A valid batch of random values in `plan_inputs`' columns (`model-zoo dryrun
+    --check-numbers`): token ids in the vocabulary, both segments, every position real;
+    for pretraining, predictions at random positions of weight 1 and next-sentence labels;
+    for classification, labels among `model.num_labels`."""
+    import numpy as np
+    model, seq = config.model, config.model.seq_length
+
+    def ints(high, *shape):
+        return rng.integers(0, high, (batch_size, *shape)).astype(np.int32)
+
+    text = [ints(model.vocab_size, seq), ints(2, seq), np.ones((batch_size, seq), np.int32)]
+    if not _pretraining(config):
+        return text + [ints(model.num_labels)]
+    predictions = config.data.max_predictions_per_seq
+    return text + [ints(seq, predictions), ints(model.vocab_size, predictions),
+                   np.ones((batch_size, predictions), np.float32), ints(2)]
+
+
 def inference_graphs(config: Config, network, batch_size: int) -> dict:
     """`model-zoo export`: from input_ids, token_type_ids and attention_mask (int32, batch x
     seq_length), and for pretraining masked_lm_positions (int32, batch x predictions), the

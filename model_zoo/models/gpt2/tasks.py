@@ -28,6 +28,7 @@ def build_train_network(config: Config, compute_dtype):
 dataset_ready = tasks.dataset_ready
 prepare_data = tasks.prepare_data
 plan_inputs = tasks.plan_inputs
+random_batch = tasks.random_batch
 inference_graphs = tasks.inference_graphs
 create_train_dataset = tasks.create_train_dataset
 create_heldout_dataset = tasks.create_heldout_dataset

@@ -84,6 +84,17 @@ def plan_inputs(config: Config, batch_size: int):
     return [((batch_size, config.model.seq_length), ms.int32)] * 5
 
 
+def random_batch(config: Config, batch_size: int, rng) -> list:
+    """A valid batch of random values in `plan_inputs`' columns (`model-zoo dryrun
+    --check-numbers`): source, decoder-input and label ids in the vocabulary, every
+    position real."""
+    shape = (batch_size, config.model.seq_length)
+    ones = np.ones(shape, np.int32)
+    return [rng.integers(0, config.model.vocab_size, shape).astype(np.int32), ones,
+            rng.integers(0, config.model.vocab_size, shape).astype(np.int32), ones,
+            rng.integers(0, config.model.vocab_size, shape).astype(np.int32)]
+
+
 def inference_graphs(config: Config, network, batch_size: int) -> dict:
     """`model-zoo export`: the pieces of beam search (model.beam_size beams, as `translate`
     runs it): the encoder (source ids and mask, int32 batch x seq_length -> memory and source

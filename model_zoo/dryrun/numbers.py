@@ -1,0 +1,224 @@
+"""`model-zoo dryrun CONFIG --check-numbers [--steps K]`: the partitioned train step's
+numbers against one device's.
+
+Every rank of the layout is compiled by MindSpore from one checkpoint of whole initial
+values and exported (`run.run_dryrun`); K steps of those compiled graphs run on CPU ranks
+with real collectives (`cpu_ranks`), each rank fed its slice of the same K random batches
+(the model folder's `random_batch`); the same train step runs the same K batches on one
+device, without MindSpore's parallel pass. In fp32 with dropout off (the command sets
+both), compared are each step's loss, gradient norm and overflow decision on every rank,
+and after the last step every parameter and AdamW moment slice a rank holds against the
+same slice of one device's value (`replication.device_piece`). A figure agrees when
+|partitioned - one device| <= 1e-5 x max(1, |one device|).
+
+What this cannot show: the kernels are the CPU's (the arithmetic of Ascend's differs in
+the last bits), and collectives the CPU backend lacks run as all-reduces of the same
+data (`cpu_ranks.as_all_reduces`).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+from model_zoo.errors import UserInputError
+
+TOLERANCE = 1e-5
+DROPOUT_KEYS = ("dropout", "attention_dropout", "hidden_dropout")
+# what one CPU rank costs beyond its share of the model: MindSpore, the graph, the kernels
+RANK_PROCESS_BYTES = 1 << 30
+MAX_CPU_RANKS = 16
+
+
+def numbers_overrides(config) -> List[str]:
+    """The `--set` overrides of a numbers check: fp32, and every dropout of the model 0."""
+    return ["train.precision=fp32"] + [f"model.{key}=0.0" for key in DROPOUT_KEYS
+                                       if hasattr(config.model, key)]
+
+
+def available_memory() -> int:
+    """Bytes of memory this machine can still give (MemAvailable, else all of it)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_runs_here(config, plan):
+    """UserInputError unless the layout's ranks can run on this machine's CPU: the model
+    folder makes random batches, at most MAX_CPU_RANKS ranks, no pipeline stages (the CPU
+    backend has no Send/Receive kernels), and the ranks plus one device fit in memory
+    (the plan's fp32 memory per device, and a rank process each)."""
+    from model_zoo.config import import_model
+    parallel = config.parallel
+    if not hasattr(import_model(config.model.name), "random_batch"):
+        raise UserInputError(f"--check-numbers: model {config.model.name!r} has no "
+                             f"random_batch hook to make its batches")
+    if parallel.device_num > MAX_CPU_RANKS:
+        raise UserInputError(f"--check-numbers: {parallel.device_num} ranks are too many for "
+                             f"CPU ranks here (at most {MAX_CPU_RANKS}); lay the model out on "
+                             f"fewer devices with --set")
+    if parallel.pipeline_stage > 1:
+        raise UserInputError("--check-numbers: pipeline stages do not run on CPU ranks (the "
+                             "CPU backend has no Send/Receive kernels)")
+    if plan.recording is None or not plan.memory:
+        raise UserInputError(f"--check-numbers: the layout cannot be built: "
+                             f"{plan.violations[0].message if plan.violations else '?'}")
+    needed = (parallel.device_num * (plan.worst_stage.total + RANK_PROCESS_BYTES)
+              + 2 * sum(stage.total for stage in plan.memory) + RANK_PROCESS_BYTES)
+    available = available_memory()
+    if needed > available:
+        raise UserInputError(f"--check-numbers: this layout is too big for CPU ranks here: "
+                             f"its {parallel.device_num} ranks and one device need about "
+                             f"{needed / 2 ** 30:.1f} GiB, {available / 2 ** 30:.1f} GiB is "
+                             f"available; try a smaller model with --set")
+
+
+def one_device_steps(config, batches, checkpoint: str):
+    """The layout's train step on one device (the operators a cluster runs, no parallel
+    pass): its initial state saved to `checkpoint`, then one step per batch. Returns
+    ([(loss, finite, gradient norm) per step], {parameter name: value after them})."""
+    import mindspore as ms
+    from model_zoo.config import import_model
+    from model_zoo.parallel.context import RunContext
+    from model_zoo.train.trainer import build_model
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_seed(config.train.seed)
+    _, step = build_model(import_model(config.model.name), config, RunContext("Ascend"))
+    ms.save_checkpoint(step, checkpoint)
+    step.set_train(True)
+    outputs = []
+    for batch in batches:
+        loss, finite, _, norm, _, _, _ = step(*[ms.Tensor(column) for column in batch])
+        outputs.append((float(loss.asnumpy()), bool(finite.asnumpy()), float(norm.asnumpy())))
+    return outputs, {name: value.asnumpy() for name, value in step.parameters_dict().items()}
+
+
+def run_cpu_ranks(work: Path, device_num: int, batch_files, timeout: float):
+    """The exported steps of `work/rank_<r>/` run on `device_num` CPU ranks by the local
+    launcher: (its exit status, its output). A failed job is a finding, not an error."""
+    job = subprocess.run(
+        [sys.executable, "-m", "model_zoo.launch", "--workers", str(device_num),
+         "--output-dir", str(work / "cpu_job"), "--timeout", str(int(timeout)), "--",
+         sys.executable, "-m", "model_zoo.dryrun.cpu_ranks", str(work),
+         *map(str, batch_files)],
+        capture_output=True, text=True, env=dict(os.environ, GLOG_v="3"))
+    return job.returncode, (job.stdout + job.stderr).strip()
+
+
+def relative_gap(found: float, expected: float) -> float:
+    """|found - expected| in units of max(1, |expected|): what TOLERANCE bounds."""
+    return abs(found - expected) / max(1.0, abs(expected))
+
+
+def compare(config, params, expected, after, work: Path, steps: int) -> dict:
+    """The numbers of every rank (`work/rank_<r>/cpu_step.npz`) against one device's."""
+    import numpy as np
+    from model_zoo.parallel.replication import device_piece
+    from model_zoo.parallel.strategy_file import laid_out_names
+    diff = {"loss": 0.0, "grad_norm": 0.0, "parameters": 0.0, "moments": 0.0}
+    worst = {"parameters": 0.0, "moments": 0.0}
+    losses, problems = [], []
+    trained = [name for name, param in params.items() if param.requires_grad]
+    for rank in range(config.parallel.device_num):
+        found = np.load(work / f"rank_{rank}" / "cpu_step.npz")
+        missing = [prefix + name for name in trained for prefix in ("", "adam_m.", "adam_v.")
+                   if prefix + name not in found.files]
+        if missing:
+            problems.append(f"rank {rank} holds no {missing[0]}")
+        rank_losses = []
+        for index, (loss, finite, norm) in enumerate(expected):
+            rank_losses.append(float(found[f"loss_{index}"]))
+            diff["loss"] = max(diff["loss"], abs(rank_losses[-1] - loss))
+            diff["grad_norm"] = max(diff["grad_norm"],
+                                    abs(float(found[f"grad_norm_{index}"]) - norm))
+            if bool(found[f"finite_{index}"]) != finite:
+                problems.append(f"rank {rank}, step {index + 1}: overflow decision "
+                                f"{not bool(found[f'finite_{index}'])}, one device {not finite}")
+            if relative_gap(rank_losses[-1], loss) > TOLERANCE or relative_gap(
+                    float(found[f"grad_norm_{index}"]), norm) > TOLERANCE:
+                problems.append(f"rank {rank}, step {index + 1}: loss {rank_losses[-1]:.7g} "
+                                f"grad norm {float(found[f'grad_norm_{index}']):.7g}, one "
+                                f"device {loss:.7g} and {norm:.7g}")
+        if rank == 0:
+            losses = rank_losses
+        sliced = laid_out_names(params, found.files)
+        for name, value in after.items():
+            if name not in found.files or value.dtype.kind != "f":
+                continue
+            piece = device_piece(params[sliced[name]], config.parallel, rank) \
+                if name in sliced else ...
+            gap = np.abs(found[name].astype(np.float64) - value[piece])
+            kind = "moments" if name.startswith(("adam_m.", "adam_v.")) else "parameters"
+            diff[kind] = max(diff[kind], float(gap.max(initial=0.0)))
+            scaled = float((gap / np.maximum(1.0, np.abs(value[piece]))).max(initial=0.0))
+            if scaled > worst[kind]:
+                worst[kind] = scaled
+                if scaled > TOLERANCE:
+                    problems.append(f"rank {rank}: {name} differs by {gap.max():.3g}")
+    return {"ok": not problems, "steps": steps, "loss": losses,
+            "one_device_loss": [loss for loss, _, _ in expected], "max_abs_diff": diff,
+            "tolerance": TOLERANCE, "problems": problems[:20]}
+
+
+def check_numbers(config_path: str, overrides, steps: int, work: Path, jobs: int,
+                  timeout: float, progress=None):
+    """Compile every rank, run `steps` steps on CPU ranks and on one device, compare.
+    Returns (the dry run, the numbers as `model-zoo dryrun --json` gives them)."""
+    import numpy as np
+    from model_zoo.config import import_model, load_config
+    from model_zoo.cost.build import build_plan
+    from model_zoo.dryrun.run import run_dryrun
+    if steps < 1:
+        raise UserInputError(f"--steps must be >= 1, got {steps}")
+    config = load_config(config_path, overrides, layout_checked=False)
+    overrides = list(overrides) + numbers_overrides(config)
+    config = load_config(config_path, overrides, layout_checked=False)
+    config.validate()
+    plan = build_plan(config, config_path)
+    check_runs_here(config, plan)
+    work.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(config.train.seed)
+    module = import_model(config.model.name)
+    batches = [module.random_batch(config, config.train.global_batch_size, rng)
+               for _ in range(steps)]
+    files = []
+    for index, batch in enumerate(batches):
+        files.append(work / f"batch_{index}.npz")
+        np.savez(files[-1], *batch)
+    say = progress or (lambda line: None)
+    say(f"one device: {steps} step(s)")
+    expected, after = one_device_steps(config, batches, str(work / "init.ckpt"))
+    ranks = list(range(config.parallel.device_num))
+    dry = run_dryrun(config, config_path, overrides, ranks, output_dir=str(work), jobs=jobs,
+                     timeout=timeout, progress=progress, plan=plan,
+                     load=str(work / "init.ckpt"), export=True, evaluation=False)
+    if not all(rank.compiled for rank in dry.ranks):
+        return dry, {"ok": False, "steps": steps, "problems": ["a rank did not compile"]}
+    say(f"{len(ranks)} CPU ranks: {steps} step(s) of the compiled graphs")
+    status, log = run_cpu_ranks(work, len(ranks), files, timeout)
+    if status != 0:
+        return dry, {"ok": False, "steps": steps,
+                     "problems": [f"the CPU ranks failed (status {status}): "
+                                  f"{log.splitlines()[-1] if log else ''}"]}
+    return dry, compare(config, plan.recording.params, expected, after, work, steps)
+
+
+def format_numbers(numbers: dict) -> str:
+    lines = [f"numbers of {numbers['steps']} step(s) against one device:"]
+    if "max_abs_diff" in numbers:
+        losses = ", ".join(f"{a:.6f} / {b:.6f}" for a, b in
+                           zip(numbers["loss"], numbers["one_device_loss"]))
+        lines.append(f"  loss (rank 0 / one device): {losses}")
+        lines.append("  largest difference: " + ", ".join(
+            f"{kind.replace('_', ' ')} {value:.2g}"
+            for kind, value in numbers["max_abs_diff"].items()))
+    lines += [f"  {problem}" for problem in numbers["problems"]]
+    lines.append(f"numbers agree within {TOLERANCE:g}" if numbers["ok"] else
+                 "NUMBERS DIFFER from one device")
+    return "\n".join(lines)
