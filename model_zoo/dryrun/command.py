@@ -17,6 +17,11 @@ def add_dryrun_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--ranks", default=None,
                         help="ranks to compile: stages (the first rank of every pipeline "
                              "stage, the default), all, or a list such as 0,4")
+    parser.add_argument("--as-device", choices=("ascend910", "ascend910b"), default=None,
+                        help="compile the step as that chip's run builds it: ascend910 with "
+                             "its float-status overflow check, ascend910b with flash "
+                             "attention and bf16 where the config asks (default: the chip "
+                             "the config needs, without the 910's float-status operators)")
     parser.add_argument("--check-numbers", action="store_true",
                         help="also run the compiled steps of every rank on CPU ranks and "
                              "compare loss, gradient norm, overflow decision and every "
@@ -50,6 +55,9 @@ def run_dryrun_command(args) -> int:
         raise UserInputError("--check-numbers compiles every rank: leave out --ranks")
     if args.steps != 2 and not args.check_numbers:
         raise UserInputError("--steps goes with --check-numbers")
+    if args.as_device and args.check_numbers:
+        raise UserInputError("--as-device compiles for a chip; --check-numbers runs on CPU "
+                             "ranks: give one of them")
     config = load_config(args.config, args.overrides, layout_checked=False)
     config.parallel.validate()
     ranks = select_ranks(args.ranks or "stages", config.parallel)
@@ -62,7 +70,8 @@ def run_dryrun_command(args) -> int:
         result, numbers = checked_numbers(args, timeout, progress)
     else:
         result = run_dryrun(config, args.config, args.overrides, ranks, args.output_dir,
-                            jobs=args.jobs, timeout=timeout, progress=progress)
+                            jobs=args.jobs, timeout=timeout, progress=progress,
+                            as_device=args.as_device)
     if args.json:
         print(json.dumps({**result.to_dict(), **({"numbers": numbers} if numbers else {})},
                          indent=2))

@@ -39,6 +39,8 @@ from model_zoo.errors import UserInputError
 from model_zoo.parallel.compiled_layouts import (check_compiled_layouts, layout_of,
                                                  named_group_size)
 
+# the Ascend 910's overflow check (`step.GradientNorm` with float_status)
+FLOAT_STATUS = ("NPUClearFloatStatusV2", "NPUGetFloatStatusV2")
 # MindSpore's names of the communication primitives it inserts -> the kind reported
 COLLECTIVES = {"AllReduce": "AllReduce", "AllGather": "AllGather",
                "ReduceScatter": "ReduceScatter", "Send": "Send", "Receive": "Receive",
@@ -54,7 +56,8 @@ def main(request_path: str) -> int:
     result = {"rank": request["rank"], "compiled": False, "compile_s": None, "sink_size": 0,
               "eval_compile_s": None, "eval_collectives": {}, "eval_error": None,
               "peak_rss_mb": None, "collectives": {}, "collective_groups": {},
-              "layouts": {}, "norm_weights_error": None, "error": None}
+              "layouts": {}, "float_status_ops": 0, "norm_weights_error": None,
+              "error": None}
     try:
         compile_rank(request, folder, result)
     except Exception as err:  # noqa: BLE001 - MindSpore's refusal is the result
@@ -86,7 +89,8 @@ def compile_rank(request: dict, folder: Path, result: dict):
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("GPU")   # MindSpore's parallel pass refuses the CPU target
     init()                 # dummy collectives of RANK_SIZE ranks (MS_SIMULATION_LEVEL=0)
-    context = RunContext("Ascend", rank=get_rank(), device_num=get_group_size())
+    context = RunContext("Ascend", rank=get_rank(), device_num=get_group_size(),
+                         chip=request.get("as_device") or "")
     ms.set_seed(config.train.seed)
     network, step_cell = build_model(module, config, context)
     if request.get("load"):   # whole values, cut into this rank's slices by the compile
@@ -116,6 +120,7 @@ def compile_rank(request: dict, folder: Path, result: dict):
         compiled, compiled.compile_phase, "mind_ir")
     result["collectives"], result["collective_groups"] = collectives(graph,
                                                                      context.device_num)
+    result["float_status_ops"] = sum(operator_counts(graph, FLOAT_STATUS).values())
     if context.semi_auto:   # the trainer's check before step 1, on what MindSpore compiled
         try:
             check_compiled_layouts(layouts, step_cell.gradient_norm.planned_layouts,
@@ -165,6 +170,18 @@ def compile_sunk(runnable, inputs, sink_size: int, semi_auto: bool):
     sunk.set_train(True)
     sunk.compile()
     return sunk, {}
+
+
+def operator_counts(graph_proto: bytes, op_types) -> Counter:
+    """{operator type: nodes} of `op_types` in a compiled graph (MindIR bytes: the main
+    graph and every function it calls)."""
+    from mindspore.train import mind_ir_pb2
+    model = mind_ir_pb2.ModelProto()
+    model.ParseFromString(graph_proto)
+    kinds = {primitive.name: primitive.op_type for primitive in model.primitives
+             if primitive.op_type in op_types}
+    return Counter(kinds[node.op_type[len("REF::"):]] for graph in [model.graph, *model.functions]
+                   for node in graph.node if node.op_type[len("REF::"):] in kinds)
 
 
 def collectives(graph_proto: bytes, device_num: int):

@@ -50,6 +50,7 @@ class RankResult:
     collectives: dict = field(default_factory=dict)         # kind -> count
     collective_groups: dict = field(default_factory=dict)   # kind -> {group size: count}
     layout_mismatches: list = field(default_factory=list)
+    float_status_ops: int = 0   # the 910's overflow check in the compiled step
     norm_weights_error: Optional[str] = None   # the trainer's check before step 1
     error: Optional[str] = None
     strategy_file: Optional[str] = None
@@ -116,18 +117,23 @@ def run_dryrun(config, config_path: str, overrides, ranks: List[int],
                output_dir: Optional[str] = None, jobs: int = 2,
                timeout: float = DEFAULT_TIMEOUT, progress=None, plan=None,
                load: Optional[str] = None, export: bool = False,
-               evaluation: bool = True) -> DryRun:
+               evaluation: bool = True, as_device: Optional[str] = None) -> DryRun:
     """Compile `ranks` of `config`'s layout, `jobs` processes at a time, and hold their
     parameter layouts against the plan's (`plan`, built here unless given: its recording
     patches MindSpore's primitives, so plans are built one at a time, never from two
     threads). `progress(message)` hears each rank finish. `load`: a checkpoint of whole
     values the compiled step starts from; `export`: write each rank's compiled step as
     `rank_<r>/step.mindir` under `output_dir` (what `tests/test_dryrun.py` runs on CPU
-    ranks); `evaluation`: also compile the held-out evaluation network."""
+    ranks); `evaluation`: also compile the held-out evaluation network; `as_device`:
+    build the step as that chip's run does ("ascend910": the float-status overflow check;
+    "ascend910b": flash attention and bf16 allowed), ConfigError if the config asks what
+    the chip cannot run."""
     from model_zoo.parallel.replication import stage_of_rank
     from model_zoo.dryrun import cuda_stubs
     from model_zoo.cost.build import build_plan
 
+    if as_device:
+        check_chip(config, as_device)
     cuda_home = cuda_stubs.fake_cuda_home()     # before any work: the one machine check
     parallel = config.parallel
     if plan is None:
@@ -138,7 +144,7 @@ def run_dryrun(config, config_path: str, overrides, ranks: List[int],
     running = []
     try:
         pending = [(rank, _request(work, config_path, overrides, rank, load, export,
-                                   evaluation))
+                                   evaluation, as_device))
                    for rank in ranks]
         results = {}
         while pending or running:
@@ -179,8 +185,17 @@ def run_dryrun(config, config_path: str, overrides, ranks: List[int],
             shutil.rmtree(work, ignore_errors=True)
 
 
+def check_chip(config, chip: str):
+    """ConfigError naming the key when `config` asks what `chip` cannot run."""
+    from model_zoo.nn.attention import check_flash_attention_device
+    from model_zoo.nn.layers import check_precision_device
+    if getattr(config.model, "flash_attention", False):
+        check_flash_attention_device("Ascend", chip == "ascend910b")
+    check_precision_device(config.train.precision, "Ascend", chip == "ascend910b")
+
+
 def _request(work: Path, config_path: str, overrides, rank: int, load=None,
-             export=False, evaluation=True) -> Path:
+             export=False, evaluation=True, as_device=None) -> Path:
     folder = work / f"rank_{rank}"
     folder.mkdir(parents=True, exist_ok=True)
     for stale in ("result.json", "error.txt", "strategy.ckpt", "step.mindir"):
@@ -190,7 +205,8 @@ def _request(work: Path, config_path: str, overrides, rank: int, load=None,
                                    "overrides": list(overrides or []), "rank": rank,
                                    "cwd": os.getcwd(),
                                    "load": os.path.abspath(load) if load else None,
-                                   "export": export, "evaluation": evaluation}))
+                                   "export": export, "evaluation": evaluation,
+                                   "as_device": as_device}))
     return request
 
 
@@ -239,8 +255,8 @@ def _collect(request: Path, rank: int, stage: int, process, timed_out: Optional[
     found = json.loads(path.read_text())
     for key in ("compiled", "compile_s", "sink_size", "eval_compile_s", "eval_collectives",
                 "eval_error",
-                "peak_rss_mb", "collectives", "collective_groups", "norm_weights_error",
-                "error"):
+                "peak_rss_mb", "collectives", "collective_groups", "float_status_ops",
+                "norm_weights_error", "error"):
         setattr(result, key, found[key])
     strategy = folder / "strategy.ckpt"
     if keep and strategy.is_file():
@@ -268,6 +284,8 @@ def rank_line(result: RankResult) -> str:
                 "evaluation network not compiled" if result.eval_compile_s is None else
                 f"evaluation network {result.eval_compile_s:.1f} s")
     sunk = f" (sunk, {result.sink_size} steps a call)" if result.sink_size else ""
+    if result.float_status_ops:
+        sunk += f" with {result.float_status_ops} float-status operators"
     line = (head + f"compiled{sunk} in {result.compile_s:.1f} s ({held_out}), peak "
             f"{result.peak_rss_mb} MB; collectives: {comm or 'none'}")
     if result.eval_error is not None:

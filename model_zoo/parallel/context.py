@@ -26,11 +26,23 @@ PLAN_HINT = "check the layout offline with `model-zoo plan CONFIG --device-num N
 
 @dataclass(frozen=True)
 class RunContext:
-    """What this process is: its device target, rank and the number of ranks."""
+    """What this process is: its device target, rank and the number of ranks, and for a
+    dry run the Ascend chip it compiles as (`chip`: "ascend910" or "ascend910b"; empty:
+    this machine's own, asked of MindSpore)."""
 
     device_target: str
     rank: int = 0
     device_num: int = 1
+    chip: str = ""
+
+    def ascend_910b(self) -> bool:
+        """Whether the step is built for an Atlas A2 (910B)."""
+        return self.chip == "ascend910b" if self.chip else is_ascend_910b()
+
+    def ascend_910(self) -> bool:
+        """Whether the step is built for an Ascend 910 (saturating float status)."""
+        return (self.chip == "ascend910" if self.chip
+                else ascend_supports("amp_loss_scale_train_classic_target"))
 
     @property
     def distributed(self) -> bool:

@@ -11,7 +11,6 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Zero, initializer
 
-from model_zoo.parallel.context import ascend_supports, is_ascend_910b
 from model_zoo.nn.backend import cpu_kernel, use_cpu_kernels
 from model_zoo.nn.layers import DROPOUT_STEP
 
@@ -467,16 +466,16 @@ def _squared_sum(grad):
     return ops.reduce_sum(ops.square(ops.cast(grad, ms.float32)))
 
 
-def uses_float_status(device_target: str) -> bool:
+def uses_float_status(context) -> bool:
     """Whether overflow must be read from the device's float status: on Ascend 910 (always in
     saturation mode) and on 910B when MS_ASCEND_CHECK_OVERFLOW_MODE=SATURATION_MODE (its
     default INFNAN_MODE produces inf/nan, which the norm catches). This is the test
-    MindSpore's TrainOneStepWithLossScaleCell makes (`nn/wrap/loss_scale.py`)."""
-    if device_target != "Ascend":
+    MindSpore's TrainOneStepWithLossScaleCell makes (`nn/wrap/loss_scale.py`); `context`
+    (a RunContext) names the chip a dry run compiles as."""
+    if context.device_target != "Ascend":
         return False
     saturation = os.environ.get("MS_ASCEND_CHECK_OVERFLOW_MODE") == "SATURATION_MODE"
-    return ascend_supports("amp_loss_scale_train_classic_target") or (
-        is_ascend_910b() and saturation)
+    return context.ascend_910() or (context.ascend_910b() and saturation)
 
 
 class FusedAdamWeightDecay(nn.AdamWeightDecay):

@@ -17,7 +17,7 @@ from model_zoo.data.manifest import building, dataset_digests, verify_dataset
 from model_zoo.files import directory_in_use
 from model_zoo.parallel.compiled_layouts import check_compiled_layouts
 from model_zoo.parallel.context import (data_shard, eval_network_compiles, gathered_rows,
-                                        gradient_reducer, init_parallel, is_ascend_910b,
+                                        gradient_reducer, init_parallel,
                                         micro_batch_network, micro_batching, parameter_init,
                                         sync_shared_parameters, wrap_eval_network,
                                         wrap_train_step)
@@ -115,8 +115,9 @@ def train(config: Config, output_dir: str, resume: bool = False, on_save=None,
     module = import_model(config.model.name)
     context = init_parallel(config.parallel, config.train.device_target)
     if getattr(config.model, "flash_attention", False):
-        check_flash_attention_device(context.device_target, is_ascend_910b())
-    check_precision_device(config.train.precision, context.device_target, is_ascend_910b())
+        check_flash_attention_device(context.device_target, context.ascend_910b())
+    check_precision_device(config.train.precision, context.device_target,
+                           context.ascend_910b())
     if context.distributed:
         output_dir = os.path.join(output_dir, f"rank_{context.rank}")
     with directory_in_use(output_dir):
@@ -311,7 +312,7 @@ def gradient_norm(config: Config, network, optimizer, context) -> GradientNorm:
     """The step's GradientNorm: on semi-auto parallel runs, weighted by where each
     parameter's slices live (from a recorded forward pass, as `model-zoo plan` sees the
     layout) and summed over all devices; elsewhere over the whole local gradients."""
-    float_status = uses_float_status(context.device_target)
+    float_status = uses_float_status(context)
     if not context.semi_auto:
         return GradientNorm(float_status=float_status)
     from model_zoo.layout.network import parameter_layouts
