@@ -52,8 +52,9 @@ def available_memory() -> int:
 def check_runs_here(config, plan):
     """UserInputError unless the layout's ranks can run on this machine's CPU: the model
     folder makes random batches, at most MAX_CPU_RANKS ranks, no pipeline stages (the CPU
-    backend has no Send/Receive kernels), and the ranks plus one device fit in memory
-    (the plan's fp32 memory per device, and a rank process each)."""
+    backend has no Send/Receive kernels), and the ranks plus one device fit in the memory
+    free now (the plan's fp32 memory per device and a process each, and the whole model on
+    one device)."""
     from model_zoo.config import import_model
     parallel = config.parallel
     if not hasattr(import_model(config.model.name), "random_batch"):
@@ -69,12 +70,15 @@ def check_runs_here(config, plan):
     if plan.recording is None or not plan.memory:
         raise UserInputError(f"--check-numbers: the layout cannot be built: "
                              f"{plan.violations[0].message if plan.violations else '?'}")
-    needed = (parallel.device_num * (plan.worst_stage.total + RANK_PROCESS_BYTES)
-              + 2 * sum(stage.total for stage in plan.memory) + RANK_PROCESS_BYTES)
+    # the ranks as the plan costs them, and one device holding the whole model in fp32
+    # (weights, gradients, two moments) with every rank's activations
+    one_device = (16 * plan.parameter_count + parallel.device_num * max(
+        stage.activations for stage in plan.memory) + RANK_PROCESS_BYTES)
+    needed = parallel.device_num * (plan.worst_stage.total + RANK_PROCESS_BYTES) + one_device
     available = available_memory()
     if needed > available:
         raise UserInputError(f"--check-numbers: this layout is too big for CPU ranks here: "
-                             f"its {parallel.device_num} ranks and one device need about "
+                             f"its {parallel.device_num} rank(s) and one device need about "
                              f"{needed / 2 ** 30:.1f} GiB, {available / 2 ** 30:.1f} GiB is "
                              f"available; try a smaller model with --set")
 
