@@ -116,11 +116,11 @@ def compile_rank(request: dict, folder: Path, result: dict):
         layouts = runnable.parameter_layout_dict
     result["compile_s"] = round(time.perf_counter() - started, 2)
     result["sink_size"] = sink_size
-    graph = ms.common.api._cell_graph_executor._get_func_graph_proto(  # pylint: disable=W0212
-        compiled, compiled.compile_phase, "mind_ir")
+    graph = compiled_graph(compiled)
     result["collectives"], result["collective_groups"] = collectives(graph,
                                                                      context.device_num)
-    result["float_status_ops"] = sum(operator_counts(graph, FLOAT_STATUS).values())
+    result["float_status_ops"] = sum(1 for primitive in called_primitives(graph)
+                                     if primitive.op_type in FLOAT_STATUS)
     if context.semi_auto:   # the trainer's check before step 1, on what MindSpore compiled
         try:
             check_compiled_layouts(layouts, step_cell.gradient_norm.planned_layouts,
@@ -145,9 +145,7 @@ def compile_rank(request: dict, folder: Path, result: dict):
         result["eval_error"] = one_line(err)
         return
     result["eval_compile_s"] = round(time.perf_counter() - started, 2)
-    result["eval_collectives"], _ = collectives(
-        ms.common.api._cell_graph_executor._get_func_graph_proto(  # pylint: disable=W0212
-            held_out, held_out.compile_phase, "mind_ir"), context.device_num)
+    result["eval_collectives"], _ = collectives(compiled_graph(held_out), context.device_num)
 
 
 def compile_sunk(runnable, inputs, sink_size: int, semi_auto: bool):
@@ -172,37 +170,37 @@ def compile_sunk(runnable, inputs, sink_size: int, semi_auto: bool):
     return sunk, {}
 
 
-def operator_counts(graph_proto: bytes, op_types) -> Counter:
-    """{operator type: nodes} of `op_types` in a compiled graph (MindIR bytes: the main
-    graph and every function it calls)."""
+def compiled_graph(cell):
+    """The MindIR of `cell`'s compiled graph (the main graph and every function it calls),
+    parsed once for every count taken of it."""
+    import mindspore as ms
     from mindspore.train import mind_ir_pb2
     model = mind_ir_pb2.ModelProto()
-    model.ParseFromString(graph_proto)
-    kinds = {primitive.name: primitive.op_type for primitive in model.primitives
-             if primitive.op_type in op_types}
-    return Counter(kinds[node.op_type[len("REF::"):]] for graph in [model.graph, *model.functions]
-                   for node in graph.node if node.op_type[len("REF::"):] in kinds)
+    model.ParseFromString(ms.common.api._cell_graph_executor._get_func_graph_proto(  # pylint: disable=W0212
+        cell, cell.compile_phase, "mind_ir"))
+    return model
 
 
-def collectives(graph_proto: bytes, device_num: int):
-    """({kind: count}, {kind: {group size: count}}) of the communication operators in a
-    compiled graph (MindIR bytes: the main graph and every function it calls)."""
-    from mindspore.train import mind_ir_pb2
-    model = mind_ir_pb2.ModelProto()
-    model.ParseFromString(graph_proto)
-    sizes = {}
-    for primitive in model.primitives:
-        kind = COLLECTIVES.get(primitive.op_type)
-        if kind:
-            sizes[primitive.name] = (kind, group_size(primitive, device_num))
-    counts, by_size = Counter(), defaultdict(Counter)
+def called_primitives(model):
+    """The primitive each node of a parsed MindIR calls, node by node (nodes that call a
+    function or hold a constant left out)."""
+    primitives = {primitive.name: primitive for primitive in model.primitives}
     for graph in [model.graph, *model.functions]:
         for node in graph.node:
-            reference = node.op_type[len("REF::"):] if node.op_type.startswith("REF::") else ""
-            if reference in sizes:
-                kind, size = sizes[reference]
-                counts[kind] += 1
-                by_size[kind][str(size)] += 1
+            reference = node.op_type.removeprefix("REF::")
+            if node.op_type.startswith("REF::") and reference in primitives:
+                yield primitives[reference]
+
+
+def collectives(model, device_num: int):
+    """({kind: count}, {kind: {group size: count}}) of the communication operators in a
+    parsed compiled graph (`compiled_graph`)."""
+    counts, by_size = Counter(), defaultdict(Counter)
+    for primitive in called_primitives(model):
+        kind = COLLECTIVES.get(primitive.op_type)
+        if kind:
+            counts[kind] += 1
+            by_size[kind][str(group_size(primitive, device_num))] += 1
     return dict(counts), {kind: dict(sizes) for kind, sizes in by_size.items()}
 
 
