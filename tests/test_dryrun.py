@@ -307,16 +307,9 @@ PARITY_LAYOUTS = {"dp2mp2": ["parallel.data_parallel=2", "parallel.model_paralle
                   "mp2-accumulation4": ["parallel.model_parallel=2",
                                         "train.grad_accumulation=4"]}
 SAME_ON_CPU = ("mp2", "mp2-accumulation4")   # collectives the CPU runs as compiled
-# Found by this check, open: with accumulation across devices the compiled step's gradient
-# misses part of the last micro batch's (mp2 x 4: the norm is that of micro batches 1-3
-# over 4; docs/ascend.md, "The partitioned step's numbers"). Whether an Ascend run does the
-# same is not known here; kept strict so that a fix shows.
-KNOWN_WRONG = {"mp2-accumulation4": "accumulated gradients miss the last micro batch's"}
 
 
-@pytest.mark.parametrize("layout", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_WRONG[name]))
-    if name in KNOWN_WRONG else name for name in PARITY_LAYOUTS])
+@pytest.mark.parametrize("layout", PARITY_LAYOUTS)
 def test_the_partitioned_step_gives_one_devices_numbers(layout, tmp_path):
     """`model-zoo dryrun --check-numbers`: each rank's step as MindSpore compiled it
     (exported with its weight slices) run on CPU ranks with real collectives gives, over

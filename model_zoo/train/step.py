@@ -422,7 +422,8 @@ class TrainStep(nn.Cell):
         elif applied:
             loss = ops.depend(loss, self.optimizer(grads))
         if self.accumulated_by_compiler:
-            loss = ops.depend(loss, self.hyper_map(_clear_accumulated, self.accu_grads, grads))
+            loss = ops.depend(loss, self.hyper_map(ops.partial(_clear_accumulated, loss),
+                                                   self.accu_grads))
         loss = ops.depend(loss, ops.assign_add(self.step, Tensor(1, ms.int32)))
         return loss, applied, scale, grad_norm, lr, stop, finite
 
@@ -453,9 +454,9 @@ def _read_accumulated(accumulated, grad):
     return ops.depend(accumulated, grad)
 
 
-def _clear_accumulated(accumulated, used):
+def _clear_accumulated(updated, accumulated):
     """Zero an accumulation buffer once this step's update has used the gradients."""
-    return ops.assign(ops.depend(accumulated, used), ops.zeros_like(accumulated))
+    return ops.assign(ops.depend(accumulated, updated), ops.zeros_like(accumulated))
 
 
 def _multiply(factor, grad):
