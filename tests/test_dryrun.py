@@ -376,11 +376,9 @@ def test_as_device_refuses_what_the_chip_cannot_run():
 
 
 def test_check_numbers_refuses_what_cpu_ranks_cannot_run():
-    """Bad input is exit 2 and one line, before any compile: a pipeline, too many ranks,
-    a layout too big for this machine, --ranks or --steps misused."""
+    """Bad input is exit 2 and one line, before any compile: too many ranks, a layout too
+    big for this machine, --ranks or --steps misused."""
     for extra, message in (
-            (["--set", "parallel.pipeline_stage=2", "parallel.micro_batch_num=2"],
-             "no Send/Receive kernels"),
             (["--set", "parallel.data_parallel=32", "train.global_batch_size=32"],
              "too many for CPU ranks"),
             (["--set", "model.hidden_size=16384", "model.num_heads=128"], "too big for CPU"),

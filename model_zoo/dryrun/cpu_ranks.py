@@ -19,29 +19,48 @@ only ("AllGather only support mccl_world_group on CPU") and has no ReduceScatter
 graph is loaded, as an all-reduce (sum) of the same data in the same group
 (`as_all_reduces`): the partitioned graph's arithmetic is MindSpore's, only the
 collective's kernel differs.
+
+Nor has it Send/Receive kernels ("Unsupported op [Send] on CPU"), which pipeline stages
+exchange activations and gradients with. Each Send and Receive is rewritten as a Python
+operator of MindSpore's (a `pyfunc` Custom primitive, registered in this process before
+the graph loads: `as_mailbox_operators`) that carries the tensor through a folder shared
+by the ranks: a Send writes it under (source rank, destination rank, `sr_tag`, how many
+times this pair and tag have sent before) and returns at once, the matching Receive waits
+for that file. MindSpore pairs a Send with the Receive of the same tag between the same
+two ranks, in each rank's graph order; so does the mailbox. An all-reduce could not stand
+in for them: in a 1F1B schedule the stages send and receive in different orders, and
+paired collectives would match the wrong tensors or wait on each other.
 """
 
 import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 WORLD_GROUP = "mccl_world_group"   # MindSpore's world group on CPU
 FLOAT32 = 1                        # MindIR TensorProto.FLOAT
 # Primitives MindSpore 2.10 exports as PRIMITIVE_FUNCTION (their arguments are inputs)
 FUNCTION_PRIMITIVES = ("Cast", "Concat", "Split")
+MAILBOX_FN_IDS = 1 << 40   # the Python operators' ids in MindSpore's pyfunc registry
+RECEIVE_TIMEOUT = 600      # seconds a Receive waits for its Send
+CLOSURE_LEFTOVERS = ("Partial", "MakeTuple", "TupleGetItem", "Constant")
 
 
-def cpu_graph(path: Path, rank: int, world_size: int):
-    """Rank `rank`'s MindIR at `path` made runnable on CPU ranks: its groups made CPU
+def cpu_graph(path: Path, rank: int, world_size: int, mailbox: Path):
+    """Rank `rank`'s MindIR at `path` made runnable on CPU ranks: its Send and Receive
+    operators carried through `mailbox` (`as_mailbox_operators`), its groups made CPU
     groups and the collectives the CPU lacks rewritten (`as_all_reduces`). Returns
-    (serialized bytes, {sub-group name: ranks}, collectives rewritten)."""
+    (serialized bytes, {sub-group name: ranks}, collectives rewritten, {pyfunc id: the
+    function to register before loading})."""
     from mindspore.train import mind_ir_pb2
     from model_zoo.dryrun.rank import group_ranks
     from model_zoo.parallel.compiled_layouts import WORLD_GROUPS
     model = mind_ir_pb2.ModelProto()
     model.ParseFromString(path.read_bytes())
+    inline_calls(model)
+    functions = as_mailbox_operators(model, rank, mailbox)
     groups = {}
     for primitive in model.primitives:
         for attribute in primitive.attribute:
@@ -52,8 +71,307 @@ def cpu_graph(path: Path, rank: int, world_size: int):
                 attribute.s = WORLD_GROUP.encode()
             else:
                 groups[attribute.s.decode()] = ranks
-    rewritten = as_all_reduces(model, rank)
-    return model.SerializeToString(), groups, rewritten
+    rewritten = as_all_reduces(model, rank) + len(functions)
+    return model.SerializeToString(), groups, rewritten, functions
+
+
+def inline_calls(model):
+    """Expand, in the MindIR `model`, every call of one of its function graphs into a copy
+    of that graph's nodes, so that the main graph holds the whole step.
+
+    A step whose micro batches share one subgraph (`ReusedPerMicroBatch`, MindSpore's
+    `lazy_inline`) calls the forward graph once per micro batch; it returns the loss and a
+    closure (a `Partial` of the backward graph over the values it saved), which the step
+    then calls. The backward graph adds each gradient into its `accu_grads` buffer; the
+    step reads the buffers after the calls, ordered only through the calls' outputs, and
+    MindSpore's CPU runtime runs such calls out of order with those reads (mp2 x 4 micro
+    steps lost one micro batch's gradient). Inlined, every addition and every read is an
+    operator of one graph with its data and monad edges, the graph an Ascend run compiles
+    otherwise unchanged (docs/ascend.md, "The partitioned step's numbers")."""
+    from mindspore.train import mind_ir_pb2
+    functions = {graph.name: graph for graph in model.functions}
+    if not functions:
+        return
+    kinds = {primitive.name: primitive.op_type for primitive in model.primitives}
+    main = model.graph
+    kept, made, replaced = [], {}, {}
+    copies = [0]
+
+    def kind_of(node):
+        return kinds.get(node.op_type.removeprefix("REF::"), node.op_type.removeprefix("REF::"))
+
+    def callee(name):
+        """(function graph, captured arguments) that calling `name` runs, or None."""
+        if name in functions:
+            return functions[name], []
+        node = made.get(name)
+        if node is None:
+            return None
+        if kind_of(node) == "Partial" and node.input[0] in functions:
+            return functions[node.input[0]], list(node.input[1:])
+        return None
+
+    def expand(graph, arguments):
+        """Copy `graph`'s nodes in, its inputs bound to `arguments`; its output's name."""
+        copies[0] += 1
+        prefix = f"inlined_{copies[0]}_"
+        if len(arguments) != len(graph.input):
+            raise ValueError(f"a call of {graph.name} with {len(arguments)} argument(s) for "
+                             f"{len(graph.input)} input(s)")
+        bound = {value.name: argument for value, argument in zip(graph.input, arguments)}
+        for node in graph.node:
+            copy = mind_ir_pb2.NodeProto()
+            copy.CopyFrom(node)
+            copy.name = bound[node.name] = prefix + node.name
+            del copy.output[:]
+            copy.output.append(copy.name)
+            copy.input[:] = [bound.get(source, source) for source in node.input]
+            visit(copy)
+        return replaced.get(bound[graph.output[0].name], bound[graph.output[0].name])
+
+    def visit(node):
+        node.input[:] = [replaced.get(source, source) for source in node.input]
+        target = callee(replaced.get(node.op_type.removeprefix("REF::"),
+                                     node.op_type.removeprefix("REF::")))
+        if target is not None:
+            graph, captured = target
+            replaced[node.name] = expand(graph, captured + list(node.input))
+            return
+        element = picked(node)
+        if element is not None:   # an item of a tuple built here: the item itself
+            replaced[node.name] = element
+            return
+        if kind_of(node) in ("Depend", "UpdateState") and any(
+                waited_for(source) != [source] for source in node.input[1:]):
+            node = waiting_for_values(node)
+        kept.append(node)
+        made[node.name] = node
+
+    def waited_for(name):
+        """The values a wait on `name` waits for: a tuple holding a closure (a forward
+        call's result) stands for its other items and the values the closure saved."""
+        whole = made.get(name)
+        if whole is None or kind_of(whole) != "MakeTuple" or not any(
+                kind_of(made[item]) == "Partial" for item in whole.input if item in made):
+            return [name]
+        return [value for item in whole.input for value in (
+            made[item].input[1:] if item in made and kind_of(made[item]) == "Partial"
+            else [item])]
+
+    def waiting_for_values(node):
+        """Depend / UpdateState `node` as a chain of the same operator, one value each."""
+        first, rest = node.input[0], [value for source in node.input[1:]
+                                      for value in waited_for(source)]
+        for count, value in enumerate(rest[:-1]):
+            link = mind_ir_pb2.NodeProto()
+            link.CopyFrom(node)
+            link.name = f"{node.name}_waits_{count}"
+            link.output[:] = [link.name]
+            link.input[:] = [first, value]
+            kept.append(link)
+            made[link.name] = link
+            first = link.name
+        node.input[:] = [first, rest[-1]]
+        return node
+
+    def picked(node):
+        """What TupleGetItem `node` takes, when it takes it from a MakeTuple node."""
+        if kind_of(node) != "TupleGetItem":
+            return None
+        whole, index = made.get(node.input[0]), made.get(node.input[1])
+        if whole is None or kind_of(whole) != "MakeTuple" or index is None:
+            return None
+        return whole.input[index.attribute[0].i]
+
+    for node in list(main.node):
+        visit(node)
+    output = replaced.get(main.output[0].name, main.output[0].name)
+    main.output[0].name = output
+    del main.node[:]
+    main.node.extend(reachable(kept, output, kind_of))
+    del model.functions[:]
+
+
+def reachable(nodes: list, output: str, kind_of) -> list:
+    """`nodes` the output `output` takes, in their order. What is left are the closures'
+    leftovers (Partial, MakeTuple, TupleGetItem, constants); any other operator left out
+    (one with a side effect reaches the output through its monad chain) is an error."""
+    producers = {node.name: node for node in nodes}
+    needed, stack = set(), [output]
+    while stack:
+        node = producers.get(stack.pop())
+        if node is None or node.name in needed:
+            continue
+        needed.add(node.name)
+        stack.extend(node.input)
+    for node in nodes:
+        if node.name not in needed and kind_of(node) not in CLOSURE_LEFTOVERS:
+            raise ValueError(f"inlining the calls left {kind_of(node)} node {node.name} "
+                             f"out of the step")
+    return [node for node in nodes if node.name in needed]
+
+
+def as_mailbox_operators(model, rank: int, mailbox: Path) -> dict:
+    """Rewrite, in the MindIR `model`, each Send and Receive primitive as a pyfunc Custom
+    primitive of its own (module docstring); returns {pyfunc id: function}."""
+    from mindspore.train import mind_ir_pb2
+    functions = {}
+    for index, primitive in enumerate(model.primitives):
+        if primitive.op_type not in ("Send", "Receive"):
+            continue
+        values = {a.name: a.i for a in primitive.attribute}
+        tag = values.get("sr_tag", 0)
+        if primitive.op_type == "Send":
+            pair = (rank, values.get("dst_global_rank", values.get("dest_rank", 0)))
+        else:
+            pair = (values.get("src_global_rank", values.get("src_rank", 0)), rank)
+        box = Mailbox(mailbox, *pair, tag)
+        fn_id = MAILBOX_FN_IDS + index
+        functions[fn_id] = box.send if primitive.op_type == "Send" else box.receive
+        name = f"{primitive.op_type.lower()}_{pair[0]}_to_{pair[1]}_tag_{tag}"
+        kind = mind_ir_pb2.AttributeProto
+        del primitive.attribute[:]
+        primitive.op_type = "Custom"
+        primitive.prim_type = mind_ir_pb2.PrimitiveProto.PRIMITIVE
+        for key, text in (("func_type", "pyfunc"), ("func_name", name),
+                          ("uniq_name", f"Custom_{name}"), ("primitive_target", "CPU"),
+                          ("imply_path", __file__)):
+            primitive.attribute.add(name=key, s=text.encode(), type=kind.STRING)
+        for key in ("multi_output", "single_scalar_output", "fake_output"):
+            primitive.attribute.add(name=key, i=0, type=kind.BOOL)
+        primitive.attribute.add(name="fn_id", i=fn_id, type=kind.INT64)
+        primitive.attribute.add(name="inputs_num", i=1, type=kind.INT64)
+        primitive.attribute.add(name="side_effect_io", i=1, type=kind.BOOL)
+    names = {primitive.name for index, primitive in enumerate(model.primitives)
+             if MAILBOX_FN_IDS + index in functions}
+    in_graph_order(model, names, {name for name in names if name.startswith("Receive")})
+    return functions
+
+
+def in_graph_order(model, names: set, receives: set):
+    """Order the communication the way an asynchronous one needs no order. MindSpore's CPU
+    runtime runs an operator as soon as its inputs are ready, and here a Receive blocks
+    until its tensor comes and an all-reduce until every rank joins it; HCCL's sends do
+    not wait. So (1) each Receive (`receives`) starts only after the mailbox operator
+    (`names`) before it in its graph's node order, the order MindSpore's pipeline pass
+    emitted them in: its input, a placeholder its function ignores, becomes the earlier
+    operator's output, made to wait for the placeholder too; and (2) each of MindSpore's
+    collectives and each Receive waits (a Depend on its first input) for every Send of the
+    graph that does not itself wait for it: a rank never blocks before sending what its
+    peers need."""
+    from mindspore.train import mind_ir_pb2
+    from model_zoo.dryrun.rank import COLLECTIVES
+    depend = next(p for p in model.primitives if p.op_type == "Depend")
+    blocking = receives | {p.name for p in model.primitives if p.op_type in COLLECTIVES}
+    sends = names - receives
+    for graph in [model.graph, *model.functions]:
+        abstracts = {node.name: attribute for node in graph.node
+                     for attribute in node.attribute if attribute.name == "shape"}
+        for parameter in graph.parameter:
+            attribute = mind_ir_pb2.AttributeProto(name="shape",
+                                                   type=mind_ir_pb2.AttributeProto.TENSORS)
+            attribute.tensors.add(dims=parameter.dims, data_type=parameter.data_type)
+            abstracts[parameter.name] = attribute
+
+        def waiting(node, first, carried):
+            name = f"{node.name}_after_{sum(map(len, added.values()))}"
+            after = mind_ir_pb2.NodeProto(
+                name=name, output=[name],
+                input=[first, carried], domain=node.domain, op_type=f"REF::{depend.name}")
+            after.attribute.add().CopyFrom(abstracts[first])
+            abstracts[after.name] = after.attribute[0]
+            added.setdefault(node.name, []).append(after)
+            return after.name
+
+        added, previous = {}, None
+        for node in graph.node:
+            kind = node.op_type.removeprefix("REF::")
+            if kind in receives and previous is not None:
+                node.input[0] = waiting(node, previous, node.input[0])
+            if kind in names:
+                previous = node.name
+        send_nodes = [node for node in graph.node if node.op_type.removeprefix("REF::") in sends]
+        for node in graph.node:
+            if node.op_type.removeprefix("REF::") not in blocking or not node.input:
+                continue
+            for send in send_nodes:
+                if send.name != node.name and not depends_on(graph, send.name, node.name, added) \
+                        and node.input[0] in abstracts:
+                    node.input[0] = waiting(node, node.input[0], send.name)
+        nodes = []
+        for node in graph.node:
+            nodes += added.get(node.name, []) + [node]
+        del graph.node[:]
+        graph.node.extend(topological(nodes))
+
+
+def topological(nodes: list) -> list:
+    """`nodes` reordered so that each comes after the nodes it takes as inputs (MindSpore's
+    MindIR loader reads them in that order), keeping their order otherwise."""
+    names = {node.name for node in nodes}
+    done, ordered, pending = set(), [], list(nodes)
+    while pending:
+        waiting = []
+        for node in pending:
+            if all(source in done or source not in names for source in node.input):
+                done.add(node.name)
+                ordered.append(node)
+            else:
+                waiting.append(node)
+        if len(waiting) == len(pending):
+            raise ValueError(f"a cycle through {waiting[0].name}")
+        pending = waiting
+    return ordered
+
+
+def depends_on(graph, name: str, other: str, added: dict) -> bool:
+    """Whether node `name` of `graph` waits, through its inputs, for node `other` (the
+    nodes `added` {before node: [nodes]} counted)."""
+    producers = {node.name: node for node in graph.node}
+    producers.update({node.name: node for nodes in added.values() for node in nodes})
+    seen, stack = set(), [name]
+    while stack:
+        current = producers.get(stack.pop())
+        if current is None:
+            continue
+        for source in current.input:
+            if source == other:
+                return True
+            if source not in seen:
+                seen.add(source)
+                stack.append(source)
+    return False
+
+
+class Mailbox:
+    """Tensors from rank `source` to rank `destination` under one `sr_tag`, in order: the
+    n-th send is the file the n-th receive waits for."""
+
+    def __init__(self, folder: Path, source: int, destination: int, tag: int):
+        self.folder, self.key = folder, f"{source}_to_{destination}_tag_{tag}"
+        self.sent = self.received = 0
+
+    def send(self, x):
+        import numpy as np
+        path = self.folder / f"{self.key}_{self.sent}.npy"
+        np.save(self.folder / f".{path.name}", x)
+        os.replace(self.folder / f".{path.name}", path)
+        self.sent += 1
+        return x
+
+    def receive(self, _):
+        import numpy as np
+        path = self.folder / f"{self.key}_{self.received}.npy"
+        waited = time.monotonic()
+        while not path.exists():
+            if time.monotonic() - waited > RECEIVE_TIMEOUT:
+                raise TimeoutError(f"no tensor {path.name} from the sending rank within "
+                                   f"{RECEIVE_TIMEOUT} s")
+            time.sleep(0.001)
+        value = np.load(path)
+        path.unlink()
+        self.received += 1
+        return value
 
 
 def as_all_reduces(model, rank: int) -> int:
@@ -223,8 +541,15 @@ def main(folder: str, batch_files) -> int:
     request = json.loads((rank_dir / "request.json").read_text())
     os.chdir(request["cwd"])   # the config's own relative paths are those of the dry run
     config = load_config(request["config"], request["overrides"], layout_checked=False)
-    graph, groups, rewritten = cpu_graph(rank_dir / "step.mindir", rank, size)
-    print(f"rank {rank}: {rewritten} collectives run as all-reduces", flush=True)
+    mailbox = Path(folder).resolve() / "mailbox"
+    mailbox.mkdir(exist_ok=True)
+    graph, groups, rewritten, functions = cpu_graph(rank_dir / "step.mindir", rank, size,
+                                                    mailbox)
+    from mindspore.ops.operations._pyfunc_registry import add_pyfunc
+    for fn_id, function in functions.items():
+        add_pyfunc(fn_id, function)
+    print(f"rank {rank}: {rewritten} collectives run as all-reduces or through the mailbox "
+          f"({len(functions)} Send/Receive)", flush=True)
     for name, ranks in sorted(groups.items()):
         create_group(name, ranks)
     cpu_path = rank_dir / "cpu_step.mindir"

@@ -90,8 +90,7 @@ def compile_rank(request: dict, folder: Path, result: dict):
     ms.set_device("GPU")   # MindSpore's parallel pass refuses the CPU target
     init()                 # dummy collectives of RANK_SIZE ranks (MS_SIMULATION_LEVEL=0)
     context = RunContext("Ascend", rank=get_rank(), device_num=get_group_size(),
-                         chip=request.get("as_device") or "",
-                         reuse_micro_steps=not request.get("export"))
+                         chip=request.get("as_device") or "")
     ms.set_seed(config.train.seed)
     network, step_cell = build_model(module, config, context)
     if request.get("load"):   # whole values, cut into this rank's slices by the compile

@@ -34,11 +34,6 @@ class RunContext:
     rank: int = 0
     device_num: int = 1
     chip: str = ""
-    # False: each micro step inlined instead of one subgraph every micro step calls
-    # (`ReusedPerMicroBatch`); the numbers check's export, because the CPU backend runs the
-    # accumulation buffers' in-place additions inside a called subgraph out of order with
-    # the step's reads of them (docs/ascend.md, "The partitioned step's numbers")
-    reuse_micro_steps: bool = True
 
     def ascend_910b(self) -> bool:
         """Whether the step is built for an Atlas A2 (910B)."""
@@ -72,7 +67,6 @@ class MicroBatching:
     wrapper: str = ""
     micro_batches: int = 1
     in_step: int = 1
-    reused: bool = True   # the wrapper calls one subgraph per micro batch (RunContext)
 
 
 @dataclass(frozen=True)
@@ -244,10 +238,9 @@ def micro_batching(parallel: ParallelConfig, context: RunContext,
     batch itself and reduces once after the loop.
     """
     if context.semi_auto and parallel.pipeline_stage > 1:
-        return MicroBatching("pipeline", parallel.micro_batch_num * accumulation,
-                             reused=context.reuse_micro_steps)
+        return MicroBatching("pipeline", parallel.micro_batch_num * accumulation)
     if context.semi_auto and accumulation > 1:
-        return MicroBatching("accumulation", accumulation, reused=context.reuse_micro_steps)
+        return MicroBatching("accumulation", accumulation)
     return MicroBatching(in_step=accumulation)
 
 
@@ -257,12 +250,11 @@ def micro_batch_network(loss_network, batching: MicroBatching):
     Inside such a cell the network is compiled once and called per micro batch
     (`ReusedPerMicroBatch`), not inlined once per micro batch; not on CPU, whose backend
     refuses a reused subgraph ("Input[0] must be a Primitive ValueNode": MindSpore
-    documents lazy_inline for Ascend) and where these cells only run stand-alone, in tests,
-    nor when the run context asks for the micro steps inlined (`batching.reused`).
+    documents lazy_inline for Ascend) and where these cells only run stand-alone, in tests.
     """
     if not batching.wrapper:
         return loss_network
-    if batching.reused and ms.get_context("device_target") != "CPU":
+    if ms.get_context("device_target") != "CPU":
         loss_network = ReusedPerMicroBatch(loss_network)
     if batching.wrapper == "pipeline":
         from mindspore.parallel.nn import Pipeline
