@@ -74,7 +74,12 @@ class StopVote(nn.Cell):
             weighted = ops.reshape(loss * self.loss_weight, (1,))
         else:   # an earlier pipeline stage: its loss output is not the model's loss
             weighted = ops.zeros((1,), ms.float32)
-        both = self.all_reduce(ops.concat((self.flag, weighted)))
+        # the flag's read waits for `loss` even where the loss is weighted out: the caller
+        # orders this all-reduce after the gradient norm's through `loss`, and two
+        # collectives over one group in different orders on different stages would pair
+        # the wrong tensors (seen on CPU ranks: pipeline with the optimizer shard)
+        flag = ops.depend(self.flag, loss)
+        both = self.all_reduce(ops.concat((flag, weighted)))
         return both[0:1], both[1]
 
 
