@@ -296,16 +296,27 @@ def test_a_wheel_without_the_gpu_plugin_is_one_clear_error(tmp_path, monkeypatch
 
 PARITY_BASE = ["model.num_layers=2", "train.global_batch_size=8", "train.grad_clip=0.5"]
 # Layouts whose compiled steps run on CPU ranks (sub-group all-gathers and reduce-scatters
-# as all-reduces: cpu_ranks.as_all_reduces). Not pipeline stages, for want of CPU
-# Send/Receive kernels ("Unsupported op [Send] on CPU").
-PARITY_LAYOUTS = {"dp2mp2": ["parallel.data_parallel=2", "parallel.model_parallel=2"],
-                  "mp2": ["parallel.model_parallel=2"],
-                  "mp2-sequence-parallel-optimizer-shard": [
-                      "parallel.model_parallel=2", "parallel.sequence_parallel=true",
-                      "parallel.optimizer_shard=true"],
-                  # accumulation across devices: MindSpore's GradAccumulation cell
-                  "mp2-accumulation4": ["parallel.model_parallel=2",
-                                        "train.grad_accumulation=4"]}
+# as all-reduces: cpu_ranks.as_all_reduces; Send/Receive through the mailbox; the reused
+# micro-step subgraphs inlined: cpu_ranks.inline_calls): (config, overrides)
+PARITY_LAYOUTS = {
+    "dp2mp2": (TINY, ["parallel.data_parallel=2", "parallel.model_parallel=2"]),
+    "mp2": (TINY, ["parallel.model_parallel=2"]),
+    "mp2-sequence-parallel-optimizer-shard": (TINY, [
+        "parallel.model_parallel=2", "parallel.sequence_parallel=true",
+        "parallel.optimizer_shard=true"]),
+    # accumulation across devices: MindSpore's GradAccumulation cell
+    "mp2-accumulation4": (TINY, ["parallel.model_parallel=2", "train.grad_accumulation=4"]),
+    "dp2-accumulation2-optimizer-shard": (TINY, [
+        "parallel.data_parallel=2", "train.grad_accumulation=2",
+        "parallel.optimizer_shard=true"]),
+    # pipeline stages: GPT-2's tied embedding on both stages, 2 and 4 micro batches
+    "pp2": (TINY, ["parallel.pipeline_stage=2", "parallel.micro_batch_num=2"]),
+    "dp2-pp2-optimizer-shard": (TINY, [
+        "parallel.data_parallel=2", "parallel.pipeline_stage=2",
+        "parallel.micro_batch_num=4", "parallel.optimizer_shard=true"]),
+    "llama-mp2-pp2-optimizer-shard": (LLAMA_TINY, [
+        "parallel.model_parallel=2", "parallel.pipeline_stage=2",
+        "parallel.micro_batch_num=4", "parallel.optimizer_shard=true"])}
 SAME_ON_CPU = ("mp2", "mp2-accumulation4")   # collectives the CPU runs as compiled
 
 
@@ -317,7 +328,8 @@ def test_the_partitioned_step_gives_one_devices_numbers(layout, tmp_path):
     parameter and AdamW moment slice after them is one device's, within 1e-5 (fp32, no
     dropout, clipping on)."""
     import numpy as np
-    result = run_cli("dryrun", TINY, "--set", *PARITY_BASE, *PARITY_LAYOUTS[layout],
+    config, overrides = PARITY_LAYOUTS[layout]
+    result = run_cli("dryrun", config, "--set", *PARITY_BASE, *overrides,
                      "--check-numbers", "--json", "--output-dir", tmp_path, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(result.stdout)
@@ -331,8 +343,9 @@ def test_the_partitioned_step_gives_one_devices_numbers(layout, tmp_path):
         found = np.load(tmp_path / f"rank_{rank}" / "cpu_step.npz")
         assert float(found["grad_norm_0"]) > 0.5   # clipped: the norm's value matters
         # dp2 x mp2 all-gathers within sub-groups; the optimizer shard and sequence
-        # parallel reduce-scatter: both run as all-reduces on CPU; mp2's all-reduces over
-        # the whole group run as compiled
+        # parallel reduce-scatter: both run as all-reduces on CPU; pipeline stages' Send
+        # and Receive run through the mailbox; mp2's all-reduces over the whole group run
+        # as compiled
         assert (int(found["collectives_as_all_reduces"]) > 0) == (layout not in SAME_ON_CPU)
 
 
