@@ -30,6 +30,11 @@ for that file. MindSpore pairs a Send with the Receive of the same tag between t
 two ranks, in each rank's graph order; so does the mailbox. An all-reduce could not stand
 in for them: in a 1F1B schedule the stages send and receive in different orders, and
 paired collectives would match the wrong tensors or wait on each other.
+
+And a step whose micro batches call one shared subgraph (accumulation and pipelines:
+`lazy_inline`) has each call expanded into a copy of the called graph (`inline_calls`):
+the CPU runtime ran the gradient-buffer additions inside such calls out of order with
+the step's reads of them.
 """
 
 import json
