@@ -14,7 +14,6 @@ import pytest
 
 from conftest import run_cli
 from model_zoo.errors import UserInputError
-from model_zoo.parallel.context import eval_network_compiles
 from model_zoo.parallel.strategy_file import parameter_layout
 from model_zoo.dryrun import cuda_stubs
 from model_zoo.plan.docs import MODELS_DIR, cluster_config_files
@@ -47,22 +46,6 @@ def first_and_last_stage(config) -> list:
     return sorted({0, (parallel.pipeline_stage - 1) * parallel.devices_per_stage})
 
 
-# the layout that pins MindSpore's refusal of the evaluation network with pipeline stages
-# and sequence parallel (`eval_network_compiles`); the others that have both skip it
-EVALUATION_REFUSED = "llama/configs/plan/llama-10b-d1m8p2.yaml"
-
-
-def evaluated(path: str) -> bool:
-    return (eval_network_compiles(load_config(path, layout_checked=False).parallel)
-            or os.path.relpath(path, MODELS_DIR) == EVALUATION_REFUSED)
-
-
-def test_the_evaluation_refusal_is_pinned_on_a_shipped_layout():
-    config = os.path.join(MODELS_DIR, EVALUATION_REFUSED)
-    assert config in cluster_config_files()
-    assert not eval_network_compiles(load_config(config, layout_checked=False).parallel)
-
-
 @pytest.fixture(scope="module")
 def shipped_dryruns(request):
     """{config path: Future of its DryRun}, the selected configs compiled two at a time, each
@@ -77,7 +60,7 @@ def shipped_dryruns(request):
         config = load_config(path, overrides, layout_checked=False)
         futures[path] = pool.submit(run_dryrun, config, path, overrides,
                                     first_and_last_stage(config), jobs=1, timeout=900,
-                                    plan=build_plan(config, path), evaluation=evaluated(path),
+                                    plan=build_plan(config, path), evaluation=True,
                                     as_device=default_device(config))
     yield futures
     pool.shutdown(cancel_futures=True)
@@ -90,14 +73,9 @@ def test_every_shipped_layout_compiles(path, shipped_dryruns):
     for rank in result.ranks:
         assert rank.compiled, f"rank {rank.rank}: {rank.error}"
         assert not rank.layout_mismatches, rank.layout_mismatches[:3]
-        # the held-out evaluation network too, where the trainer evaluates through it; with
-        # pipeline stages and sequence parallel MindSpore 2.10 refuses it (docs/ascend.md)
-        if eval_network_compiles(load_config(path, layout_checked=False).parallel):
-            assert rank.eval_error is None and rank.eval_compile_s is not None, rank.eval_error
-        elif evaluated(path):
-            assert "Reshape op can't be a border" in rank.eval_error
-        else:
-            assert rank.eval_error is None and rank.eval_compile_s is None
+        # the held-out evaluation network too, which the trainer evaluates through (with
+        # pipeline stages and sequence parallel too: no Reshape on a stage border)
+        assert rank.eval_error is None and rank.eval_compile_s is not None, rank.eval_error
         # the 910's overflow check (NPUGetFloatStatusV2) is in the graph it compiles; the
         # 910B's default INFNAN mode needs none
         on_910 = default_device(load_config(path, layout_checked=False)) == "ascend910"
@@ -314,9 +292,12 @@ PARITY_LAYOUTS = {
     "dp2-pp2-optimizer-shard": (TINY, [
         "parallel.data_parallel=2", "parallel.pipeline_stage=2",
         "parallel.micro_batch_num=4", "parallel.optimizer_shard=true"]),
-    "llama-mp2-pp2-optimizer-shard": (LLAMA_TINY, [
+    # and sequence parallel at one sequence a micro batch (each device half of one: the
+    # residual additions split (1, 2, 1), the shipped 10B-100B layouts' case)
+    "llama-mp2-pp2-sequence-parallel": (LLAMA_TINY, [
         "parallel.model_parallel=2", "parallel.pipeline_stage=2",
-        "parallel.micro_batch_num=4", "parallel.optimizer_shard=true"])}
+        "parallel.micro_batch_num=4", "parallel.sequence_parallel=true",
+        "parallel.full_batch=true", "train.global_batch_size=4"])}
 SAME_ON_CPU = ("mp2", "mp2-accumulation4")   # collectives the CPU runs as compiled
 
 

@@ -722,3 +722,25 @@ def test_a_compiled_layout_other_than_the_norm_weights_stops_the_run():
     compiled[split] = (entry[0], [-1] * len(entry[1]), *entry[2:])
     with pytest.raises(UserInputError, match=f"MindSpore compiled for {split}, split"):
         check_compiled_layouts(compiled, planned, config.parallel, rank=3)
+
+
+@pytest.mark.parametrize("batch, dp, mp, rows", [(1, 1, 8, 1), (2, 1, 8, 2), (8, 1, 8, 8),
+                                                 (16, 1, 8, 8), (4, 2, 2, 4), (2, 2, 2, 2)])
+def test_sequence_parallel_residual_add_splits_as_the_token_view(batch, dp, mp, rows):
+    """Under sequence parallel the residual addition on (batch, seq, hidden) takes the
+    (rows, dp mp / rows, 1) split, rows = gcd(batch, dp mp): device i of the dp x mp pieces
+    then holds tokens [i T, (i + 1) T) of the flattened (batch * seq) stream, T = batch *
+    seq / (dp mp), as the (tokens, hidden) view split (dp mp, 1) does."""
+    from model_zoo.nn.layers import ResidualAdd, sequence_pieces
+    parallel = ParallelConfig(data_parallel=dp, model_parallel=mp, sequence_parallel=True)
+    add = ResidualAdd(parallel_config=parallel).sequence_adds[sequence_pieces(batch, dp * mp)]
+    split = strategy(add)[0]
+    assert split == (rows, dp * mp // rows, 1)
+    seq = 16
+    tokens = np.arange(batch * seq).reshape(batch, seq)
+    per_row, per_col = batch // split[0], seq // split[1]
+    for device in range(dp * mp):
+        row, col = divmod(device, split[1])
+        held = tokens[row * per_row:(row + 1) * per_row, col * per_col:(col + 1) * per_col]
+        size = batch * seq // (dp * mp)
+        assert held.ravel().tolist() == list(range(device * size, (device + 1) * size))

@@ -83,6 +83,14 @@ def stream_strategy(parallel_config: ParallelConfig) -> tuple:
     return (parallel_config.dp, 1, 1)
 
 
+def sequence_pieces(batch: int, pieces: int) -> int:
+    """Index, among the divisors of `pieces` in increasing order, of the rows of whole
+    sequences sequence parallel's `pieces` (dp x mp) slices of a (batch, seq, hidden)
+    stream span: gcd(batch, pieces) (`ResidualAdd`)."""
+    rows = math.gcd(batch, pieces)
+    return sum(1 for divisor in range(1, rows) if pieces % divisor == 0)
+
+
 def as_tokens(x):
     """(batch, seq, hidden) -> (batch * seq, hidden), the view sequence parallel splits."""
     return ops.reshape(x, (-1, x.shape[-1]))
@@ -544,20 +552,34 @@ class GatedFeedForward(nn.Cell):
 
 class ResidualAdd(nn.Cell):
     """x + y for (batch, seq, hidden) activations, split like the residual stream
-    (`stream_strategy`); on CPU in float32, `cpu_kernels.add` (no strategy to keep there)."""
+    (`stream_strategy`); on CPU in float32, `cpu_kernels.add` (no strategy to keep there).
+
+    With sequence parallel the addition is made on (batch, seq, hidden) itself, split as
+    the (tokens, hidden) view is: the dp x mp pieces are whole sequences or equal parts of
+    one, so (rows, dp mp / rows, 1) with rows = gcd(batch, dp mp) holds the same slices
+    (`sequence_pieces`). A block then ends in this Add, not in a Reshape, which MindSpore's
+    pipeline inference refuses on a stage border ("Reshape op can't be a border").
+    """
 
     def __init__(self, *, parallel_config: ParallelConfig):
         super().__init__()
         strategy = stream_strategy(parallel_config)
         self.tokens_view = parallel_config.sequence_parallel
         self.add = ops.Add().shard((strategy, strategy))
+        pieces = parallel_config.dp * parallel_config.mp
+        self.pieces = pieces
+        # one Add per way the pieces can fall on (batch, seq): rows of whole sequences
+        self.sequence_adds = tuple(
+            ops.Add().shard(((rows, pieces // rows, 1),) * 2)
+            for rows in range(1, pieces + 1) if pieces % rows == 0) \
+            if self.tokens_view else ()
         self.cpu_add = cpu_kernel("add", dtype=ms.float32)   # float32 x and y only
 
     def construct(self, x, y):
         if self.cpu_add is not None and x.dtype == ms.float32 and y.dtype == ms.float32:
             return self.cpu_add(x, y)
         if self.tokens_view:
-            return ops.reshape(self.add(as_tokens(x), as_tokens(y)), x.shape)
+            return self.sequence_adds[sequence_pieces(x.shape[0], self.pieces)](x, y)
         return self.add(x, y)
 
 

@@ -373,14 +373,6 @@ class HeldoutLoss(nn.Cell):
         return total / self.micro_batches
 
 
-def eval_network_compiles(parallel: ParallelConfig) -> bool:
-    """Whether MindSpore 2.10 compiles `wrap_eval_network` for the layout: not with both
-    pipeline stages and sequence parallel, where its pipeline inference refuses the stage
-    border the residual stream's token view puts there ("Reshape op can't be a border";
-    the train step compiles). `model-zoo dryrun` tries every layout all the same."""
-    return not (parallel.pipeline_stage > 1 and parallel.sequence_parallel)
-
-
 def wrap_eval_network(network, parallel: ParallelConfig, context: RunContext,
                       accumulation: int = 1):
     """The held-out loss of `network` (HeldoutLoss), compiled on Ascend under the same
