@@ -73,7 +73,8 @@ def compile_rank(request: dict, folder: Path, result: dict):
     import mindspore as ms
     from mindspore.communication import get_group_size, get_rank, init
     from model_zoo.config import import_model
-    from model_zoo.parallel.context import (RunContext, data_shard, sync_shared_parameters,
+    from model_zoo.parallel.context import (RunContext, data_shard, eval_network_compiles,
+                                            sync_shared_parameters,
                                             wrap_eval_network, wrap_train_step)
     from model_zoo.config import load_config
     from model_zoo.train.loop import sink_size_of
@@ -133,7 +134,7 @@ def compile_rank(request: dict, folder: Path, result: dict):
     if request.get("export"):   # this rank's compiled step, to run on CPU ranks
         ms.export(runnable, *inputs, file_name=str(folder / "step"), file_format="MINDIR")
     result["compiled"] = True   # the step, and its collectives, layouts and export read
-    if not request.get("evaluation", True):
+    if not request.get("evaluation", True) or not eval_network_compiles(config.parallel):
         return
     held_out = wrap_eval_network(network, config.parallel, context,   # as the trainer does
                                  config.train.grad_accumulation)

@@ -655,25 +655,25 @@ def vocabulary_split(parallel_config: ParallelConfig) -> int:
 
 def assign_pipeline_stages(blocks, parallel_config: ParallelConfig):
     """Give each block a pipeline stage, contiguous groups in order (`stage_blocks`, else
-    equal), and recompute the first `recompute_blocks` of each stage: the whole block, or
-    with `recompute: selective` its attention core only (`recompute_attention_core`).
+    equal; with `pipeline_interleave` chunks that go round the stages that many times:
+    `ParallelConfig.block_chunks`), and recompute the first `recompute_blocks` of each
+    stage: the whole block, or with `recompute: selective` its attention core only
+    (`recompute_attention_core`).
 
     Cells before the first block belong to stage 0 and cells after the last to the final
     stage; the model sets those itself. Follows MindFormers' LayerSetting (pipeline offsets,
     per-stage recompute counts, select_recompute), `mindformers/models/utils.py`.
     """
-    per_stage = parallel_config.blocks_per_stage(len(blocks))
     recomputed = parallel_config.recomputed_blocks(len(blocks))
-    first = 0
-    for stage, (count, wanted) in enumerate(zip(per_stage, recomputed)):
-        for index, block in enumerate(blocks[first:first + count]):
-            block.pipeline_stage = stage
-            if index >= wanted:
-                continue
-            if parallel_config.recompute == "selective":
-                for _, cell in block.cells_and_names():
-                    if hasattr(cell, "recompute_attention_core"):
-                        cell.recompute_attention_core()
-            else:
-                block.recompute()
-        first += count
+    seen = [0] * parallel_config.pipeline_stage   # blocks of each stage so far, in order
+    for block, (stage, _) in zip(blocks, parallel_config.block_chunks(len(blocks))):
+        block.pipeline_stage = stage
+        seen[stage] += 1
+        if seen[stage] > recomputed[stage]:
+            continue
+        if parallel_config.recompute == "selective":
+            for _, cell in block.cells_and_names():
+                if hasattr(cell, "recompute_attention_core"):
+                    cell.recompute_attention_core()
+        else:
+            block.recompute()

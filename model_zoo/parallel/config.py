@@ -11,6 +11,7 @@ from typing import List, Optional, Union
 from model_zoo.errors import ConfigError
 
 RECOMPUTE_CHOICES = (False, True, "selective")
+PIPELINE_SCHEDULERS = ("1f1b", "seqpipe")   # MindSpore's, as `AutoParallel.pipeline` names them
 
 
 @dataclass
@@ -44,6 +45,15 @@ class ParallelConfig:
             dropouts, residual adds) over dp x mp instead of dp, and reduce-scatter the
             row-split projections' outputs instead of all-reducing them (MindFormers'
             use_seq_parallel); needs model_parallel > 1.
+        pipeline_interleave: virtual stages per device: the blocks are cut into
+            pipeline_stage x pipeline_interleave equal chunks, chunk c on stage c mod
+            pipeline_stage, so a micro batch passes every device that many times and the
+            pipeline fills and drains in chunk-sized steps (MindSpore's
+            `pipeline(interleave=True)`, MindFormers' pp_interleave_num; Megatron's virtual
+            pipeline). 1: one chunk a stage.
+        pipeline_scheduler: MindSpore's pipeline schedule: "1f1b" (the default) or, with
+            interleave, "seqpipe". MindSpore's "zero_bubble_v" is not offered: its V puts the
+            last chunk, and so the loss, on the first stage.
     """
 
     data_parallel: int = 1
@@ -57,6 +67,8 @@ class ParallelConfig:
     vocab_emb_dp: bool = True
     full_batch: bool = False
     sequence_parallel: bool = False
+    pipeline_interleave: int = 1
+    pipeline_scheduler: str = "1f1b"
 
     @property
     def dp(self) -> int:
@@ -110,6 +122,47 @@ class ParallelConfig:
                 "in flight")
         self.check_sequence_parallel()
         self.check_recompute()
+        self.check_pipeline_schedule()
+
+    def check_pipeline_schedule(self):
+        """Raise ConfigError naming the key for an interleave or scheduler that is not one
+        or that the layout cannot take."""
+        if self.pipeline_interleave < 1:
+            raise ConfigError(f"parallel.pipeline_interleave must be >= 1, got "
+                              f"{self.pipeline_interleave}")
+        if self.pipeline_scheduler not in PIPELINE_SCHEDULERS:
+            raise ConfigError(f"parallel.pipeline_scheduler must be one of "
+                              f"{', '.join(PIPELINE_SCHEDULERS)}, got {self.pipeline_scheduler!r}")
+        if self.pipeline_interleave > 1 and self.pipeline_stage == 1:
+            raise ConfigError("parallel.pipeline_interleave > 1 needs parallel.pipeline_stage > 1")
+        if self.pipeline_interleave > 1 and self.stage_blocks is not None:
+            raise ConfigError("parallel.stage_blocks cannot be combined with "
+                              "parallel.pipeline_interleave > 1: the chunks are equal")
+        if self.pipeline_scheduler != "1f1b" and self.pipeline_interleave == 1:
+            raise ConfigError(f"parallel.pipeline_scheduler {self.pipeline_scheduler} "
+                              f"schedules interleaved chunks: set parallel.pipeline_interleave "
+                              f"> 1, or use 1f1b")
+
+    def block_chunks(self, blocks: int) -> List[tuple]:
+        """(stage, chunk) of each of the model's `blocks` in order. Without interleave
+        chunk 0 and `blocks_per_stage`; with it the blocks cut into pipeline_stage x
+        pipeline_interleave equal chunks, chunk c on stage c mod pipeline_stage (as
+        MindFormers' LayerSetting lays them out). ConfigError when they do not divide."""
+        if self.pipeline_interleave == 1:
+            return [(stage, 0) for stage, count in enumerate(self.blocks_per_stage(blocks))
+                    for _ in range(count)]
+        self.blocks_per_stage(blocks)   # the other checks
+        chunks = self.pipeline_stage * self.pipeline_interleave
+        if blocks % chunks:
+            raise ConfigError(
+                f"model.num_layers: the model's {blocks} blocks do not divide into "
+                f"parallel.pipeline_stage x parallel.pipeline_interleave = {chunks} equal "
+                f"chunks")
+        placed = []
+        for index in range(blocks):
+            chunk, stage = divmod(index // (blocks // chunks), self.pipeline_stage)
+            placed.append((stage, chunk))
+        return placed
 
     def check_recompute(self):
         """Raise ConfigError naming the key for a recompute mode or a per-stage list that

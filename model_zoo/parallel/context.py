@@ -331,7 +331,9 @@ def wrap_train_step(train_step, parallel: ParallelConfig, context: RunContext,
     # model-parallel weights, dp x mp for replicated ones (layer norms, biases), shrinking
     # all gradients by dp and the replicated ones by mp more.
     if parallel.pipeline_stage > 1:
-        parallel_step.pipeline(stages=parallel.pipeline_stage)
+        parallel_step.pipeline(stages=parallel.pipeline_stage,
+                               interleave=parallel.pipeline_interleave > 1,
+                               scheduler=parallel.pipeline_scheduler)
     if parallel.optimizer_shard:
         parallel_step.hsdp()
     os.makedirs(os.path.dirname(strategy_file), exist_ok=True)
@@ -371,6 +373,15 @@ class HeldoutLoss(nn.Cell):
             total = total + self.network(*[column[index * size:(index + 1) * size]
                                            for column in batch])
         return total / self.micro_batches
+
+
+def eval_network_compiles(parallel: ParallelConfig) -> bool:
+    """Whether MindSpore 2.10 compiles `wrap_eval_network` for the layout: not with
+    interleaved pipeline stages, whose stage order goes back to 0 between chunks (its
+    pipeline inference refuses that order, "PreNode's stage:1 is larger than NextNode's
+    stage:0", and with `interleave=True` its compiler crashes). Such runs train without the
+    in-run held-out evaluation, and say so."""
+    return parallel.pipeline_interleave == 1
 
 
 def wrap_eval_network(network, parallel: ParallelConfig, context: RunContext,

@@ -16,7 +16,7 @@ from model_zoo.errors import CheckpointError, DataError, UserInputError
 from model_zoo.data.manifest import building, dataset_digests, verify_dataset
 from model_zoo.files import directory_in_use
 from model_zoo.parallel.compiled_layouts import check_compiled_layouts
-from model_zoo.parallel.context import (data_shard, gathered_rows,
+from model_zoo.parallel.context import (data_shard, eval_network_compiles, gathered_rows,
                                         gradient_reducer, init_parallel,
                                         micro_batch_network, micro_batching, parameter_init,
                                         sync_shared_parameters, wrap_eval_network,
@@ -217,7 +217,7 @@ def sharded_evaluation(module, config: Config, network, context, shard):
     every rank). The model's own `evaluate` would run the whole network on slices. A
     callable returning the metrics; None when the model folder has no held-out batches."""
     heldout_dataset = getattr(module, "create_heldout_dataset", None)
-    if heldout_dataset is None:
+    if heldout_dataset is None or not eval_network_compiles(config.parallel):
         return None
     held_out = wrap_eval_network(network, config.parallel, context,
                                  config.train.grad_accumulation)
@@ -247,8 +247,8 @@ def evaluate_run(module, config: Config, network, output_dir: str, on_save,
     elif semi_auto:
         result = {"split": "heldout", "loss": None}
         log("no held-out evaluation on this sharded run (a model folder without "
-            "create_heldout_dataset, or pipeline stages with sequence parallel, whose "
-            "evaluation network MindSpore 2.10 does not compile): collect and merge the "
+            "create_heldout_dataset, or interleaved pipeline stages, whose evaluation "
+            "network MindSpore 2.10 does not compile): collect and merge the "
             "checkpoint, then model-zoo eval")
     else:
         result = module.evaluate(config, network)
