@@ -8,8 +8,9 @@ accumulation otherwise) while the global batch divides; recompute off, selective
 attention core) and full, on every block (`parallel.recompute_blocks` and uneven
 `parallel.stage_blocks` are for `model-zoo plan`: the advisor keeps stages even); the optimizer
 shard on and off (dp > 1); sequence parallel on and off (mp > 1); on an Ascend 910B, flash
-attention on and off. The config's other settings (precision, vocab_emb_dp, dropout) are
-kept.
+attention on and off; on a pipeline, 2 interleaved chunks a device as well as one
+(`interleaves`: recorded with one chunk a stage, the stage borders' sends made two-fold).
+The config's other settings (precision, vocab_emb_dp, dropout) are kept.
 
 What does not change between layouts is recorded once. On N devices dp follows from mp and
 pp, and every cost is affine in the per-device micro batch b (activations, their
@@ -29,7 +30,7 @@ import time
 from typing import Dict, List, Optional
 
 from model_zoo.errors import ConfigError, UserInputError
-from model_zoo.cost.communication import estimate_communication
+from model_zoo.cost.communication import estimate_communication, with_interleaved_sends
 from model_zoo.cost.compute import estimate_compute
 from model_zoo.cost.devices import load_profile
 from model_zoo.cost.memory import backward_working_sets, estimate_memory
@@ -50,6 +51,7 @@ class Layout:
     optimizer_shard: bool
     sequence_parallel: bool
     flash_attention: bool = False   # model.flash_attention (Ascend 910B)
+    interleave: int = 1             # parallel.pipeline_interleave (interleaved 1F1B)
 
     def apply(self, config):
         """`config` with this layout (a new Config; `config` is not changed)."""
@@ -58,7 +60,8 @@ class Layout:
             config.parallel, data_parallel=self.dp, model_parallel=self.mp,
             pipeline_stage=self.pp, micro_batch_num=self.micro_steps if pipeline else 1,
             recompute=self.recompute, optimizer_shard=self.optimizer_shard,
-            sequence_parallel=self.sequence_parallel, recompute_blocks=None, stage_blocks=None)
+            sequence_parallel=self.sequence_parallel, recompute_blocks=None, stage_blocks=None,
+            pipeline_interleave=self.interleave, pipeline_scheduler="1f1b")
         train = dataclasses.replace(config.train,
                                     grad_accumulation=1 if pipeline else self.micro_steps)
         model = config.model
@@ -72,6 +75,8 @@ class Layout:
                                          ("optimizer shard", self.optimizer_shard),
                                          ("sequence parallel", self.sequence_parallel),
                                          ("flash attention", self.flash_attention)) if on]
+        if self.interleave > 1:
+            options.insert(0, f"{self.interleave} interleaved chunks")
         if self.pp > 1:
             options.insert(0, f"{self.micro_steps} micro batches")
         elif self.micro_steps > 1:
@@ -87,7 +92,9 @@ class Layout:
                 f"parallel.recompute={str(self.recompute).lower()}",
                 f"parallel.optimizer_shard={str(self.optimizer_shard).lower()}",
                 f"parallel.sequence_parallel={str(self.sequence_parallel).lower()}"] + (
-                    ["model.flash_attention=true"] if self.flash_attention else [])
+                    ["model.flash_attention=true"] if self.flash_attention else []) + (
+                    [f"parallel.pipeline_interleave={self.interleave}"]
+                    if self.interleave > 1 else [])
 
 
 @dataclasses.dataclass
@@ -128,10 +135,20 @@ def layouts(config, device_num: int, flash_attention: bool = False) -> List[Layo
                             # flash attention keeps no (seq x seq) tensor: selective
                             # recompute would mark nothing
                             found.extend(Layout(dp, mp, pp, micro, recompute, shard, sequence,
-                                                on) for on in flash
+                                                on, interleave) for on in flash
+                                         for interleave in interleaves(model, pp, micro)
                                          if not (on and recompute == "selective"))
                 micro *= 2
     return found
+
+
+def interleaves(model, pp: int, micro_steps: int) -> List[int]:
+    """The pipeline_interleave values tried: 1, and 2 on a pipeline whose layers cut into
+    2 pp chunks and whose micro batches fill the stages in whole rounds (m a multiple of
+    pp, as Megatron's interleaved schedule asks)."""
+    if pp > 1 and model.num_layers % (2 * pp) == 0 and micro_steps % pp == 0:
+        return [1, 2]
+    return [1]
 
 
 class Advisor:
@@ -155,7 +172,7 @@ class Advisor:
             started = time.perf_counter()
             shape = dataclasses.replace(layout, micro_steps=max(layout.pp, 1),
                                         recompute="selective" if selective else True,
-                                        optimizer_shard=False)
+                                        optimizer_shard=False, interleave=1)
             config = shape.apply(self.config)
             config = dataclasses.replace(
                 config, model=dataclasses.replace(config.model, num_layers=blocks * layout.pp),
@@ -222,7 +239,8 @@ class Advisor:
                 rec, _ = self.recording(layout, batch, blocks, layout.recompute)
                 corners[batch // unit, blocks] = (
                     estimate_memory(rec, parallel, train.grad_accumulation),
-                    estimate_communication(rec, parallel, train.grad_accumulation),
+                    with_interleaved_sends(estimate_communication(
+                        rec, parallel, train.grad_accumulation), layout.interleave),
                     estimate_compute(rec, parallel, train.grad_accumulation))
         memory, communication, compute = affine(
             affine(corners[1, 1], corners[2, 1], micro_batch / unit),

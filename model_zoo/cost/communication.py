@@ -32,8 +32,8 @@ reduce-scatter (n - 1) / n B of the full result.
   squared gradient norm and the overflow flag, `replication.norm_weights`), per step.
 - send/receive, pipeline: every tensor crossing a stage boundary, forward and (if it needs a
   gradient) backward, per micro step; a parameter shared across stages once per step.
-- bubble: the idle fraction of a 1F1B pipeline, (pp - 1) / (m + pp - 1) with
-  m = micro_batch_num x grad_accumulation micro batches.
+- bubble: the idle fraction of a 1F1B pipeline, (pp - 1) / (v m + pp - 1) with
+  m = micro_batch_num x grad_accumulation micro batches and v = pipeline_interleave.
 """
 
 from dataclasses import dataclass, field
@@ -79,6 +79,22 @@ class StageCommunication:
                              "group_size": self.groups[(kind, reason)][0]}
                             for (kind, reason), (amount, count) in sorted(
                                 self.details.items(), key=lambda item: -item[1][0])]}
+
+
+def with_interleaved_sends(stages: List[StageCommunication], interleave: int):
+    """The estimate of a pipeline recorded without interleave, its stage borders' sends
+    made `interleave`-fold: with that many chunks a device a micro batch crosses every
+    border once per chunk (the advisor's recordings keep one chunk a stage; a full plan
+    records the chunks and counts their borders itself)."""
+    if interleave == 1:
+        return stages
+    for comm in stages:
+        for (kind, reason), entry in comm.details.items():
+            if kind == "send_receive" and reason.startswith("stage "):
+                comm.bytes[kind] += (interleave - 1) * entry[0]
+                entry[0] *= interleave
+                comm.groups[(kind, reason)][2] *= interleave
+    return stages
 
 
 def _generic_path(path: str) -> str:
@@ -175,9 +191,11 @@ def estimate_communication(rec, parallel: ParallelConfig,
 
 
 def pipeline_bubble(parallel: ParallelConfig, accumulation: int = 1) -> float:
-    """Idle fraction of a 1F1B (or GPipe) pipeline: (pp - 1) / (m + pp - 1), where the
+    """Idle fraction of a 1F1B (or GPipe) pipeline: (pp - 1) / (v m + pp - 1), where the
     pipeline runs m = micro_batch_num x grad_accumulation micro batches a step (on a
-    pipeline, accumulation is more micro batches: `context.loss_network_micro_batches`)."""
+    pipeline, accumulation is more micro batches: `context.micro_batching`) through
+    v = pipeline_interleave chunks a device: it fills and drains in chunk-sized steps, a
+    v-th of a stage's micro step (Narayanan et al. 2021, the interleaved schedule)."""
     pp = parallel.pipeline_stage
-    micro = parallel.micro_batch_num * accumulation
+    micro = parallel.micro_batch_num * accumulation * parallel.pipeline_interleave
     return (pp - 1) / (micro + pp - 1) if pp > 1 else 0.0

@@ -39,7 +39,8 @@ block's activations are added once (R_k):
 
     activations_k = m_k x A_k + R_k + W_k,   m_k = min(pp - k, micro_batch_num) micro
                                              batches in flight on stage k with 1F1B (1
-                                             without pipeline)
+                                             without pipeline; with interleaved chunks
+                                             `micro_batches_in_flight`)
 
 W_k, the backward working set, is the largest sum, over the operators of stage k, of the
 gradients of an operator's outputs and of its activation inputs: they are alive together
@@ -72,6 +73,7 @@ float32 probabilities and their compute-dtype copy ((4 + c) a s^2 (b / d) / t),
 64 a s (b / d) / t + c T h / t, plus s^2 b / d for a padding mask (BERT, the encoder).
 """
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Dict, List
@@ -305,15 +307,30 @@ def estimate_memory(rec, parallel: ParallelConfig, accumulation: int = 1) -> Lis
     working = [0.0] * len(stages)
     for stage, amount in backward_working_sets(rec):
         working[stage] = max(working[stage], amount)
-    pp = parallel.pipeline_stage
     for memory in stages:
         k = memory.stage
         memory.activations_per_micro_batch = per_micro[k]
-        memory.micro_batches_in_flight = (min(pp - k, parallel.micro_batch_num * accumulation)
-                                          if pp > 1 else 1)
+        memory.micro_batches_in_flight = micro_batches_in_flight(
+            parallel, k, parallel.micro_batch_num * accumulation)
         memory.recompute_peak = max((amount for root, amount in inside.items()
                                      if root_stage.get(root) == k), default=0.0)
         memory.backward_working = working[k]
         memory.activations = (memory.micro_batches_in_flight * per_micro[k]
                               + memory.recompute_peak + memory.backward_working)
     return stages
+
+
+def micro_batches_in_flight(parallel: ParallelConfig, stage: int, micro_steps: int) -> int:
+    """Micro batches whose activations stage `stage` holds at its peak: pp - stage in a 1F1B
+    pipeline (the forward passes before its first backward), at most the micro steps. With
+    v = pipeline_interleave chunks, the warm-up Megatron's interleaved schedule runs,
+    2 (pp - stage - 1) + (v - 1) pp chunk passes and the one in progress, each a v-th of the
+    stage's activations, rounded up (MindSpore's interleaved 1F1B: the same order, not
+    measured here)."""
+    pp, v = parallel.pipeline_stage, parallel.pipeline_interleave
+    if pp == 1:
+        return 1
+    if v == 1:
+        return min(pp - stage, micro_steps)
+    chunks = min(2 * (pp - stage - 1) + (v - 1) * pp + 1, micro_steps * v)
+    return math.ceil(chunks / v)

@@ -15,12 +15,15 @@ micro steps (`compute.estimate_compute`, `communication.estimate_communication` 
                   parameter of the device's optimizer slice)
 
     t_k  = (compute_k + exposed_k) / m, one micro step of stage k
-    step = sum_k t_k + (m - 1) max_k t_k + max_k sync_k
+    step = (sum_k t_k - max_k t_k) / v + m max_k t_k + max_k sync_k
 
 i.e. a 1F1B pipeline (GPipe has the same bubble) as a flow shop: the first micro batch
 passes every stage, the other m - 1 follow at the pace of the slowest stage; the bubble is
 sum_k t_k - max_k t_k: (pp - 1) micro steps when the stages are even, less when one stage
-(a last stage that also holds the vocabulary projection) is slower than the others.
+(a last stage that also holds the vocabulary projection) is slower than the others. With
+v = pipeline_interleave chunks a device the pipeline fills and drains in chunks, a v-th of
+a stage's micro step each (Megatron's interleaved 1F1B; the sends grow v-fold, counted by
+the communication estimate, which sees every chunk border).
 A collective's link is the slower one its group spans: its ranks, in MindSpore's rank order
 (the stage outermost, then the device matrix with its last dimension fastest:
 model-parallel groups are neighbours, data-parallel groups stride dp x mp / replicas), sit
@@ -142,7 +145,9 @@ def estimate_time(compute, communication, memory, parallel, precision: str,
                                       stage.gradient_sync - backward)
         stages.append(stage)
     per_micro = [(s.compute + s.exposed_communication) / micro_steps for s in stages]
-    pipeline = sum(per_micro) + (micro_steps - 1) * max(per_micro)
+    # the fill and drain go in chunk-sized steps with interleaved chunks
+    pipeline = ((sum(per_micro) - max(per_micro)) / parallel.pipeline_interleave
+                + micro_steps * max(per_micro))
     step = pipeline + max(s.gradient_sync + s.optimizer for s in stages)
     model_flops = sum(c.model for c in compute)
     return StepTime(stages=stages, step=step, bubble=pipeline - micro_steps * max(per_micro),

@@ -152,14 +152,18 @@ def check_recording(rec: "Recording", parallel: ParallelConfig, device_num: int)
                 "parameter", f"parameter {param.name} is split {a} by {path_a} but {b} here; "
                              f"every user of a parameter must split it alike",
                 path_b, "", index))
-    last = 0
+    last, chunk = 0, 0
     for call in rec.calls:
         if not call.staged:
             continue
+        if call.stage < last and call.stage == 0 and chunk + 1 < parallel.pipeline_interleave:
+            chunk, last = chunk + 1, 0   # the next interleaved chunk starts on stage 0
         if call.stage < last:
             found.append(Violation("pipeline", f"runs on stage {call.stage} after an operator "
                                                f"of stage {last}; stages must not decrease in "
-                                               f"execution order", call.path, call.name))
+                                               f"execution order (but back to stage 0 once "
+                                               f"per parallel.pipeline_interleave chunk)",
+                                   call.path, call.name))
             break
         last = max(last, call.stage)
     return found
@@ -189,6 +193,8 @@ def check_layout(parallel: ParallelConfig, device_num: int, blocks: int,
                             f"the device number {device_num}")
     try:
         parallel.recomputed_blocks(blocks)   # checks stage_blocks too
+        parallel.check_pipeline_schedule()
+        parallel.block_chunks(blocks)        # and the interleaved chunks
     except ConfigError as err:
         violation("pipeline", str(err))
     if parallel.pipeline_stage > 1 and parallel.micro_batch_num < parallel.pipeline_stage:

@@ -28,7 +28,9 @@ def format_report(plan: Plan, max_violations: int = 20) -> str:
     lines.append(f"  layout: {plan.device_num} devices; data_parallel {parallel.dp} x "
                  f"model_parallel {parallel.mp} x pipeline_stage {parallel.pipeline_stage} "
                  f"({parallel.devices_per_stage} devices per stage)")
-    lines.append(f"          micro batches {parallel.micro_batch_num}, optimizer shard "
+    interleave = (f" in {parallel.pipeline_interleave} interleaved chunks a device "
+                  f"({parallel.pipeline_scheduler})" if parallel.pipeline_interleave > 1 else "")
+    lines.append(f"          micro batches {parallel.micro_batch_num}{interleave}, optimizer shard "
                  f"{on[parallel.optimizer_shard]}, recompute {recompute_text(parallel)}, "
                  f"vocab_emb_dp {on[parallel.vocab_emb_dp]}, sequence parallel "
                  f"{on[parallel.sequence_parallel]}, precision {train.precision}")
@@ -72,10 +74,12 @@ def format_report(plan: Plan, max_violations: int = 20) -> str:
             for (kind, reason), (amount, count) in largest:
                 times = f" ({count} ops)" if count > 1 else ""
                 lines.append(f"    {gib(amount):>8}  {kind.replace('_', '-')}: {reason}{times}")
-        pp = parallel.pipeline_stage
-        micro = parallel.micro_batch_num * train.grad_accumulation
+        pp, v = parallel.pipeline_stage, parallel.pipeline_interleave
+        micro = parallel.micro_batch_num * train.grad_accumulation * v
+        chunks = " x interleave" if v > 1 else ""
         lines.append(f"  pipeline bubble: {100 * plan.bubble:.1f}% "
-                     f"((pp - 1) / (micro x accumulation + pp - 1) = {pp - 1}/{micro + pp - 1})")
+                     f"((pp - 1) / (micro x accumulation{chunks} + pp - 1) = "
+                     f"{pp - 1}/{micro + pp - 1})")
     if plan.compute:
         lines.append("")
         lines.append("compute per device per step, MatMul TFLOP")
