@@ -182,6 +182,7 @@ class Config:
                                            self.train.grad_accumulation),
             self.model.seq_length)
         self.parallel.recomputed_blocks(self.model.pipeline_blocks)   # and stage_blocks
+        self.parallel.block_chunks(self.model.pipeline_blocks)        # and the interleave
 
     def to_dict(self) -> dict:
         return {section: dataclasses.asdict(getattr(self, section)) for section in SECTIONS}

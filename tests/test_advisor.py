@@ -2,6 +2,7 @@
 against full plans (costs affine in the micro batch, recompute cleared on the same graph),
 and the command's ranking, JSON and written config."""
 
+import dataclasses
 import json
 
 import pytest
@@ -139,3 +140,20 @@ def test_on_an_ascend_910b_flash_attention_is_a_layout_option():
                                           layout_checked=False),
                               "ascend910b")
     assert dropout.score(advisor.Layout(8, 1, 1, 1, False, False, False, True)) is None
+
+
+def test_the_advisor_scores_an_interleaved_pipeline_near_its_full_plan(config):
+    """2 chunks a device: recorded with one chunk a stage, its memory (micro batches in
+    flight) and bubble are the full plan's, its sends (every stage border crossed twice)
+    close to the plan's, which records the chunks (the last stage's sends back to the
+    first are not in the recordings)."""
+    layout = advisor.Layout(2, 1, 2, 4, False, False, False, False, 2)
+    assert "parallel.pipeline_interleave=2" in layout.overrides()
+    assert layout in advisor.layouts(config, 4)
+    scored = advisor.Advisor(config, "a100").score(layout)
+    plan = build_plan(layout.apply(config), device="a100")
+    assert not plan.violations and plan.config.parallel.pipeline_interleave == 2
+    assert scored.memory == pytest.approx(plan.worst_stage.total, rel=1e-7)
+    assert scored.time.step == pytest.approx(plan.time.step, rel=0.02)
+    plain = advisor.Advisor(config, "a100").score(dataclasses.replace(layout, interleave=1))
+    assert scored.time.bubble < plain.time.bubble and scored.memory > plain.memory

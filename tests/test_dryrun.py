@@ -298,8 +298,10 @@ PARITY_LAYOUTS = {
     "dp2-accumulation2-optimizer-shard": (TINY, [
         "parallel.data_parallel=2", "train.grad_accumulation=2",
         "parallel.optimizer_shard=true"]),
-    # pipeline stages: GPT-2's tied embedding on both stages, 2 and 4 micro batches
-    "pp2": (TINY, ["parallel.pipeline_stage=2", "parallel.micro_batch_num=2"]),
+    # pipeline stages: GPT-2's tied embedding on both stages, 2 and 4 micro batches; the
+    # first interleaved (4 blocks in chunks of one: stages 0, 1, 0, 1)
+    "pp2-interleave2": (TINY, ["parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
+                               "parallel.pipeline_interleave=2", "model.num_layers=4"]),
     "dp2-pp2-optimizer-shard": (TINY, [
         "parallel.data_parallel=2", "parallel.pipeline_stage=2",
         "parallel.micro_batch_num=4", "parallel.optimizer_shard=true"]),

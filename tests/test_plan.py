@@ -189,11 +189,13 @@ def test_shipped_config_passes(relative):
     assert plan.fits and plan.ok, format_report(plan)
     config = plan.config
     name = os.path.basename(relative)
-    match = re.search(r"-d(\d+)m(\d+)p(\d+)(?:-910b)?\.yaml$", name)
+    match = re.search(r"-d(\d+)m(\d+)p(\d+)(?:v(\d+))?(?:-910b)?\.yaml$", name)
     short = re.search(r"-dp(\d+)(?:-mp(\d+))?\.yaml$", name)  # dp x mp layouts, no pipeline
     assert match or short, f"{name}: name a layout ...-d<dp>m<mp>p<pp>.yaml or ...-dp<dp>-mp<mp>"
-    dp, mp, pp = (map(int, match.groups()) if match
+    dp, mp, pp = (map(int, match.groups()[:3]) if match
                   else (int(short.group(1)), int(short.group(2) or 1), 1))
+    # v<chunks>: an interleaved pipeline
+    assert config.parallel.pipeline_interleave == int(match and match.group(4) or 1)
     # planned on the device the name says: the 910B for flash attention or bf16
     assert plan.profile.key == ("ascend910b" if name.endswith("-910b.yaml") else "ascend910")
     load_config(os.path.join(ROOT, relative))  # the trainer reads it as it is
@@ -983,6 +985,48 @@ def test_stage_blocks_and_recompute_blocks_place_and_recompute_what_they_say():
     micro = [(s.compute + s.exposed_communication) / 4 for s in plan.time.stages]
     assert plan.time.bubble == pytest.approx(sum(micro) - max(micro))
     assert plan.time.to_dict()["bubble_s"] < max(micro)
+
+
+def test_interleaved_chunks_go_round_the_stages_and_shorten_the_bubble():
+    """pipeline_interleave 2 on 2 stages: blocks 0-1 on stage 0, 2-3 on 1, 4-5 on 0 again,
+    6-7 on 1 (MindFormers' LayerSetting order); the bubble (pp - 1) / (v m + pp - 1) and
+    the flow shop's fill in half steps; more micro batches in flight (Megatron's
+    interleaved warm-up: ceil(5 / 2) = 3 on stage 0, ceil(3 / 2) = 2 on stage 1); the
+    sends cross every chunk border."""
+    plain, interleaved = (knob_plan("model.num_layers=8", f"parallel.pipeline_interleave={v}")
+                          for v in (1, 2))
+    assert not interleaved.violations
+    stage_of = {int(name.split(".")[3]): param.stage
+                for name, param in interleaved.recording.params.items() if ".blocks." in name}
+    assert [stage_of[block] for block in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert plain.bubble == pytest.approx(1 / 5) and interleaved.bubble == pytest.approx(1 / 9)
+    micro = [(s.compute + s.exposed_communication) / 4 for s in interleaved.time.stages]
+    assert interleaved.time.bubble == pytest.approx((sum(micro) - max(micro)) / 2)
+    assert [m.micro_batches_in_flight for m in plain.memory] == [2, 1]
+    assert [m.micro_batches_in_flight for m in interleaved.memory] == [3, 2]
+    sends = [sum(comm.details[key][0] for key in comm.details if key[0] == "send_receive"
+                 and key[1].startswith("stage ")) for comm in (plain.communication[1],
+                                                               interleaved.communication[1])]
+    assert sends[1] > sends[0]   # the last stage now also sends to the first
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["parallel.pipeline_interleave=2"], "needs parallel.pipeline_stage > 1"),
+    (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
+      "parallel.pipeline_interleave=2", "parallel.stage_blocks=[1,1]"], "stage_blocks"),
+    (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
+      "parallel.pipeline_scheduler=seqpipe"], "set parallel.pipeline_interleave > 1"),
+    (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
+      "parallel.pipeline_interleave=2", "parallel.pipeline_scheduler=zero_bubble_v"],
+     "must be one of 1f1b, seqpipe"),
+    (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
+      "parallel.pipeline_interleave=0"], "must be >= 1"),
+    (["parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
+      "parallel.pipeline_interleave=3"], "pipeline_stage x parallel.pipeline_interleave = 6")])
+def test_interleave_settings_that_are_not_one_are_refused(overrides, message):
+    path = "model_zoo/gpt2/configs/tiny.yaml"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(path, ["model.num_layers=4", "train.global_batch_size=8"] + overrides)
 
 
 def test_bf16_is_planned_on_devices_that_have_it():
