@@ -563,15 +563,16 @@ class ResidualAdd(nn.Cell):
 
     def __init__(self, *, parallel_config: ParallelConfig):
         super().__init__()
-        strategy = stream_strategy(parallel_config)
         self.tokens_view = parallel_config.sequence_parallel
-        self.add = ops.Add().shard((strategy, strategy))
         pieces = parallel_config.dp * parallel_config.mp
         self.pieces = pieces
-        # one Add per way the pieces can fall on (batch, seq): rows of whole sequences
+        # with sequence parallel one Add per way the pieces can fall on (batch, seq), by the
+        # rows of whole sequences they span: `add` (pieces of whole sequences) the last
+        strategy = (pieces, 1, 1) if self.tokens_view else stream_strategy(parallel_config)
+        self.add = ops.Add().shard((strategy, strategy))
         self.sequence_adds = tuple(
             ops.Add().shard(((rows, pieces // rows, 1),) * 2)
-            for rows in range(1, pieces + 1) if pieces % rows == 0) \
+            for rows in range(1, pieces) if pieces % rows == 0) + (self.add,) \
             if self.tokens_view else ()
         self.cpu_add = cpu_kernel("add", dtype=ms.float32)   # float32 x and y only
 
