@@ -518,8 +518,9 @@ def test_strategies_fit_real_shapes(pynative, dp, mp):
 # --- sequence parallel ------------------------------------------------------------------------
 
 def test_sequence_parallel_strategies():
-    """The residual stream's layer norms, hidden dropouts and residual adds split the
-    (tokens, hidden) view by dp x mp; the row-split projections reduce-scatter into it
+    """The residual stream's layer norms and hidden dropouts split the (tokens, hidden) view
+    by dp x mp, the residual adds (batch, seq, hidden) into the same slices (whole
+    sequences here: (dp mp, 1, 1)); the row-split projections reduce-scatter into it
     (output strategy (dp x mp, 1), rule G6); the column-split ones are unchanged."""
     dp, mp = 2, 4
     parallel = ParallelConfig(data_parallel=dp, model_parallel=mp, vocab_emb_dp=False,
@@ -530,7 +531,7 @@ def test_sequence_parallel_strategies():
         for norm in (block.ln_1, block.ln_2):
             assert strategy(norm.norm) == (tokens, (1,), (1,))
         for residual in (block.residual_1, block.residual_2):
-            assert strategy(residual.add) == (tokens, tokens)
+            assert strategy(residual.add) == ((dp * mp, 1, 1),) * 2
         for dropout in (block.attention.hidden_dropout, block.mlp.dropout):
             assert strategy(dropout.dropout) == (tokens,)
         for row in (block.attention.output, block.mlp.project):

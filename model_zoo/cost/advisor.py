@@ -92,9 +92,9 @@ class Layout:
                 f"parallel.recompute={str(self.recompute).lower()}",
                 f"parallel.optimizer_shard={str(self.optimizer_shard).lower()}",
                 f"parallel.sequence_parallel={str(self.sequence_parallel).lower()}"] + (
-                    ["model.flash_attention=true"] if self.flash_attention else []) + (
-                    [f"parallel.pipeline_interleave={self.interleave}"]
-                    if self.interleave > 1 else [])
+                    ["model.flash_attention=true"] if self.flash_attention else []) + [
+                    f"parallel.pipeline_interleave={self.interleave}",
+                    "parallel.pipeline_scheduler=1f1b"]
 
 
 @dataclasses.dataclass
@@ -146,7 +146,7 @@ def interleaves(model, pp: int, micro_steps: int) -> List[int]:
     """The pipeline_interleave values tried: 1, and 2 on a pipeline whose layers cut into
     2 pp chunks and whose micro batches fill the stages in whole rounds (m a multiple of
     pp, as Megatron's interleaved schedule asks)."""
-    if pp > 1 and model.num_layers % (2 * pp) == 0 and micro_steps % pp == 0:
+    if pp > 1 and model.pipeline_blocks % (2 * pp) == 0 and micro_steps % pp == 0:
         return [1, 2]
     return [1]
 

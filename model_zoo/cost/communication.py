@@ -83,9 +83,10 @@ class StageCommunication:
 
 def with_interleaved_sends(stages: List[StageCommunication], interleave: int):
     """The estimate of a pipeline recorded without interleave, its stage borders' sends
-    made `interleave`-fold: with that many chunks a device a micro batch crosses every
+    made `interleave`-fold: with that many chunks a device a micro batch crosses each
     border once per chunk (the advisor's recordings keep one chunk a stage; a full plan
-    records the chunks and counts their borders itself)."""
+    records the chunks and counts their borders itself). Left out: the interleave - 1
+    sends from the last stage back to the first, which the recordings do not have."""
     if interleave == 1:
         return stages
     for comm in stages:
@@ -93,6 +94,7 @@ def with_interleaved_sends(stages: List[StageCommunication], interleave: int):
             if kind == "send_receive" and reason.startswith("stage "):
                 comm.bytes[kind] += (interleave - 1) * entry[0]
                 entry[0] *= interleave
+                entry[1] *= interleave
                 comm.groups[(kind, reason)][2] *= interleave
     return stages
 

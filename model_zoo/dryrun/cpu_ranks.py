@@ -50,6 +50,7 @@ FLOAT32 = 1                        # MindIR TensorProto.FLOAT
 FUNCTION_PRIMITIVES = ("Cast", "Concat", "Split")
 MAILBOX_FN_IDS = 1 << 40   # the Python operators' ids in MindSpore's pyfunc registry
 RECEIVE_TIMEOUT = 600      # seconds a Receive waits for its Send
+MAILBOX = "mailbox"        # the folder, in the job's, the tensors pass through
 CLOSURE_LEFTOVERS = ("Partial", "MakeTuple", "TupleGetItem", "Constant")
 
 
@@ -131,6 +132,9 @@ def inline_calls(model):
             del copy.output[:]
             copy.output.append(copy.name)
             copy.input[:] = [bound.get(source, source) for source in node.input]
+            called = node.op_type.removeprefix("REF::")
+            if called in bound:   # a call of a closure this graph received or made
+                copy.op_type = f"REF::{bound[called]}"
             visit(copy)
         return replaced.get(bound[graph.output[0].name], bound[graph.output[0].name])
 
@@ -149,6 +153,8 @@ def inline_calls(model):
         if kind_of(node) in ("Depend", "UpdateState") and any(
                 waited_for(source) != [source] for source in node.input[1:]):
             node = waiting_for_values(node)
+            if node is None:
+                return
         kept.append(node)
         made[node.name] = node
 
@@ -164,9 +170,13 @@ def inline_calls(model):
             else [item])]
 
     def waiting_for_values(node):
-        """Depend / UpdateState `node` as a chain of the same operator, one value each."""
+        """Depend / UpdateState `node` as a chain of the same operator, one value each
+        (None, the node replaced by its first input, when there is nothing to wait for)."""
         first, rest = node.input[0], [value for source in node.input[1:]
                                       for value in waited_for(source)]
+        if not rest:
+            replaced[node.name] = first
+            return None
         for count, value in enumerate(rest[:-1]):
             link = mind_ir_pb2.NodeProto()
             link.CopyFrom(node)
@@ -190,6 +200,10 @@ def inline_calls(model):
 
     for node in list(main.node):
         visit(node)
+    for node in kept:
+        called = node.op_type.removeprefix("REF::")
+        if node.op_type.startswith("REF::") and called not in kinds:
+            raise ValueError(f"inlining the calls left node {node.name} calling {called}")
     output = replaced.get(main.output[0].name, main.output[0].name)
     main.output[0].name = output
     del main.node[:]
@@ -220,17 +234,20 @@ def as_mailbox_operators(model, rank: int, mailbox: Path) -> dict:
     """Rewrite, in the MindIR `model`, each Send and Receive primitive as a pyfunc Custom
     primitive of its own (module docstring); returns {pyfunc id: function}."""
     from mindspore.train import mind_ir_pb2
-    functions = {}
+    functions, boxes, names, receives = {}, {}, set(), set()
     for index, primitive in enumerate(model.primitives):
         if primitive.op_type not in ("Send", "Receive"):
             continue
+        names.add(primitive.name)
         values = {a.name: a.i for a in primitive.attribute}
         tag = values.get("sr_tag", 0)
         if primitive.op_type == "Send":
             pair = (rank, values.get("dst_global_rank", values.get("dest_rank", 0)))
         else:
+            receives.add(primitive.name)
             pair = (values.get("src_global_rank", values.get("src_rank", 0)), rank)
-        box = Mailbox(mailbox, *pair, tag)
+        # one count per (source, destination, tag), whichever primitives carry it
+        box = boxes.setdefault((*pair, tag), Mailbox(mailbox, *pair, tag))
         fn_id = MAILBOX_FN_IDS + index
         functions[fn_id] = box.send if primitive.op_type == "Send" else box.receive
         name = f"{primitive.op_type.lower()}_{pair[0]}_to_{pair[1]}_tag_{tag}"
@@ -247,9 +264,8 @@ def as_mailbox_operators(model, rank: int, mailbox: Path) -> dict:
         primitive.attribute.add(name="fn_id", i=fn_id, type=kind.INT64)
         primitive.attribute.add(name="inputs_num", i=1, type=kind.INT64)
         primitive.attribute.add(name="side_effect_io", i=1, type=kind.BOOL)
-    names = {primitive.name for index, primitive in enumerate(model.primitives)
-             if MAILBOX_FN_IDS + index in functions}
-    in_graph_order(model, names, {name for name in names if name.startswith("Receive")})
+    if names:
+        in_graph_order(model, names, receives)
     return functions
 
 
@@ -546,7 +562,7 @@ def main(folder: str, batch_files) -> int:
     request = json.loads((rank_dir / "request.json").read_text())
     os.chdir(request["cwd"])   # the config's own relative paths are those of the dry run
     config = load_config(request["config"], request["overrides"], layout_checked=False)
-    mailbox = Path(folder).resolve() / "mailbox"
+    mailbox = Path(folder).resolve() / MAILBOX
     mailbox.mkdir(exist_ok=True)
     graph, groups, rewritten, functions = cpu_graph(rank_dir / "step.mindir", rank, size,
                                                     mailbox)

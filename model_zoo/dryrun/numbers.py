@@ -17,11 +17,13 @@ data (`cpu_ranks.as_all_reduces`).
 """
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import List
 
+from model_zoo.dryrun.cpu_ranks import MAILBOX
 from model_zoo.errors import UserInputError
 
 TOLERANCE = 1e-5
@@ -103,6 +105,8 @@ def one_device_steps(config, batches, checkpoint: str):
 def run_cpu_ranks(work: Path, device_num: int, batch_files, timeout: float):
     """The exported steps of `work/rank_<r>/` run on `device_num` CPU ranks by the local
     launcher: (its exit status, its output). A failed job is a finding, not an error."""
+    # an earlier run's tensors that no Receive took would be read as this run's
+    shutil.rmtree(work / MAILBOX, ignore_errors=True)
     job = subprocess.run(
         [sys.executable, "-m", "model_zoo.launch", "--workers", str(device_num),
          "--output-dir", str(work / "cpu_job"), "--timeout", str(int(timeout)), "--",

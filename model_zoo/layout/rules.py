@@ -159,11 +159,11 @@ def check_recording(rec: "Recording", parallel: ParallelConfig, device_num: int)
         if call.stage < last and call.stage == 0 and chunk + 1 < parallel.pipeline_interleave:
             chunk, last = chunk + 1, 0   # the next interleaved chunk starts on stage 0
         if call.stage < last:
+            wrap = (" (but back to stage 0 once a parallel.pipeline_interleave chunk)"
+                    if parallel.pipeline_interleave > 1 else "")
             found.append(Violation("pipeline", f"runs on stage {call.stage} after an operator "
                                                f"of stage {last}; stages must not decrease in "
-                                               f"execution order (but back to stage 0 once "
-                                               f"per parallel.pipeline_interleave chunk)",
-                                   call.path, call.name))
+                                               f"execution order{wrap}", call.path, call.name))
             break
         last = max(last, call.stage)
     return found

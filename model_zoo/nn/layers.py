@@ -663,7 +663,10 @@ def assign_pipeline_stages(blocks, parallel_config: ParallelConfig):
 
     Cells before the first block belong to stage 0 and cells after the last to the final
     stage; the model sets those itself. Follows MindFormers' LayerSetting (pipeline offsets,
-    per-stage recompute counts, select_recompute), `mindformers/models/utils.py`.
+    per-stage recompute counts, select_recompute, the interleaved chunks' order),
+    `mindformers/models/utils.py`; with interleave a stage's first blocks in model order
+    (its first chunks) are the ones recomputed, where MindFormers deals the count out over
+    the chunks in turn.
     """
     recomputed = parallel_config.recomputed_blocks(len(blocks))
     seen = [0] * parallel_config.pipeline_stage   # blocks of each stage so far, in order

@@ -138,6 +138,11 @@ class ParallelConfig:
         if self.pipeline_interleave > 1 and self.stage_blocks is not None:
             raise ConfigError("parallel.stage_blocks cannot be combined with "
                               "parallel.pipeline_interleave > 1: the chunks are equal")
+        if self.pipeline_interleave > 1 and self.micro_batch_num % self.pipeline_stage:
+            raise ConfigError(f"parallel.micro_batch_num={self.micro_batch_num} must be a "
+                              f"multiple of parallel.pipeline_stage={self.pipeline_stage} with "
+                              f"parallel.pipeline_interleave: the interleaved schedule runs the "
+                              f"micro batches in rounds of one a stage (as Megatron's does)")
         if self.pipeline_scheduler != "1f1b" and self.pipeline_interleave == 1:
             raise ConfigError(f"parallel.pipeline_scheduler {self.pipeline_scheduler} "
                               f"schedules interleaved chunks: set parallel.pipeline_interleave "
