@@ -302,9 +302,11 @@ def in_graph_order(model, names: set, receives: set):
             after.attribute.add().CopyFrom(abstracts[first])
             abstracts[after.name] = after.attribute[0]
             added.setdefault(node.name, []).append(after)
+            producers[after.name] = after
             return after.name
 
         added, previous = {}, None
+        producers = {node.name: node for node in graph.node}
         for node in graph.node:
             kind = node.op_type.removeprefix("REF::")
             if kind in receives and previous is not None:
@@ -316,7 +318,7 @@ def in_graph_order(model, names: set, receives: set):
             if node.op_type.removeprefix("REF::") not in blocking or not node.input:
                 continue
             for send in send_nodes:
-                if send.name != node.name and not depends_on(graph, send.name, node.name, added) \
+                if send.name != node.name and not depends_on(producers, send.name, node.name) \
                         and node.input[0] in abstracts:
                     node.input[0] = waiting(node, node.input[0], send.name)
         nodes = []
@@ -345,11 +347,9 @@ def topological(nodes: list) -> list:
     return ordered
 
 
-def depends_on(graph, name: str, other: str, added: dict) -> bool:
-    """Whether node `name` of `graph` waits, through its inputs, for node `other` (the
-    nodes `added` {before node: [nodes]} counted)."""
-    producers = {node.name: node for node in graph.node}
-    producers.update({node.name: node for nodes in added.values() for node in nodes})
+def depends_on(producers: dict, name: str, other: str) -> bool:
+    """Whether node `name` waits, through its inputs, for node `other` ({node name: node}
+    of the graph in `producers`)."""
     seen, stack = set(), [name]
     while stack:
         current = producers.get(stack.pop())

@@ -54,9 +54,8 @@ def available_memory() -> int:
 def check_runs_here(config, plan):
     """UserInputError unless the layout's ranks can run on this machine's CPU: the model
     folder makes random batches, at most MAX_CPU_RANKS ranks, and the ranks plus one device
-    fit in the memory
-    free now (the plan's fp32 memory per device and a process each, and the whole model on
-    one device)."""
+    fit in the memory free now (the plan's fp32 memory per device and a process each, and
+    the whole model on one device)."""
     from model_zoo.config import import_model
     parallel = config.parallel
     if not hasattr(import_model(config.model.name), "random_batch"):
