@@ -157,3 +157,49 @@ def test_the_advisor_scores_an_interleaved_pipeline_near_its_full_plan(config):
     assert scored.time.step == pytest.approx(plan.time.step, rel=0.02)
     plain = advisor.Advisor(config, "a100").score(dataclasses.replace(layout, interleave=1))
     assert scored.time.bubble < plain.time.bubble and scored.memory > plain.memory
+
+
+@pytest.mark.parametrize("layout", [
+    advisor.Layout(2, 1, 2, 4, True, False, False, stage_blocks=(1, 3),
+                   recompute_blocks=(1, 2)),
+    advisor.Layout(2, 2, 2, 4, True, False, True, recompute_blocks=(1, 0)),
+    advisor.Layout(8, 1, 1, 4, True, True, False, recompute_blocks=(2,)),
+], ids=lambda layout: layout.describe())
+def test_per_stage_blocks_and_recompute_score_as_the_full_plan(config, layout):
+    """Stage k through its own blocks, its first r_k recomputed: each stage interpolated
+    between its estimates without and with every block recomputed gives the full plan's
+    memory and step (the plan records those stages and checkpoints)."""
+    assert "parallel.recompute_blocks=[" in " ".join(layout.overrides())
+    scored = advisor.Advisor(config, "a100").score(layout)
+    plan = build_plan(layout.apply(config), device="a100")
+    assert not plan.violations
+    assert scored.memory == pytest.approx(plan.worst_stage.total, rel=1e-7)
+    assert scored.time.step == pytest.approx(plan.time.step, rel=1e-5)
+
+
+def test_tailoring_recomputes_only_what_a_stage_needs():
+    """On a device that holds a 4-stage pipeline with every block recomputed but not with
+    none, the tailored layout recomputes more blocks on the early stages (more micro
+    batches in flight on a 1F1B pipeline) than on the last, fits, and the full plan
+    agrees; a layout that fits without recompute is left as it is."""
+    config = load_config(TINY, ["model.num_layers=8", "model.num_heads=4",   # activations
+                                "model.hidden_size=64", "model.seq_length=256",   # lead
+                                "train.global_batch_size=64"], layout_checked=False)
+    full = advisor.Layout(1, 1, 4, 8, True, False, False)
+    probe = advisor.Advisor(config, "a100")
+    with_all = probe.score(full).memory
+    without = probe.score(dataclasses.replace(full, recompute=False)).memory
+    assert with_all < without
+    tight = advisor.Advisor(config, "a100")
+    tight.profile = dataclasses.replace(tight.profile,
+                                        usable_memory=int((with_all + without) / 2))
+    tailored = tight.tailor(full)
+    assert tailored is not None and tailored.recompute is True
+    blocks = tailored.recompute_blocks
+    assert blocks[0] >= blocks[-1] and 0 < sum(blocks) < config.model.num_layers, blocks
+    scored = tight.score(tailored)
+    assert scored.memory <= tight.profile.usable_memory
+    plan = build_plan(tailored.apply(config), device="a100")
+    assert plan.worst_stage.total == pytest.approx(scored.memory, rel=1e-7)
+    assert scored.time.step < tight.score(full).time.step   # less recomputed
+    assert probe.tailor(full) is None or probe.tailor(full).recompute_blocks is None

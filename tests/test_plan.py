@@ -493,7 +493,8 @@ def test_flash_attention_keeps_no_seq_squared_tensor(name, padded, causal):
     attention layer and micro batch, (4 + c) a s^2 (b/d)/t - 64 a s (b/d)/t - c T h/t bytes
     of activations against the plain attention, less s^2 b/d for a padding mask (cost/memory.py
     docstring). Padded layers: BERT's, the Transformer's encoder and cross attention; causal:
-    GPT-2's and the Transformer's decoder self attention."""
+    GPT-2's and the Transformer's decoder self attention (the kernel skips the blocks
+    above the diagonal)."""
     flash = build_plan(flash_config(True, name), device="ascend910b")
     plain = build_plan(flash_config(False, name), device="ascend910b")
     assert flash.violations == [] and plain.violations == []
@@ -503,12 +504,15 @@ def test_flash_attention_keeps_no_seq_squared_tensor(name, padded, causal):
     saved = (plain.memory[0].activations_per_micro_batch
              - flash.memory[0].activations_per_micro_batch)
     assert saved == causal * unmasked + padded * (unmasked - s * s * b)
-    # the same attention products, and the scores recomputed in the backward pass
+    # the same attention products but the blocks a causal mask skips ((s + 1) / 2s of
+    # them computed, sparse_mode 2), and the scores recomputed in the backward pass
     (flash_compute,), (plain_compute,) = flash.compute, plain.compute
-    assert flash_compute.forward == plain_compute.forward
-    assert flash_compute.backward == plain_compute.backward
-    attention = (causal + padded) * 4 * b * a * s * s * (h // a) / t
-    assert flash_compute.recompute == attention / 2
+    products = 4 * b * a * s * s * (h // a) / t          # one attention layer, forward
+    skipped = causal * products * (1 - (s + 1) / (2 * s))
+    assert flash_compute.forward == pytest.approx(plain_compute.forward - skipped)
+    assert flash_compute.backward == pytest.approx(plain_compute.backward - 2 * skipped)
+    assert flash_compute.recompute == pytest.approx(
+        (causal * (s + 1) / (2 * s) + padded) * products / 2)
 
 
 def test_flash_attention_rules():

@@ -52,7 +52,8 @@ def test_the_plan_prints_its_predicted_time_as_json():
     micro = [(s["compute_s"] + s["exposed_communication_s"]) / 16 for s in time["stages"]]
     assert len(micro) == 4 and max(micro) == micro[3] > 1.1 * micro[1]
     assert time["bubble_s"] == pytest.approx(sum(micro) - micro[3])
-    tail = max(s["gradient_sync_s"] + s["optimizer_s"] for s in time["stages"])
+    tail = max(s["gradient_sync_s"] + s["optimizer_s"] + s["weight_gather_s"]
+               for s in time["stages"])
     assert time["step_s"] == pytest.approx(sum(micro) + 15 * micro[3] + tail)
     assert time["bubble_s"] < 3 / 19 * time["step_s"]   # less than 3 of the slowest steps
     assert report["device"]["key"] == "a100" and report["device"]["memory"] == 40 * 2 ** 30
@@ -71,7 +72,8 @@ def test_servers_of_fewer_devices_slow_a_layout_whose_groups_they_cut(planned):
 
 def test_the_a100_profile_predicts_the_rows_it_was_fitted_on(planned):
     """The shipped a100 profile (4 constants fitted by benchmarks/calibrate_profile.py
-    --fit): median error 4.5%, largest 14.6% on LiBai's 42 rows (one, two and three axes)."""
+    --fit): median error 4.3%, largest 11.6% on LiBai's 42 rows (one, two and three axes;
+    the pipelines with the stages LiBai lays out itself)."""
     errors = [abs(e) for e in calibration.errors(planned, load_profile("a100"))]
     assert len(errors) == 42
     assert statistics.median(errors) < 0.05
@@ -80,13 +82,23 @@ def test_the_a100_profile_predicts_the_rows_it_was_fitted_on(planned):
 
 def test_each_group_is_predicted_by_a_fit_without_it(planned):
     """Leave one group out: every (model, devices) group predicted by the constants fitted
-    on the other nine (median 4.7%, largest 16.1%), its fastest layout still found."""
+    on the other nine (median 4.4%, largest 15.5%), its fastest layout still found, and
+    its fastest layout of two or three axes too (6 groups)."""
     profile = load_profile("a100")
-    errors, agree = calibration.leave_one_group_out(planned, profile, profile.fitted)
+    errors, agree, multi = calibration.leave_one_group_out(planned, profile, profile.fitted)
     errors = [abs(e) for e in errors]
     assert statistics.median(errors) < 0.05
     assert max(errors) < 0.17
     assert len(agree) == 10 and all(agree.values()), agree
+    assert len(multi) == 6 and all(multi.values()), multi
+
+
+def test_libai_lays_out_fewer_blocks_on_the_last_stage():
+    """LiBai's automatic stage ids (libai/utils/distributed.py) that its pipelined rows ran
+    with: later stages a slot more, cut at the real layers."""
+    assert calibration.libai_stage_blocks(24, 4) == [6, 7, 7, 4]
+    assert calibration.libai_stage_blocks(48, 8) == [6, 6, 7, 7, 7, 7, 7, 1]
+    assert calibration.libai_stage_blocks(24, 2) == [12, 12]   # fewer than 4 stages: even
 
 
 def test_a_group_on_a_full_mesh_sends_over_its_links_to_the_others():
@@ -139,7 +151,7 @@ def test_the_ascend_rows_read_as_their_model_cards_state():
     """ms/step rows: samples/s = global batch / step; tokens/s/p rows: figure x devices /
     seq (model_zoo/cost/measurements/README.md)."""
     runs = {run.name: run for run in calibration.read_rows(
-        calibration.DEVICE_MEASUREMENTS["ascend910"])}
+        calibration.DEVICE_MEASUREMENTS["ascend910"][0])}
     bert = runs["BERT-base pretrain (Ascend 910)"]
     assert bert.samples_per_s == pytest.approx(2048 / 0.284)
     assert (bert.device, bert.layout, bert.devices) == ("ascend910", "8x1x1", 8)
@@ -150,16 +162,31 @@ def test_the_ascend_rows_read_as_their_model_cards_state():
     assert not runs["Transformer-large WMT en-de (Ascend 910)"].exact   # bucketed lengths
 
 
-@pytest.mark.parametrize("device", ["ascend910", "ascend910b"])
-def test_each_ascend_profile_predicts_the_runs_it_was_fitted_on(device):
-    """The MatMul efficiency fitted on each device's data-parallel runs (fitted_on:
+def test_the_910_profile_predicts_the_runs_it_was_fitted_on():
+    """The MatMul efficiency fitted on the 910's data-parallel runs (fitted_on:
     data_parallel) reproduces them within 3%; the tensor-parallel runs are checks, kept out."""
-    profile = load_profile(device)
-    planned = calibration.plan_rows([run for run in calibration.read_rows(
-        calibration.DEVICE_MEASUREMENTS[device]) if run.device == device])
+    profile = load_profile("ascend910")
+    planned = calibration.plan_rows(calibration.device_runs("ascend910"))
     fitting = calibration.fitting_runs(planned, profile)
     assert fitting and all(run.layout.endswith("x1x1") for run, _ in fitting)
     assert len(fitting) < len(planned)
     assert max(abs(e) for e in calibration.errors(fitting, profile)) < 0.03
     refitted = calibration.fit(fitting, profile, profile.fitted)
     assert refitted["matmul"] == pytest.approx(profile.matmul_efficiency, rel=0.01)
+
+
+def test_the_910b_profile_predicts_mindformers_llama_tables_it_never_saw():
+    """MindFormers' own LLaMA-2 / LLaMA-3 / LLaMA-3.1 runs (7B-70B, 8-64 devices, data,
+    tensor and pipeline parallel), never fitted on: median error 6.9%, largest 14.7%,
+    Spearman 0.95 (the goals: 10%, 25%, 0.9)."""
+    profile = load_profile("ascend910b")
+    runs = [run for path in calibration.DEVICE_CHECKS["ascend910b"]
+            for run in calibration.read_rows(path, check=True)]
+    assert len(runs) == 19 and all(run.check and run.device == "ascend910b" for run in runs)
+    planned = calibration.plan_rows(runs)
+    assert not calibration.fitting_runs(planned, profile)
+    errors = [abs(e) for e in calibration.errors(planned, profile)]
+    assert statistics.median(errors) <= 0.10
+    assert max(errors) <= 0.25
+    predicted = [calibration.predict(plan, profile) for _, plan in planned]
+    assert calibration.spearman([run.samples_per_s for run in runs], predicted) >= 0.9

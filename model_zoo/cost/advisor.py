@@ -26,6 +26,7 @@ planned in full (their own recording and every rule) before they are shown.
 """
 
 import dataclasses
+import math
 import time
 from typing import Dict, List, Optional
 
@@ -52,6 +53,8 @@ class Layout:
     sequence_parallel: bool
     flash_attention: bool = False   # model.flash_attention (Ascend 910B)
     interleave: int = 1             # parallel.pipeline_interleave (interleaved 1F1B)
+    stage_blocks: Optional[tuple] = None       # parallel.stage_blocks (None: even stages)
+    recompute_blocks: Optional[tuple] = None   # parallel.recompute_blocks (None: all)
 
     def apply(self, config):
         """`config` with this layout (a new Config; `config` is not changed)."""
@@ -60,7 +63,9 @@ class Layout:
             config.parallel, data_parallel=self.dp, model_parallel=self.mp,
             pipeline_stage=self.pp, micro_batch_num=self.micro_steps if pipeline else 1,
             recompute=self.recompute, optimizer_shard=self.optimizer_shard,
-            sequence_parallel=self.sequence_parallel, recompute_blocks=None, stage_blocks=None,
+            sequence_parallel=self.sequence_parallel,
+            recompute_blocks=_listed(self.recompute_blocks),
+            stage_blocks=_listed(self.stage_blocks),
             pipeline_interleave=self.interleave, pipeline_scheduler="1f1b")
         train = dataclasses.replace(config.train,
                                     grad_accumulation=1 if pipeline else self.micro_steps)
@@ -71,10 +76,14 @@ class Layout:
 
     def describe(self) -> str:
         recompute = "selective recompute" if self.recompute == "selective" else "recompute"
+        if self.recompute_blocks is not None:
+            recompute = f"recompute of {'/'.join(map(str, self.recompute_blocks))} blocks a stage"
         options = [name for name, on in ((recompute, self.recompute),
                                          ("optimizer shard", self.optimizer_shard),
                                          ("sequence parallel", self.sequence_parallel),
                                          ("flash attention", self.flash_attention)) if on]
+        if self.stage_blocks is not None:
+            options.insert(0, f"stage blocks {'/'.join(map(str, self.stage_blocks))}")
         if self.interleave > 1:
             options.insert(0, f"{self.interleave} interleaved chunks")
         if self.pp > 1:
@@ -94,7 +103,18 @@ class Layout:
                 f"parallel.sequence_parallel={str(self.sequence_parallel).lower()}"] + (
                     ["model.flash_attention=true"] if self.flash_attention else []) + [
                     f"parallel.pipeline_interleave={self.interleave}",
-                    "parallel.pipeline_scheduler=1f1b"]
+                    "parallel.pipeline_scheduler=1f1b",
+                    f"parallel.stage_blocks={_override(self.stage_blocks)}",
+                    f"parallel.recompute_blocks={_override(self.recompute_blocks)}"]
+
+
+def _listed(blocks: Optional[tuple]) -> Optional[list]:
+    return None if blocks is None else list(blocks)
+
+
+def _override(blocks: Optional[tuple]) -> str:
+    """A per-stage list as `--set` writes it (null: the config's default)."""
+    return "null" if blocks is None else "[" + ",".join(map(str, blocks)) + "]"
 
 
 @dataclasses.dataclass
@@ -159,6 +179,9 @@ class Advisor:
         self.profile = load_profile(device, devices_per_server)
         self.recordings: Dict[tuple, object] = {}
         self.recording_seconds = 0.0
+        # a layout's estimates at the recordings' corners, by (layout, recompute): scoring
+        # and tailoring ask for them with several stage blocks
+        self.corners: Dict[tuple, dict] = {}
 
     def recording(self, layout: Layout, micro_batch: int, blocks: int, recompute):
         """The recording of `micro_batch` sequences per device through `blocks` blocks per
@@ -172,7 +195,8 @@ class Advisor:
             started = time.perf_counter()
             shape = dataclasses.replace(layout, micro_steps=max(layout.pp, 1),
                                         recompute="selective" if selective else True,
-                                        optimizer_shard=False, interleave=1)
+                                        optimizer_shard=False, interleave=1,
+                                        stage_blocks=None, recompute_blocks=None)
             config = shape.apply(self.config)
             config = dataclasses.replace(
                 config, model=dataclasses.replace(config.model, num_layers=blocks * layout.pp),
@@ -204,13 +228,13 @@ class Advisor:
             unit *= 2
         return None
 
-    def fix_backward_working(self, memory, layout: Layout, unit: int, x: float):
+    def fix_backward_working(self, memory, layout: Layout, unit: int, x: float, recompute):
         """Set each stage's backward working set W_k, the largest of its calls' (each affine
         in the micro batch, but their largest is not: a weight's gradient can lead at a
         small batch and an activation's at a large one), from the calls of the one-block
         recordings at u and 2u sequences (blocks repeat, so one is enough)."""
         at_unit, at_double = (backward_working_sets(self.recording(
-            layout, batch, 1, layout.recompute)[0]) for batch in (unit, 2 * unit))
+            layout, batch, 1, recompute)[0]) for batch in (unit, 2 * unit))
         working = {}
         for (stage, low), (_, high) in zip(at_unit, at_double):
             working[stage] = max(working.get(stage, 0.0), low + (x - 1) * (high - low))
@@ -233,24 +257,143 @@ class Advisor:
         unit = self.unit_batch(layout, micro_batch)
         if unit is None:
             return None
-        corners = {}
-        for batch in (unit, 2 * unit):
-            for blocks in (1, 2):
-                rec, _ = self.recording(layout, batch, blocks, layout.recompute)
-                corners[batch // unit, blocks] = (
-                    estimate_memory(rec, parallel, train.grad_accumulation),
-                    with_interleaved_sends(estimate_communication(
-                        rec, parallel, train.grad_accumulation), layout.interleave),
-                    estimate_compute(rec, parallel, train.grad_accumulation))
-        memory, communication, compute = affine(
-            affine(corners[1, 1], corners[2, 1], micro_batch / unit),
-            affine(corners[1, 2], corners[2, 2], micro_batch / unit),
-            config.model.num_layers // layout.pp)
-        self.fix_backward_working(memory, layout, unit, micro_batch / unit)
+        blocks = parallel.blocks_per_stage(config.model.pipeline_blocks)
+        memory, communication, compute = self.estimates(layout, config, unit, blocks,
+                                                        layout.recompute)
+        if layout.recompute_blocks is not None:   # the first r_k blocks of stage k
+            cleared = self.estimates(layout, config, unit, blocks, False)
+            memory, communication, compute = (
+                [affine(none, every, 1 + r / n) for none, every, r, n
+                 in zip(without, with_all, layout.recompute_blocks, blocks)]
+                for without, with_all in zip(cleared, (memory, communication, compute)))
+            for stage, r in zip(memory, layout.recompute_blocks):
+                every = self.estimates_peak(layout, config, unit, stage.stage)
+                stage.recompute_peak = every if r else 0.0
+                stage.activations = (stage.micro_batches_in_flight
+                                     * stage.activations_per_micro_batch
+                                     + stage.recompute_peak + stage.backward_working)
         step = estimate_time(compute, communication, memory, parallel, train.precision,
-                                    train.global_batch_size, config.model.seq_length,
-                                    self.profile, layout.micro_steps)
+                             train.global_batch_size, config.model.seq_length,
+                             self.profile, layout.micro_steps)
         return Scored(layout, max(m.total for m in memory), step)
+
+    def estimates(self, layout: Layout, config, unit: int, blocks: List[int], recompute):
+        """(memory, communication, compute) per stage, stage k through blocks[k] blocks,
+        interpolated from the recordings of u and 2u sequences through 1 and 2 blocks a
+        stage (module docstring), recomputed as `recompute` says."""
+        parallel, train = config.parallel, config.train
+        micro_batch = train.global_batch_size // (layout.dp * layout.micro_steps)
+        key = (dataclasses.replace(layout, stage_blocks=None, recompute_blocks=None),
+               recompute)
+        if key not in self.corners:
+            corners = self.corners[key] = {}
+            for batch in (unit, 2 * unit):
+                for depth in (1, 2):
+                    rec, _ = self.recording(layout, batch, depth, recompute)
+                    corners[batch // unit, depth] = (
+                        estimate_memory(rec, parallel, train.grad_accumulation),
+                        with_interleaved_sends(estimate_communication(
+                            rec, parallel, train.grad_accumulation), layout.interleave),
+                        estimate_compute(rec, parallel, train.grad_accumulation))
+        corners = self.corners[key]
+        one, two = (affine(corners[1, depth], corners[2, depth], micro_batch / unit)
+                    for depth in (1, 2))
+        found = tuple([affine(a, b, n) for a, b, n in zip(at_one, at_two, blocks)]
+                      for at_one, at_two in zip(one, two))
+        self.fix_backward_working(found[0], layout, unit, micro_batch / unit, recompute)
+        return found
+
+    def estimates_peak(self, layout: Layout, config, unit: int, stage: int) -> float:
+        """One recomputed block's activations on `stage` (R_k: blocks repeat, so the
+        one-block recordings have it)."""
+        parallel, train = config.parallel, config.train
+        micro_batch = train.global_batch_size // (layout.dp * layout.micro_steps)
+        low, high = (estimate_memory(self.recording(layout, batch, 1, True)[0], parallel,
+                                     train.grad_accumulation)[stage].recompute_peak
+                     for batch in (unit, 2 * unit))
+        return low + (micro_batch / unit - 1) * (high - low)
+
+    def tailor(self, layout: Layout) -> Optional[Layout]:
+        """A fully recomputed layout with each stage's recomputed blocks cut to what its
+        memory needs (an early 1F1B stage holds more micro batches in flight than a late
+        one) and, on a pipeline of one chunk a device, blocks moved between stages while
+        the step shortens (a last stage that also holds the vocabulary head takes fewer):
+        MindFormers' per-stage `recompute` lists and `offset`, as `recompute_blocks` and
+        `stage_blocks`. None when nothing changes or nothing fits. The search runs on the
+        stages' memory and micro-step time, affine in their blocks and recomputed blocks;
+        `score` then scores the layout it finds as any other."""
+        if layout.recompute is not True or layout.recompute_blocks or layout.stage_blocks:
+            return None
+        config = layout.apply(self.config)
+        micro_batch = config.train.global_batch_size // (layout.dp * layout.micro_steps)
+        unit = self.unit_batch(layout, micro_batch)
+        if unit is None:
+            return None
+        pp, total = layout.pp, config.model.pipeline_blocks
+        # per stage: (memory, micro-step time, step-end time) at 1 and 2 blocks, without
+        # and with every block recomputed
+        figures = {}
+        for recompute in (False, True):
+            for depth in (1, 2):
+                memory, communication, compute = self.estimates(layout, config, unit,
+                                                                [depth] * pp, recompute)
+                time = estimate_time(compute, communication, memory, config.parallel,
+                                     config.train.precision, config.train.global_batch_size,
+                                     config.model.seq_length, self.profile,
+                                     layout.micro_steps)
+                figures[recompute, depth] = [
+                    (m.total, m.recompute_peak, (s.compute + s.exposed_communication)
+                     / layout.micro_steps, s.gradient_sync + s.optimizer)
+                    for m, s in zip(memory, time.stages)]
+        cap = self.profile.usable_memory
+
+        def at(recompute, k, n, field):
+            low, high = figures[recompute, 1][k][field], figures[recompute, 2][k][field]
+            return low + (n - 1) * (high - low)
+
+        def recomputed(k, n) -> Optional[int]:
+            """The fewest of stage k's n blocks to recompute for it to fit."""
+            none = at(False, k, n, 0)
+            if none <= cap:
+                return 0
+            peak = at(True, k, n, 1)
+            saved = (none - (at(True, k, n, 0) - peak)) / n   # per recomputed block
+            if saved <= 0:
+                return None
+            r = max(1, math.ceil((none + peak - cap) / saved - 1e-9))
+            return r if r <= n else None
+
+        def step(stages) -> Optional[tuple]:
+            chosen = [recomputed(k, n) for k, n in enumerate(stages)]
+            if None in chosen:
+                return None
+            micro = [at(False, k, n, 2) + r / n * (at(True, k, n, 2) - at(False, k, n, 2))
+                     for k, (n, r) in enumerate(zip(stages, chosen))]
+            end = max(at(False, k, n, 3) for k, n in enumerate(stages))
+            return ((sum(micro) - max(micro)) / layout.interleave
+                    + layout.micro_steps * max(micro) + end), chosen
+
+        stages = [total // pp] * pp
+        best = step(stages)
+        while best is not None and pp > 1 and layout.interleave == 1:
+            moves = [stages[:i] + [stages[i] - 1] + stages[i + 1:] for i in range(pp)
+                     if stages[i] > 1]
+            moves = [[n + (k == j) for k, n in enumerate(m)] for m in moves for j in range(pp)
+                     if sum(m) < total]
+            tried = [(step(m), m) for m in moves]
+            tried = [(found, m) for found, m in tried if found and found[0] < best[0]]
+            if not tried:
+                break
+            best, stages = min(tried, key=lambda item: item[0][0])
+        if best is None:
+            return None
+        chosen = tuple(best[1])
+        even = all(n == total // pp for n in stages)
+        if even and (chosen == tuple(stages) or not any(chosen)):
+            return None   # every block recomputed or none: a layout tried as it is
+        return dataclasses.replace(
+            layout, recompute=any(chosen), stage_blocks=None if even else tuple(stages),
+            recompute_blocks=chosen if any(chosen) else None)
 
 
 def affine(at_one, at_two, x: float):
@@ -321,14 +464,18 @@ def advise(config, device_num: int, device: Optional[str] = None, devices_per_se
     advisor = Advisor(config, device, devices_per_server)
     candidates = layouts(config, device_num, flash_attention=device == "ascend910b")
     scored, broken, too_big = [], 0, 0
-    for layout in candidates:
+    for layout in candidates:   # grows by the layouts `tailor` derives
         result = advisor.score(layout)
         if result is None:
             broken += 1
-        elif result.memory > advisor.profile.usable_memory:   # the plan's `fits`
+            continue
+        if result.memory > advisor.profile.usable_memory:   # the plan's `fits`
             too_big += 1
-        else:
-            scored.append(result)
+            continue
+        scored.append(result)
+        tailored = advisor.tailor(layout)   # recompute only where memory needs it
+        if tailored is not None:
+            candidates.append(tailored)
     scored.sort(key=lambda s: -s.time.samples_per_s)
     best = []
     for result in scored:

@@ -16,10 +16,16 @@ import os
 
 MEASUREMENTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "measurements")
 MEASUREMENTS = os.path.join(MEASUREMENTS_DIR, "libai_a100.csv")
-# the rows each profile is fitted on
-DEVICE_MEASUREMENTS = {"a100": MEASUREMENTS,
-                       "ascend910": os.path.join(MEASUREMENTS_DIR, "ascend_calibration.csv"),
-                       "ascend910b": os.path.join(MEASUREMENTS_DIR, "ascend_calibration.csv")}
+ASCEND_FILES = [os.path.join(MEASUREMENTS_DIR, name)
+                for name in ("ascend_calibration.csv", "ascend_910b_runs.csv")]
+# the rows each profile may be fitted on (each run carries its device: a file serves both
+# Ascend profiles)
+DEVICE_MEASUREMENTS = {"a100": [MEASUREMENTS], "ascend910": ASCEND_FILES,
+                       "ascend910b": ASCEND_FILES}
+# rows never fitted on, only predicted: MindFormers' own LLaMA-2 / LLaMA-3 / LLaMA-3.1
+# tables (measurements/README.md)
+DEVICE_CHECKS = {"ascend910b": [os.path.join(MEASUREMENTS_DIR,
+                                             "mindformers_llama_check.csv")]}
 LIBAI_CONFIGS = {"BERT": "model_zoo/bert/configs/bert-large.yaml",
                  "GPT-2": "model_zoo/gpt2/configs/gpt2-1024.yaml"}
 # an Ascend row's family: the shipped config whose model it is (PanGu-alpha is a GPT-2
@@ -28,8 +34,13 @@ FAMILY_CONFIGS = {"gpt2": "model_zoo/gpt2/configs/gpt2-1024.yaml",
                   "pangu-alpha": "model_zoo/gpt2/configs/gpt2-1024.yaml",
                   "baichuan2": "model_zoo/llama/configs/plan/llama2-7b-d1m8p1.yaml",
                   "bert": "model_zoo/bert/configs/bert-base.yaml",
-                  "transformer": "model_zoo/transformer/configs/transformer-big.yaml"}
+                  "transformer": "model_zoo/transformer/configs/transformer-big.yaml",
+                  "llama": "model_zoo/llama/configs/plan/llama2-7b-d1m8p1.yaml",
+                  "llama2": "model_zoo/llama/configs/plan/llama2-7b-d1m8p1.yaml",
+                  "llama3": "model_zoo/llama/configs/plan/llama2-7b-d1m8p1.yaml"}
+LLAMA_FAMILIES = ("llama", "llama2", "llama3", "baichuan2")
 ASCEND_DEVICES = {"Ascend 910": "ascend910", "Ascend 910A": "ascend910",
+                  "Ascend 910 64GB": "ascend910b", "910B": "ascend910b",
                   "Atlas 800T A2": "ascend910b", "Atlas 900 A2 PoDc": "ascend910b"}
 
 
@@ -47,24 +58,63 @@ class Run:
     samples_per_s: float      # measured
     exact: bool = True        # False: its lengths vary below seq_length (bucketed), so its
                               # work is not known and it only checks the fit
+    check: bool = False       # from a file of runs kept apart: never fitted on
 
 
-def read_rows(path: str = MEASUREMENTS) -> list:
-    """The runs of a measurements file: LiBai's columns or the Ascend file's."""
+def read_rows(path: str = MEASUREMENTS, check: bool = False) -> list:
+    """The runs of a measurements file: LiBai's columns or the Ascend files'."""
     with open(path, encoding="utf-8", newline="") as handle:
         rows = list(csv.DictReader(handle))
-    return [ascend_run(row) if "figure" in row else libai_run(row) for row in rows]
+    runs = [ascend_run(row) if "figure" in row else libai_run(row) for row in rows]
+    for run in runs:
+        run.check = check
+    return runs
+
+
+def device_runs(device: str, paths=None) -> list:
+    """The runs a profile is fitted on and checked with (`paths`: other files instead),
+    those of other devices left out."""
+    runs = []
+    if paths:
+        runs = [run for path in paths for run in read_rows(path)]
+    else:
+        runs = ([run for path in DEVICE_MEASUREMENTS[device] for run in read_rows(path)]
+                + [run for path in DEVICE_CHECKS.get(device, ())
+                   for run in read_rows(path, check=True)])
+    return [run for run in runs if run.device == device]
 
 
 def layout_overrides(dp, mp, pp, micro_batches, recompute, optimizer_shard, global_batch,
-                     accumulation) -> list:
-    """The `--set` overrides of a measured run's layout and batch (fp16, as all were)."""
+                     accumulation, precision="fp16") -> list:
+    """The `--set` overrides of a measured run's layout and batch."""
     return [f"parallel.data_parallel={dp}", f"parallel.model_parallel={mp}",
             f"parallel.pipeline_stage={pp}", f"parallel.micro_batch_num={micro_batches}",
             f"parallel.recompute={str(recompute).lower()}",
             f"parallel.optimizer_shard={str(optimizer_shard).lower()}",
             f"train.global_batch_size={global_batch}", f"train.grad_accumulation={accumulation}",
-            "train.precision=fp16"]
+            f"train.precision={precision}"]
+
+
+def libai_stage_blocks(layers: int, pp: int) -> list:
+    """The blocks LiBai puts on each pipeline stage when the config names none (its
+    `auto_pipeline_stage_id`, `_DistributeUtil._init_placement_group` in
+    libai/utils/distributed.py): with 4 or more stages it lays out layers + min(pp - 1,
+    layers / pp) slots, later stages a slot more, and cuts the list at the real layers, so
+    the last stage, which also holds the head and the loss, gets fewer blocks (24 layers on
+    4 stages: 6, 7, 7, 4). A stage left with none keeps one here (our stages hold a block at
+    least), taken from the stage before it."""
+    if pp < 4 or layers < 8 or layers % pp:
+        return [layers // pp] * pp
+    slots = layers + min(pp - 1, layers // pp)
+    per_stage, later = slots // pp, slots % pp
+    owners = []
+    for stage in range(pp):
+        owners += [stage] * (per_stage + (stage >= pp - later))
+    blocks = [owners[:layers].count(stage) for stage in range(pp)]
+    for stage in range(pp - 1, 0, -1):
+        if blocks[stage] == 0:
+            blocks[stage], blocks[stage - 1] = 1, blocks[stage - 1] - 1
+    return blocks
 
 
 def libai_run(row: dict) -> Run:
@@ -73,6 +123,9 @@ def libai_run(row: dict) -> Run:
     overrides = [f"model.num_layers={row['layers']}"] + layout_overrides(
         dp, tp, pp, micro_steps if pp > 1 else 1, row["recompute"] == "1", False,
         int(row["global_batch"]), 1 if pp > 1 else micro_steps)
+    if pp > 1:
+        blocks = libai_stage_blocks(int(row["layers"]), pp)
+        overrides.append(f"parallel.stage_blocks=[{','.join(map(str, blocks))}]")
     return Run(f"{row['model']} {row['config']}", row["model"], LIBAI_CONFIGS[row["model"]],
                overrides, "a100", int(row["gpus_per_node"]),
                int(row["nodes"]) * int(row["gpus_per_node"]), f"{dp}x{tp}x{pp}",
@@ -80,11 +133,13 @@ def libai_run(row: dict) -> Run:
 
 
 def ascend_run(row: dict) -> Run:
-    """A row of ascend_calibration.csv (columns in model_zoo/cost/measurements/README.md): its
+    """A row of the Ascend files (columns in model_zoo/cost/measurements/README.md): its
     model's dimensions set on the family's config; the vocabulary rounded up to a multiple
-    of 128 (as Megatron pads it) so that every model-parallel split divides it."""
+    of 128 (as Megatron pads it) so that every model-parallel split divides it; per-stage
+    recompute lists (`selective:a/b/...`: the first a blocks of stage 0 recomputed, ...),
+    uneven stages and interleaved chunks as the run set them."""
     dp, mp, pp = int(row["dp"]), int(row["mp"]), int(row["pp"])
-    accumulation = int(row["grad_accum"] or 1)
+    accumulation = int(row["grad_accum"] or 1) if pp == 1 else 1
     micro_batches = int(row["micro_batch_num"] or 1) if pp > 1 else 1
     global_batch = int(row["global_batch"])
     seq, devices = int(row["seq"]), int(row["devices"])
@@ -92,21 +147,35 @@ def ascend_run(row: dict) -> Run:
         samples_per_s = float(row["figure"]) * devices / seq
     else:   # ms/step
         samples_per_s = global_batch / (float(row["figure"]) / 1000)
+    recompute = row["recompute"]
     overrides = [
         f"model.num_layers={row['layers']}", f"model.hidden_size={row['hidden']}",
         f"model.num_heads={row['heads']}", f"model.seq_length={seq}",
         f"model.vocab_size={-(-int(row['vocab']) // 128) * 128}"] + layout_overrides(
-        dp, mp, pp, micro_batches, row["recompute"] not in ("", "none"),
-        row["optimizer_shard"] == "TRUE", global_batch, accumulation)
-    if row["family"] in ("baichuan2", "transformer"):
+        dp, mp, pp, micro_batches, recompute not in ("", "none"),
+        row["optimizer_shard"] == "TRUE", global_batch, accumulation,
+        "bf16" if row["precision"] == "bf16" else "fp16")
+    if recompute.startswith("selective:"):
+        overrides.append(f"parallel.recompute_blocks=[{recompute[10:].replace('/', ',')}]")
+    overrides.append(f"parallel.sequence_parallel="
+                     f"{str(mp > 1 and row['seq_parallel'] == 'TRUE').lower()}")
+    interleave = int(row.get("pp_interleave") or 1)
+    stages = [int(n) for n in (row.get("stage_blocks") or "").split("/") if n.strip()]
+    if pp > 1 and interleave > 1:
+        overrides.append(f"parallel.pipeline_interleave={interleave}")
+    elif pp > 1 and len(stages) == pp and len(set(stages)) > 1:
+        overrides.append(f"parallel.stage_blocks=[{','.join(map(str, stages))}]")
+    if row["family"] in ("baichuan2", "transformer") or row["family"] in LLAMA_FAMILIES:
         overrides.append(f"model.ffn_hidden_size={row['ffn']}")
-    if row["family"] == "baichuan2":
+    if row["family"] in LLAMA_FAMILIES:
         overrides += [f"model.num_kv_heads={row['kv_heads']}",
                       f"model.flash_attention={row['flash_attention'] == 'TRUE'}".lower()]
     return Run(f"{row['model']} ({row['device']})", row["model"].split()[0],
                FAMILY_CONFIGS[row["family"]], overrides, ASCEND_DEVICES[row["device"]], 8,
                devices, f"{dp}x{mp}x{pp}", samples_per_s,
-               exact=row["family"] != "transformer")   # batches bucketed to 16-128 tokens
+               # the Transformer's batches are bucketed to 16-128 tokens; a sliding window
+               # computes less attention than the causal one the model counts
+               exact=row["family"] != "transformer" and "sliding" not in row.get("notes", ""))
 
 
 def plan_rows(runs: list) -> list:
@@ -123,9 +192,30 @@ def plan_rows(runs: list) -> list:
 
 def fitting_runs(planned: list, profile) -> list:
     """The (run, plan) pairs `profile`'s constants are fitted on (`DeviceProfile.fitted_on`):
-    the runs of known work, all of them or only the data-parallel ones."""
-    return [(run, plan) for run, plan in planned if run.exact and (
+    the runs of known work not kept apart as checks, all of them or only the data-parallel
+    ones."""
+    return [(run, plan) for run, plan in planned if run.exact and not run.check and (
         profile.fitted_on == "all" or run.layout.endswith("x1x1"))]
+
+
+def axes(run) -> int:
+    """How many of data, model and pipeline parallel a run uses (more than one way)."""
+    return sum(int(size) > 1 for size in run.layout.split("x"))
+
+
+def single_axis_fit(planned: list, profile, names) -> tuple:
+    """The runs of two or more axes predicted by a fit on the runs of one axis (or none):
+    (relative error of every row, None for the rows fitted on; {group: whether its
+    fastest multi-axis layout is predicted fastest}, or ({}, {}) when there is nothing to
+    fit on or nothing to predict."""
+    fitted_on = [(run, plan) for run, plan in fitting_runs(planned, profile) if axes(run) < 2]
+    predicted = [(run, plan) for run, plan in planned if axes(run) >= 2]
+    if not fitted_on or not predicted or not names:
+        return [None] * len(planned), {}
+    fitted = with_constants(profile, fit(fitted_on, profile, names))
+    found = dict(zip((id(plan) for _, plan in predicted), errors(predicted, fitted)))
+    return ([found.get(id(plan)) for _, plan in planned],
+            fastest_agree(predicted, fitted))
 
 
 def predict(plan, profile) -> float:
@@ -230,23 +320,29 @@ def groups(planned: list) -> dict:
 
 def fastest_agree(planned: list, profile) -> dict:
     """{group: whether the layout predicted fastest is the one measured fastest}, for the
-    groups of more than one row."""
+    groups of more than one layout (rows of one configuration, e.g. the same run on two
+    server types, are not a choice between layouts)."""
     return {key: _fastest_agree(members, profile)
-            for key, members in groups(planned).items() if len(members) > 1}
+            for key, members in groups(planned).items() if _choice(members)}
+
+
+def _choice(members: list) -> bool:
+    return len({tuple(run.overrides) for run, _ in members}) > 1
 
 
 def _fastest_agree(members: list, profile) -> bool:
     measured = max(members, key=lambda m: m[0].samples_per_s)
     predicted = max(members, key=lambda m: predict(m[1], profile))
-    return measured is predicted
+    return measured[0].overrides == predicted[0].overrides
 
 
 def leave_one_group_out(planned: list, profile, names) -> tuple:
     """Each (model, devices) group predicted by a fit on the other groups' rows (those
     `fitting_runs` allows): (the relative error of every row, in `planned`'s order;
     {group: whether its predicted fastest layout is its measured fastest}, for groups of
-    more than one row). A group whose rows are all the fit has is not predicted: None."""
-    found, agree = {}, {}
+    more than one row; the same among the group's layouts of two or three axes). A group
+    whose rows are all the fit has is not predicted: None."""
+    found, agree, agree_multi = {}, {}, {}
     for key, members in groups(planned).items():
         held_out = {id(plan) for _, plan in members}
         rest = [(run, plan) for run, plan in fitting_runs(planned, profile)
@@ -256,6 +352,9 @@ def leave_one_group_out(planned: list, profile, names) -> tuple:
             continue
         fitted = with_constants(profile, fit(rest, profile, names))
         found.update(zip((id(plan) for _, plan in members), errors(members, fitted)))
-        if len(members) > 1:
+        if _choice(members):
             agree[key] = _fastest_agree(members, fitted)
-    return [found[id(plan)] for _, plan in planned], agree
+        multi = [(run, plan) for run, plan in members if axes(run) >= 2]
+        if _choice(multi):
+            agree_multi[key] = _fastest_agree(multi, fitted)
+    return [found[id(plan)] for _, plan in planned], agree, agree_multi

@@ -27,7 +27,8 @@ reduce-scatter (n - 1) / n B of the full result.
   per step whatever micro_batch_num and grad_accumulation are (the train step accumulates
   micro batches first: MindSpore's Pipeline / GradAccumulation cells on Ascend); with the
   optimizer shard a reduce-scatter instead, plus an all-gather of the weights' compute-dtype
-  copy for each micro step.
+  copy, also once per step (MindSpore compiles it into the step's graph, before the micro
+  steps it calls: the dry run's exported MindIR has every AllGather there).
 - all-reduce, the train step's own: one over all devices of two numbers (the weighted
   squared gradient norm and the overflow flag, `replication.norm_weights`), per step.
 - send/receive, pipeline: every tensor crossing a stage boundary, forward and (if it needs a
@@ -170,11 +171,12 @@ def estimate_communication(rec, parallel: ParallelConfig,
                 if z > 1:
                     comm.add("reduce_scatter", "parameter gradients (optimizer shard)",
                              collective(replicas) * grad_bytes, mirrors)
-                    # the compute-dtype copy is gathered (fp16: half of the fp32 weight)
+                    # the compute-dtype copy is gathered (fp16: half of the fp32 weight),
+                    # once a step: MindSpore compiles the gathers into the step's graph,
+                    # not into the micro step it calls m times (the dry run's MindIR)
                     gathered = casts.get(param.name, WEIGHT_BYTES) * param.slice_numel
                     comm.add("all_gather", "weights (optimizer shard)",
-                             micro_steps * collective(replicas) * gathered, mirrors,
-                             micro_steps)
+                             collective(replicas) * gathered, mirrors)
                 else:
                     comm.add("all_reduce", "parameter gradients (data parallel)",
                              ring(replicas) * grad_bytes, mirrors)

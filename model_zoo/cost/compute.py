@@ -8,7 +8,8 @@ FlashAttentionScore: a call of output shape (..., m, n) and contracted size k co
 replica). The backward pass costs it again for each operand that needs a gradient (input
 and weight: 2x), a recomputed cell's forward pass runs twice, and all of it happens
 micro_batch_num x grad_accumulation times a step. FlashAttentionScore counts its two
-products, 4 b a s_q s_k d / (dp mp), twice that backward, and half of it again as
+products, 4 b a s_q s_k d / (dp mp) (about half of it under a causal mask, whose blocks
+above the diagonal the kernel skips), twice that backward, and half of it again as
 recomputation (its backward pass recomputes the scores). Every other operator (but views)
 counts the bytes of its input and output slices, once forward, twice backward when it has
 a gradient and once more when recomputed, and one launch per pass: the time model
@@ -23,6 +24,10 @@ from model_zoo.cost.memory import input_split, stage_count
 from model_zoo.layout.operator_entry import slice_bytes
 from model_zoo.layout.operators import device_matrix, operator
 from model_zoo.parallel.config import ParallelConfig
+
+# FlashAttentionScore's causal masks (2: the compressed lower-left triangle, 3: lower right):
+# the kernel computes only the blocks below the diagonal
+CAUSAL_SPARSE_MODES = (2, 3)
 
 
 @dataclass
@@ -97,6 +102,9 @@ def estimate_compute(rec, parallel: ParallelConfig,
             # gradient products and recomputes the scores
             query, key = call.tensors[0].shape, call.tensors[1].shape   # BNSD
             whole = micro_steps * 2 * 2 * math.prod(query) * key[2]
+            if call.attr("sparse_mode", 0) in CAUSAL_SPARSE_MODES:
+                # a causal mask skips the blocks above the diagonal: (s + 1) / 2s of them
+                whole *= (query[2] + 1) / (2 * query[2])
             flops = whole / math.prod(call.strategy[0] if call.strategy else (1,))
             compute.forward += flops
             compute.backward += 2 * flops

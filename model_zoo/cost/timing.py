@@ -6,13 +6,14 @@ micro steps (`compute.estimate_compute`, `communication.estimate_communication` 
     compute_k   = F_matmul / (peak e_matmul) + F_attention / (peak e_attention)
                   + B_other / (bandwidth e_memory) + launches x overhead
     exposed_k   = the collectives inside the forward and backward passes (model parallel,
-                  redistributions, the optimizer shard's weight gathers) and the pipeline's
-                  sends and receives: each volume / link bandwidth + latency x ring steps
+                  redistributions) and the pipeline's sends and receives: each volume /
+                  link bandwidth + latency x ring steps
     sync_k      = the data-parallel gradient reduction, once per step, after the last
                   micro step (MindSpore's Pipeline and GradAccumulation cells reduce the
-                  summed gradients), plus the AdamW update, memory bound (it reads the
+                  summed gradients), the AdamW update, memory bound (it reads the
                   weight, gradient and two moments and writes three of them: 28 bytes per
-                  parameter of the device's optimizer slice)
+                  parameter of the device's optimizer slice), and the optimizer shard's
+                  weight gathers, once per step before the first micro step
 
     t_k  = (compute_k + exposed_k) / m, one micro step of stage k
     step = (sum_k t_k - max_k t_k) / v + m max_k t_k + max_k sync_k
@@ -52,11 +53,18 @@ class StageTime:
     exposed_communication: float = 0.0
     gradient_sync: float = 0.0
     optimizer: float = 0.0
+    weight_gather: float = 0.0   # the optimizer shard's gathers, before the first micro step
+
+    @property
+    def step_end(self) -> float:
+        """What the stage spends once a step, outside its micro steps."""
+        return self.gradient_sync + self.optimizer + self.weight_gather
 
     def to_dict(self):
         return {"stage": self.stage, "compute_s": self.compute,
                 "exposed_communication_s": self.exposed_communication,
-                "gradient_sync_s": self.gradient_sync, "optimizer_s": self.optimizer}
+                "gradient_sync_s": self.gradient_sync, "optimizer_s": self.optimizer,
+                "weight_gather_s": self.weight_gather}
 
 
 @dataclass
@@ -78,7 +86,7 @@ class StepTime:
                 "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
                 "compute_s": slowest.compute,
                 "communication_s": slowest.exposed_communication
-                + max(s.gradient_sync for s in self.stages),
+                + max(s.gradient_sync + s.weight_gather for s in self.stages),
                 "bubble_s": self.bubble,
                 "optimizer_s": max(s.optimizer for s in self.stages),
                 "stages": [s.to_dict() for s in self.stages]}
@@ -129,6 +137,9 @@ def estimate_time(compute, communication, memory, parallel, precision: str,
                 times = math.ceil(amount / GRADIENT_FUSION_BYTES)
                 stage.gradient_sync += collective_seconds(kind, amount, size, stride, times,
                                                           profile)
+            elif reason == "weights (optimizer shard)":
+                stage.weight_gather += collective_seconds(kind, amount, size, stride, times,
+                                                          profile)
             else:
                 stage.exposed_communication += collective_seconds(kind, amount, size, stride,
                                                                   times, profile)
@@ -148,7 +159,7 @@ def estimate_time(compute, communication, memory, parallel, precision: str,
     # the fill and drain go in chunk-sized steps with interleaved chunks
     pipeline = ((sum(per_micro) - max(per_micro)) / parallel.pipeline_interleave
                 + micro_steps * max(per_micro))
-    step = pipeline + max(s.gradient_sync + s.optimizer for s in stages)
+    step = pipeline + max(s.step_end for s in stages)
     model_flops = sum(c.model for c in compute)
     return StepTime(stages=stages, step=step, bubble=pipeline - micro_steps * max(per_micro),
                     samples_per_s=global_batch / step,
