@@ -341,6 +341,22 @@ def test_the_partitioned_step_gives_one_devices_numbers(layout, tmp_path):
         # and Receive run through the mailbox; mp2's all-reduces over the whole group run
         # as compiled
         assert (int(found["collectives_as_all_reduces"]) > 0) == (layout not in SAME_ON_CPU)
+    if "optimizer-shard" in layout and ("pp2" in layout or "accumulation" in layout):
+        # the time model's once-a-step weight gathers: MindSpore puts every AllGather of
+        # the optimizer shard in the step's graph, none in the micro step it calls m times
+        in_step, in_micro_step = all_gathers(tmp_path / "rank_0" / "step.mindir")
+        assert in_step > 0 and in_micro_step == 0, (in_step, in_micro_step)
+
+
+def all_gathers(path) -> tuple:
+    """(AllGather nodes in a MindIR's top graph, in the graphs it calls)."""
+    from mindspore.train import mind_ir_pb2
+    model = mind_ir_pb2.ModelProto()
+    model.ParseFromString(path.read_bytes())
+    def count(graph):   # node types read "REF::AllGather:<n>"
+        return sum(1 for node in graph.node
+                   if node.op_type.split("::")[-1].split(":")[0] == "AllGather")
+    return count(model.graph), sum(count(graph) for graph in model.functions)
 
 
 def test_check_numbers_finds_a_difference(tmp_path):
