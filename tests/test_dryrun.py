@@ -344,19 +344,21 @@ def test_the_partitioned_step_gives_one_devices_numbers(layout, tmp_path):
     if "optimizer-shard" in layout and ("pp2" in layout or "accumulation" in layout):
         # the time model's once-a-step weight gathers: MindSpore puts every AllGather of
         # the optimizer shard in the step's graph, none in the micro step it calls m times
-        in_step, in_micro_step = all_gathers(tmp_path / "rank_0" / "step.mindir")
-        assert in_step > 0 and in_micro_step == 0, (in_step, in_micro_step)
+        in_step, in_micro_step, called = all_gathers(tmp_path / "rank_0" / "step.mindir")
+        assert called and in_step > 0 and in_micro_step == 0, (in_step, in_micro_step)
 
 
 def all_gathers(path) -> tuple:
-    """(AllGather nodes in a MindIR's top graph, in the graphs it calls)."""
+    """(AllGather nodes in a MindIR's top graph, in the graphs it calls, how many graphs it
+    calls: the micro step's forward and backward, not unrolled)."""
     from mindspore.train import mind_ir_pb2
     model = mind_ir_pb2.ModelProto()
     model.ParseFromString(path.read_bytes())
     def count(graph):   # node types read "REF::AllGather:<n>"
         return sum(1 for node in graph.node
                    if node.op_type.split("::")[-1].split(":")[0] == "AllGather")
-    return count(model.graph), sum(count(graph) for graph in model.functions)
+    return (count(model.graph), sum(count(graph) for graph in model.functions),
+            len(model.functions))
 
 
 def test_check_numbers_finds_a_difference(tmp_path):

@@ -5,9 +5,9 @@ against the rules, held against the device's memory and ranked by predicted thro
 Layouts: dp x mp x pp = N with mp dividing the heads and pp the layers; m micro steps per
 step, powers of two from 1 (from pp on a pipeline, where they are micro batches; gradient
 accumulation otherwise) while the global batch divides; recompute off, selective (the
-attention core) and full, on every block (`parallel.recompute_blocks` and uneven
-`parallel.stage_blocks` are for `model-zoo plan`: the advisor keeps stages even); the optimizer
-shard on and off (dp > 1); sequence parallel on and off (mp > 1); on an Ascend 910B, flash
+attention core) and full, on every block, and every fitting fully recomputed layout again
+tailored (`Advisor.tailor`: per-stage `recompute_blocks`, uneven `stage_blocks`); the
+optimizer shard on and off (dp > 1); sequence parallel on and off (mp > 1); on an Ascend 910B, flash
 attention on and off; on a pipeline, 2 interleaved chunks a device as well as one
 (`interleaves`: recorded with one chunk a stage, the stage borders' sends made two-fold).
 The config's other settings (precision, vocab_emb_dp, dropout) are kept.
@@ -27,6 +27,7 @@ planned in full (their own recording and every rule) before they are shown.
 
 import dataclasses
 import math
+import shlex
 import time
 from typing import Dict, List, Optional
 
@@ -343,7 +344,7 @@ class Advisor:
                                      layout.micro_steps)
                 figures[recompute, depth] = [
                     (m.total, m.recompute_peak, (s.compute + s.exposed_communication)
-                     / layout.micro_steps, s.gradient_sync + s.optimizer)
+                     / layout.micro_steps, s.step_end)
                     for m, s in zip(memory, time.stages)]
         cap = self.profile.usable_memory
 
@@ -517,7 +518,8 @@ def format_advice(advice: Advice, config_path: str) -> str:
                      f"{result.memory / gib:>6.2f}  {result.layout.describe()}")
     lines.append("")
     lines.append("why the best wins: " + why_best(advice.best))
-    lines.append("best: " + " ".join(f"--set {o}" for o in advice.best[0].layout.overrides()))
+    lines.append("best: " + " ".join(f"--set {shlex.quote(o)}"
+                                     for o in advice.best[0].layout.overrides()))
     return "\n".join(lines)
 
 

@@ -59,6 +59,8 @@ class Run:
     exact: bool = True        # False: its lengths vary below seq_length (bucketed), so its
                               # work is not known and it only checks the fit
     check: bool = False       # from a file of runs kept apart: never fitted on
+    workload: str = ""        # with the device count, the rows whose layouts are compared
+                              # (which is fastest); default: the model
 
 
 def read_rows(path: str = MEASUREMENTS, check: bool = False) -> list:
@@ -148,11 +150,13 @@ def ascend_run(row: dict) -> Run:
     else:   # ms/step
         samples_per_s = global_batch / (float(row["figure"]) / 1000)
     recompute = row["recompute"]
+    flash = row["flash_attention"] == "TRUE"
     overrides = [
         f"model.num_layers={row['layers']}", f"model.hidden_size={row['hidden']}",
         f"model.num_heads={row['heads']}", f"model.seq_length={seq}",
         f"model.vocab_size={-(-int(row['vocab']) // 128) * 128}"] + layout_overrides(
-        dp, mp, pp, micro_batches, recompute not in ("", "none"),
+        dp, mp, pp, micro_batches,
+        "selective" if recompute == "selective" else recompute not in ("", "none"),
         row["optimizer_shard"] == "TRUE", global_batch, accumulation,
         "bf16" if row["precision"] == "bf16" else "fp16")
     if recompute.startswith("selective:"):
@@ -168,14 +172,21 @@ def ascend_run(row: dict) -> Run:
     if row["family"] in ("baichuan2", "transformer") or row["family"] in LLAMA_FAMILIES:
         overrides.append(f"model.ffn_hidden_size={row['ffn']}")
     if row["family"] in LLAMA_FAMILIES:
-        overrides += [f"model.num_kv_heads={row['kv_heads']}",
-                      f"model.flash_attention={row['flash_attention'] == 'TRUE'}".lower()]
+        overrides.append(f"model.num_kv_heads={row['kv_heads']}")
+    if flash:   # FlashAttentionScore takes no attention dropout (the runs have none)
+        overrides += ["model.flash_attention=true", "model.attention_dropout=0.0"]
+    elif row["family"] in LLAMA_FAMILIES:
+        overrides.append("model.flash_attention=false")
+    grouped = row["family"] not in LLAMA_FAMILIES and row["kv_heads"] not in ("", row["heads"])
     return Run(f"{row['model']} ({row['device']})", row["model"].split()[0],
                FAMILY_CONFIGS[row["family"]], overrides, ASCEND_DEVICES[row["device"]], 8,
                devices, f"{dp}x{mp}x{pp}", samples_per_s,
                # the Transformer's batches are bucketed to 16-128 tokens; a sliding window
-               # computes less attention than the causal one the model counts
-               exact=row["family"] != "transformer" and "sliding" not in row.get("notes", ""))
+               # computes less attention than the causal one the model counts; GPT-2 has
+               # no grouped key/value heads to run a multi-query model's
+               exact=(row["family"] != "transformer" and not grouped
+                      and "sliding" not in row.get("notes", "")),
+               workload=f"{row['model']}, {seq} tokens")
 
 
 def plan_rows(runs: list) -> list:
@@ -310,11 +321,14 @@ def spearman(first: list, second: list) -> float:
     return 1 - 6 * sum((x - y) ** 2 for x, y in zip(a, b)) / (n * (n * n - 1))
 
 
-def groups(planned: list) -> dict:
-    """{(model, devices): [(row, plan), ...]}: the rows one model ran on one device count."""
+def groups(planned: list, workloads: bool = False) -> dict:
+    """{(model, devices): [(row, plan), ...]}: the rows one model ran on one device count;
+    with `workloads`, keyed by the run's workload instead (the rows whose layouts are
+    compared: a published table's runs of one model at other lengths are not a choice)."""
     found = {}
     for run, plan in planned:
-        found.setdefault((run.model, run.devices), []).append((run, plan))
+        key = (run.workload or run.model) if workloads else run.model
+        found.setdefault((key, run.devices), []).append((run, plan))
     return found
 
 
@@ -323,7 +337,7 @@ def fastest_agree(planned: list, profile) -> dict:
     groups of more than one layout (rows of one configuration, e.g. the same run on two
     server types, are not a choice between layouts)."""
     return {key: _fastest_agree(members, profile)
-            for key, members in groups(planned).items() if _choice(members)}
+            for key, members in groups(planned, workloads=True).items() if _choice(members)}
 
 
 def _choice(members: list) -> bool:
@@ -352,9 +366,7 @@ def leave_one_group_out(planned: list, profile, names) -> tuple:
             continue
         fitted = with_constants(profile, fit(rest, profile, names))
         found.update(zip((id(plan) for _, plan in members), errors(members, fitted)))
-        if _choice(members):
-            agree[key] = _fastest_agree(members, fitted)
-        multi = [(run, plan) for run, plan in members if axes(run) >= 2]
-        if _choice(multi):
-            agree_multi[key] = _fastest_agree(multi, fitted)
+        agree.update(fastest_agree(members, fitted))
+        agree_multi.update(fastest_agree(
+            [(run, plan) for run, plan in members if axes(run) >= 2], fitted))
     return [found[id(plan)] for _, plan in planned], agree, agree_multi

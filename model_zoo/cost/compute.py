@@ -102,15 +102,15 @@ def estimate_compute(rec, parallel: ParallelConfig,
             # gradient products and recomputes the scores
             query, key = call.tensors[0].shape, call.tensors[1].shape   # BNSD
             whole = micro_steps * 2 * 2 * math.prod(query) * key[2]
-            if call.attr("sparse_mode", 0) in CAUSAL_SPARSE_MODES:
-                # a causal mask skips the blocks above the diagonal: (s + 1) / 2s of them
+            compute.model += 3 * whole   # MFU counts the whole products, with or without
+            if call.attr("sparse_mode", 0) in CAUSAL_SPARSE_MODES:   # flash attention
+                # a causal mask skips the blocks above the diagonal: about (s + 1) / 2s
                 whole *= (query[2] + 1) / (2 * query[2])
             flops = whole / math.prod(call.strategy[0] if call.strategy else (1,))
             compute.forward += flops
             compute.backward += 2 * flops
             compute.recompute += flops / 2
             compute.attention += 3.5 * flops
-            compute.model += 3 * whole
             continue
         if call.name not in ("MatMul", "BatchMatMul") or not call.outputs:
             if moves_data:

@@ -121,17 +121,17 @@ def format_time(plan: Plan) -> List[str]:
     lines = ["", f"time per step, seconds (predicted for {profile.name}, "
                  f"{profile.devices_per_server} per server)",
              f"  {'stage':>5} {'compute':>9} {'exposed comm.':>14} {'gradient sync':>14} "
-             f"{'optimizer':>10}"]
+             f"{'optimizer':>10} {'weight gather':>14}"]
     for stage in time.stages:
         lines.append(f"  {stage.stage:>5} {stage.compute:>9.3f} "
                      f"{stage.exposed_communication:>14.3f} {stage.gradient_sync:>14.3f} "
-                     f"{stage.optimizer:>10.3f}")
+                     f"{stage.optimizer:>10.3f} {stage.weight_gather:>14.3f}")
     slowest = time.slowest
     per_micro = (slowest.compute + slowest.exposed_communication) / micro
-    sync = max(s.gradient_sync + s.optimizer for s in time.stages)
+    once = max(s.step_end for s in time.stages)
     lines.append(f"  step {time.step:.3f} s = {micro} micro steps x {per_micro:.3f} s "
-                 f"(stage {slowest.stage}) + bubble {time.bubble:.3f} s + gradient sync and "
-                 f"optimizer {sync:.3f} s")
+                 f"(stage {slowest.stage}) + bubble {time.bubble:.3f} s + once a step "
+                 f"(weight gather, gradient sync, optimizer) {once:.3f} s")
     lines.append(f"  {time.samples_per_s:,.1f} samples/s, {time.tokens_per_s:,.0f} tokens/s, "
                  f"MFU {100 * time.mfu:.1f}%")
     return lines
