@@ -1,0 +1,100 @@
+"""The mixture-of-experts block (`nn.moe`): dropless routing as Hugging Face's Mixtral
+computes it, its load-balancing loss, and the capacity rule that drops what overflows."""
+
+import numpy as np
+import pytest
+import mindspore as ms
+
+from model_zoo.nn.moe import MixtureOfExperts, expert_capacity, load_balancing_loss
+from model_zoo.parallel.config import ParallelConfig
+
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+HIDDEN, FFN, EXPERTS, TOP_K = 16, 24, 4, 2
+
+
+@pytest.fixture(scope="module")
+def mixtral():
+    """Hugging Face's Mixtral MoE block with random weights, our block with the same ones,
+    and a batch of 2 x 5 tokens."""
+    import torch
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+    torch.manual_seed(0)
+    config = MixtralConfig(hidden_size=HIDDEN, intermediate_size=FFN,
+                           num_local_experts=EXPERTS, num_experts_per_tok=TOP_K)
+    reference = MixtralSparseMoeBlock(config).eval()
+    for parameter in reference.parameters():
+        torch.nn.init.normal_(parameter, std=0.3)
+    gate_up = reference.experts.gate_up_proj.detach().numpy()   # (E, 2 ffn, hidden)
+    weights = {"router": reference.gate.weight.detach().numpy(),
+               "gate": gate_up[:, :FFN].transpose(0, 2, 1),
+               "up": gate_up[:, FFN:].transpose(0, 2, 1),
+               "down": reference.experts.down_proj.detach().numpy().transpose(0, 2, 1)}
+    x = torch.randn(2, 5, HIDDEN)
+    return reference, weights, x
+
+
+def block(weights, **options):
+    layer = MixtureOfExperts(HIDDEN, FFN, EXPERTS, TOP_K, parallel_config=ParallelConfig(),
+                             **options)
+    for name, value in weights.items():
+        getattr(layer, name).set_data(ms.Tensor(np.ascontiguousarray(value)))
+    return layer
+
+
+def test_dropless_routing_is_hugging_faces_mixtral(mixtral):
+    reference, weights, x = mixtral
+    expected = reference(x).detach().numpy()
+    found, choices, probability_sums = block(weights)(ms.Tensor(x.numpy()))
+    assert np.abs(found.asnumpy() - expected).max() < 1e-5
+    assert choices.asnumpy().sum() == 2 * 5 * TOP_K
+    assert probability_sums.asnumpy().sum() == pytest.approx(10, rel=1e-5)
+
+
+def test_the_load_balancing_loss_is_hugging_faces(mixtral):
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    reference, weights, x = mixtral
+    logits = x.reshape(-1, HIDDEN) @ reference.gate.weight.T
+    expected = load_balancing_loss_func((logits, logits), EXPERTS, TOP_K).item()
+    _, choices, probability_sums = block(weights)(ms.Tensor(x.numpy()))
+    found = load_balancing_loss(2 * choices, 2 * probability_sums, 2 * 10, EXPERTS)
+    assert float(found.asnumpy()) == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_full_expert_drops_the_later_choices(mixtral):
+    """Capacity 1.0: C = k T / E slots an expert; choices fill them in priority order
+    (every token's first choice, then the second ones, each in token order) and the rest
+    are dropped, the token keeping its other expert's weighted output."""
+    _, weights, x = mixtral
+    tokens = x.numpy().reshape(-1, HIDDEN)
+    capacity = expert_capacity(len(tokens), EXPERTS, TOP_K, 1.0)
+    assert capacity == 5
+    logits = tokens @ weights["router"].T
+    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    order = np.argsort(-probabilities, -1)[:, :TOP_K]
+    top = np.take_along_axis(probabilities, order, -1)
+    top /= top.sum(-1, keepdims=True)
+
+    def expert(e, rows):
+        gate, up = rows @ weights["gate"][e], rows @ weights["up"][e]
+        return (gate / (1 + np.exp(-gate)) * up) @ weights["down"][e]
+
+    expected, taken = np.zeros_like(tokens), np.zeros(EXPERTS, int)
+    for j in range(TOP_K):
+        for t in range(len(tokens)):
+            e = order[t, j]
+            if taken[e] < capacity:
+                expected[t] += top[t, j] * expert(e, tokens[t])
+            taken[e] += 1
+    assert taken.max() > capacity   # something is dropped
+    found, choices, _ = block(weights, capacity_factor=1.0)(ms.Tensor(x.numpy()))
+    assert np.abs(found.asnumpy().reshape(-1, HIDDEN) - expected).max() < 1e-5
+    assert list(choices.asnumpy()) == list(taken)   # dropped choices still count
+
+
+def test_expert_capacity():
+    assert expert_capacity(512, 8, 2, 0.0) == 512      # dropless: every token fits
+    assert expert_capacity(512, 8, 2, 1.25) == 160     # ceil(2 x 512 / 8 x 1.25)
+    assert expert_capacity(4, 8, 1, 1.0) == 1
+    assert expert_capacity(10, 2, 2, 4.0) == 10        # never more than the tokens
