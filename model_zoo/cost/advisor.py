@@ -241,9 +241,7 @@ class Advisor:
             working[stage] = max(working.get(stage, 0.0), low + (x - 1) * (high - low))
         for stage in memory:
             stage.backward_working = working.get(stage.stage, 0.0)
-            stage.activations = (stage.micro_batches_in_flight
-                                 * stage.activations_per_micro_batch
-                                 + stage.recompute_peak + stage.backward_working)
+            stage.add_up_activations()
 
     def score(self, layout: Layout) -> Optional[Scored]:
         """The layout's worst-stage memory and predicted time, or None when it breaks a
@@ -262,17 +260,16 @@ class Advisor:
         memory, communication, compute = self.estimates(layout, config, unit, blocks,
                                                         layout.recompute)
         if layout.recompute_blocks is not None:   # the first r_k blocks of stage k
+            # one recomputed block's activations (R_k), whatever r_k > 0 is
+            peaks = [stage.recompute_peak for stage in memory]
             cleared = self.estimates(layout, config, unit, blocks, False)
             memory, communication, compute = (
                 [affine(none, every, 1 + r / n) for none, every, r, n
                  in zip(without, with_all, layout.recompute_blocks, blocks)]
                 for without, with_all in zip(cleared, (memory, communication, compute)))
-            for stage, r in zip(memory, layout.recompute_blocks):
-                every = self.estimates_peak(layout, config, unit, stage.stage)
-                stage.recompute_peak = every if r else 0.0
-                stage.activations = (stage.micro_batches_in_flight
-                                     * stage.activations_per_micro_batch
-                                     + stage.recompute_peak + stage.backward_working)
+            for stage, r, peak in zip(memory, layout.recompute_blocks, peaks):
+                stage.recompute_peak = peak if r else 0.0
+                stage.add_up_activations()
         step = estimate_time(compute, communication, memory, parallel, train.precision,
                              train.global_batch_size, config.model.seq_length,
                              self.profile, layout.micro_steps)
@@ -303,16 +300,6 @@ class Advisor:
                       for at_one, at_two in zip(one, two))
         self.fix_backward_working(found[0], layout, unit, micro_batch / unit, recompute)
         return found
-
-    def estimates_peak(self, layout: Layout, config, unit: int, stage: int) -> float:
-        """One recomputed block's activations on `stage` (R_k: blocks repeat, so the
-        one-block recordings have it)."""
-        parallel, train = config.parallel, config.train
-        micro_batch = train.global_batch_size // (layout.dp * layout.micro_steps)
-        low, high = (estimate_memory(self.recording(layout, batch, 1, True)[0], parallel,
-                                     train.grad_accumulation)[stage].recompute_peak
-                     for batch in (unit, 2 * unit))
-        return low + (micro_batch / unit - 1) * (high - low)
 
     def tailor(self, layout: Layout) -> Optional[Layout]:
         """A fully recomputed layout with each stage's recomputed blocks cut to what its
@@ -349,8 +336,7 @@ class Advisor:
         cap = self.profile.usable_memory
 
         def at(recompute, k, n, field):
-            low, high = figures[recompute, 1][k][field], figures[recompute, 2][k][field]
-            return low + (n - 1) * (high - low)
+            return affine(figures[recompute, 1][k][field], figures[recompute, 2][k][field], n)
 
         def recomputed(k, n) -> Optional[int]:
             """The fewest of stage k's n blocks to recompute for it to fit."""

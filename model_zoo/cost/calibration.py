@@ -169,7 +169,7 @@ def ascend_run(row: dict) -> Run:
         overrides.append(f"parallel.pipeline_interleave={interleave}")
     elif pp > 1 and len(stages) == pp and len(set(stages)) > 1:
         overrides.append(f"parallel.stage_blocks=[{','.join(map(str, stages))}]")
-    if row["family"] in ("baichuan2", "transformer") or row["family"] in LLAMA_FAMILIES:
+    if row["family"] in LLAMA_FAMILIES + ("transformer",):
         overrides.append(f"model.ffn_hidden_size={row['ffn']}")
     if row["family"] in LLAMA_FAMILIES:
         overrides.append(f"model.num_kv_heads={row['kv_heads']}")
@@ -217,8 +217,8 @@ def axes(run) -> int:
 def single_axis_fit(planned: list, profile, names) -> tuple:
     """The runs of two or more axes predicted by a fit on the runs of one axis (or none):
     (relative error of every row, None for the rows fitted on; {group: whether its
-    fastest multi-axis layout is predicted fastest}, or ({}, {}) when there is nothing to
-    fit on or nothing to predict."""
+    fastest multi-axis layout is predicted fastest}; every error None and {} when there is
+    nothing to fit on or nothing to predict."""
     fitted_on = [(run, plan) for run, plan in fitting_runs(planned, profile) if axes(run) < 2]
     predicted = [(run, plan) for run, plan in planned if axes(run) >= 2]
     if not fitted_on or not predicted or not names:

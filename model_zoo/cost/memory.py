@@ -138,6 +138,11 @@ class StageMemory:
         return (self.weights + self.working_copy + self.gradients + self.optimizer
                 + self.activations)
 
+    def add_up_activations(self):
+        """activations = m_k A_k + R_k + W_k (module docstring), from the parts."""
+        self.activations = (self.micro_batches_in_flight * self.activations_per_micro_batch
+                            + self.recompute_peak + self.backward_working)
+
     def to_dict(self):
         return {"stage": self.stage, "weights": self.weights, "working_copy": self.working_copy,
                 "gradients": self.gradients, "optimizer": self.optimizer,
@@ -315,8 +320,7 @@ def estimate_memory(rec, parallel: ParallelConfig, accumulation: int = 1) -> Lis
         memory.recompute_peak = max((amount for root, amount in inside.items()
                                      if root_stage.get(root) == k), default=0.0)
         memory.backward_working = working[k]
-        memory.activations = (memory.micro_batches_in_flight * per_micro[k]
-                              + memory.recompute_peak + memory.backward_working)
+        memory.add_up_activations()
     return stages
 
 
