@@ -1,0 +1,264 @@
+"""Mixtral (Jiang et al., 2024) as MindSpore cells: LLaMA's decoder (copied from
+model_zoo/models/llama) whose feed-forward is a mixture of SwiGLU experts
+(`nn.moe.MixtureOfExperts`: a top-k router, dropless unless `capacity_factor` > 0).
+Training adds the router's load-balancing loss, `router_aux_loss_coef` times the Switch
+Transformer's (summed over the layers as Hugging Face's Mixtral sums it). convert.py maps
+Hugging Face's `MixtralForCausalLM` onto these parameters.
+"""
+
+import math
+from dataclasses import dataclass
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from model_zoo.causal_lm.training import NextTokenLoss
+from model_zoo.config import ModelConfig
+from model_zoo.errors import ConfigError
+from model_zoo.models.base import folder_name
+from model_zoo.nn.grouped_attention import GroupedQueryAttention, rotary_tables
+from model_zoo.nn.layers import (ResidualAdd, RMSNorm, VocabEmbedding, VocabProjection,
+                                 assign_pipeline_stages)
+from model_zoo.nn.moe import MixtureOfExperts, load_balancing_loss
+from model_zoo.parallel.config import ParallelConfig
+
+
+@dataclass
+class MixtralConfig(ModelConfig):
+    """Mixtral's `model` section: LLaMA's keys and the experts'.
+
+    num_kv_heads: key/value heads, dividing num_heads (0: num_heads). num_experts experts
+    of width moe_intermediate_size (0: ffn_hidden_size, whose 0 is LLaMA's rule, 2/3 of
+    4 x hidden_size rounded up to a multiple of 256), num_experts_per_tok of them for each
+    token; capacity_factor 0 routes every choice (dropless), > 0 gives each expert
+    ceil(k tokens / experts x factor) slots; router_aux_loss_coef weighs the
+    load-balancing loss. num_shared_experts (Qwen2-MoE's always-on experts) must be 0.
+    """
+
+    name: str = folder_name(__name__)
+    num_kv_heads: int = 0
+    ffn_hidden_size: int = 0
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    attention_dropout: float = 0.0
+    init_std: float = 0.02
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    num_shared_experts: int = 0
+    moe_intermediate_size: int = 0
+    router_aux_loss_coef: float = 0.001
+    capacity_factor: float = 0.0
+
+    @property
+    def expert_size(self) -> int:
+        return self.moe_intermediate_size or self.ffn_size
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def ffn_size(self) -> int:
+        if self.ffn_hidden_size:
+            return self.ffn_hidden_size
+        return 256 * math.ceil(int(2 * 4 * self.hidden_size / 3) / 256)
+
+    def validate(self):
+        super().validate()
+        if self.num_kv_heads < 0 or self.num_heads % self.kv_heads:
+            raise ConfigError(f"model.num_kv_heads={self.num_kv_heads} must divide "
+                              f"model.num_heads={self.num_heads} (0: as many as num_heads)")
+        if (self.hidden_size // self.num_heads) % 2:
+            raise ConfigError(f"rotary positions need an even head size: model.hidden_size / "
+                              f"model.num_heads = {self.hidden_size // self.num_heads}")
+        if self.ffn_hidden_size < 0:
+            raise ConfigError(f"model.ffn_hidden_size must be >= 0, got {self.ffn_hidden_size}")
+        if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
+            raise ConfigError("model.rope_theta and model.rms_norm_eps must be > 0")
+        self.check_fractions("attention_dropout")
+        if self.num_experts < 1 or not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ConfigError(f"model.num_experts_per_tok={self.num_experts_per_tok} must be "
+                              f"in [1, model.num_experts={self.num_experts}]")
+        if self.num_shared_experts:
+            raise ConfigError(f"model.num_shared_experts={self.num_shared_experts}: shared "
+                              f"experts are not built; use 0")
+        if self.moe_intermediate_size < 0 or self.router_aux_loss_coef < 0:
+            raise ConfigError("model.moe_intermediate_size and model.router_aux_loss_coef "
+                              "must be >= 0")
+
+
+class MixtralBlock(nn.Cell):
+    """x + attention(input_norm(x)), then x + experts(post_attention_norm(x)).
+
+    Inputs:
+        x: (batch, seq, hidden); cos, sin: (seq, head_dim), the rotary rows of x's positions.
+    Outputs:
+        x; the router's statistics of these tokens (`MixtureOfExperts`): choices per
+        expert (E,) and summed probabilities (E,).
+    """
+
+    def __init__(self, config: MixtralConfig, parallel_config: ParallelConfig, compute_dtype):
+        super().__init__()
+        output_std = config.init_std / math.sqrt(2 * config.num_layers)
+        self.input_norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
+                                  eps=config.rms_norm_eps)
+        self.attention = GroupedQueryAttention(
+            config.hidden_size, config.num_heads, config.kv_heads,
+            parallel_config=parallel_config, max_seq_length=config.seq_length,
+            attention_dropout=config.attention_dropout, compute_dtype=compute_dtype,
+            init_std=config.init_std, output_init_std=output_std,
+            flash=config.flash_attention)
+        self.post_attention_norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
+                                           eps=config.rms_norm_eps)
+        self.mlp = MixtureOfExperts(
+            config.hidden_size, config.expert_size, config.num_experts,
+            config.num_experts_per_tok, parallel_config=parallel_config,
+            capacity_factor=config.capacity_factor, compute_dtype=compute_dtype,
+            init_std=config.init_std, output_init_std=output_std)
+        self.residual_1 = ResidualAdd(parallel_config=parallel_config)
+        self.residual_2 = ResidualAdd(parallel_config=parallel_config)
+
+    def construct(self, x, cos, sin):
+        x = self.residual_1(x, self.attention(self.input_norm(x), cos, sin))
+        mixed, choices, probabilities = self.mlp(self.post_attention_norm(x))
+        return self.residual_2(x, mixed), choices, probabilities
+
+    def decode_step(self, x, cos, sin, cache_key, cache_value, write_index, step_bias):
+        """`construct` for the newest position x (batch, 1, hidden) over the key/value caches
+        (`GroupedQueryAttention.decode_step`)."""
+        x = self.residual_1(x, self.attention.decode_step(
+            self.input_norm(x), cos, sin, cache_key, cache_value, write_index, step_bias))
+        return self.residual_2(x, self.mlp(self.post_attention_norm(x))[0])
+
+    def prefill(self, x, cos, sin, cache_key, cache_value, write_index):
+        """`construct` for the first positions x (batch, P, hidden), writing their keys and
+        values into the caches (`GroupedQueryAttention.prefill`)."""
+        x = self.residual_1(x, self.attention.prefill(
+            self.input_norm(x), cos, sin, cache_key, cache_value, write_index))
+        return self.residual_2(x, self.mlp(self.post_attention_norm(x))[0])
+
+
+class MixtralModel(nn.Cell):
+    """Token embedding, blocks and the final norm; the rotary tables every block reads.
+
+    Inputs:
+        input_ids: int32 (batch, seq), seq <= config.seq_length.
+    Outputs:
+        float32 hidden states (batch, seq, hidden); the router's statistics summed over the
+        layers: choices per expert (E,) and summed probabilities (E,).
+    """
+
+    def __init__(self, config: MixtralConfig, parallel_config: ParallelConfig,
+                 compute_dtype=ms.float32):
+        super().__init__()
+        self.embed = VocabEmbedding(config.vocab_size, config.hidden_size,
+                                    parallel_config=parallel_config, init_std=config.init_std)
+        self.blocks = nn.CellList([MixtralBlock(config, parallel_config, compute_dtype)
+                                   for _ in range(config.num_layers)])
+        self.norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
+                            eps=config.rms_norm_eps)
+        cos, sin = rotary_tables(config.hidden_size // config.num_heads, config.seq_length,
+                                 config.rope_theta)
+        self.cos, self.sin = Tensor(cos), Tensor(sin)
+        self.slice_table = ops.StridedSlice().shard(((1, 1),))
+        assign_pipeline_stages(list(self.blocks), parallel_config)
+        self.embed.pipeline_stage = 0
+        self.norm.pipeline_stage = parallel_config.pipeline_stage - 1
+
+    def construct(self, input_ids):
+        seq = input_ids.shape[1]
+        cos = self.slice_table(self.cos, (0, 0), (seq, self.cos.shape[1]), (1, 1))
+        sin = self.slice_table(self.sin, (0, 0), (seq, self.sin.shape[1]), (1, 1))
+        x = self.embed(input_ids)
+        choices = probabilities = None
+        for block in self.blocks:
+            x, layer_choices, layer_probabilities = block(x, cos, sin)
+            choices = layer_choices if choices is None else choices + layer_choices
+            probabilities = (layer_probabilities if probabilities is None
+                             else probabilities + layer_probabilities)
+        return self.norm(x), choices, probabilities
+
+
+class MixtralForCausalLM(nn.Cell):
+    """Mixtral with its language-model head: an output table of its own (`head.weight`, vocab x
+    hidden) unless `tie_word_embeddings`, then the token embedding's.
+
+    Inputs:
+        input_ids: int32 (batch, seq).
+    Outputs:
+        float32 logits (batch * seq, vocab).
+    """
+
+    def __init__(self, config: MixtralConfig, parallel_config: ParallelConfig = None,
+                 compute_dtype=ms.float32):
+        super().__init__()
+        parallel_config = parallel_config or ParallelConfig()
+        self.config = config
+        self.model = MixtralModel(config, parallel_config, compute_dtype)
+        self.tied = config.tie_word_embeddings
+        self.head = VocabProjection(config.hidden_size, parallel_config=parallel_config,
+                                    compute_dtype=compute_dtype, init_std=config.init_std,
+                                    vocab_size=0 if self.tied else config.vocab_size)
+        self.head.pipeline_stage = parallel_config.pipeline_stage - 1
+        if self.tied and parallel_config.pipeline_stage > 1:
+            self.model.embed.tie_across_stages()
+
+    def output_table(self):
+        """The tied embedding table, or None: the head's own."""
+        return self.model.embed.embedding_table if self.tied else None
+
+    def construct(self, input_ids):
+        return self.head(self.model(input_ids)[0], self.output_table())
+
+    def with_balance_loss(self, input_ids):
+        """(logits, the load-balancing loss of these tokens over every layer)."""
+        hidden, choices, probabilities = self.model(input_ids)
+        rows = input_ids.shape[0] * input_ids.shape[1] * len(self.model.blocks)
+        return (self.head(hidden, self.output_table()),
+                load_balancing_loss(choices, probabilities, rows, self.config.num_experts))
+
+    # cached decoding (model_zoo.causal_lm.generate)
+    def cache_layout(self):
+        attention = self.model.blocks[0].attention
+        return (len(self.model.blocks), attention.num_kv_heads, attention.head_dim,
+                attention.compute_dtype)
+
+    def position_tables(self):
+        return (self.model.cos.asnumpy(), self.model.sin.asnumpy())
+
+    def decode_step(self, ids, positions, keys, values, write_index, step_bias):
+        cos, sin = positions
+        x = self.model.embed(ids)
+        for index, block in enumerate(self.model.blocks):
+            x = block.decode_step(x, cos, sin, keys[index], values[index], write_index,
+                                  step_bias)
+        return self.head(self.model.norm(x), self.output_table())
+
+    def prefill(self, ids, positions, keys, values, write_index):
+        cos, sin = positions
+        x = self.model.embed(ids)
+        for index, block in enumerate(self.model.blocks):
+            x = block.prefill(x, cos, sin, keys[index], values[index], write_index)
+        return self.head(self.model.norm(x[:, -1:]), self.output_table())
+
+
+class MixtralForTraining(NextTokenLoss):
+    """The training network: the next-token loss of a MixtralForCausalLM (`NextTokenLoss`)
+    plus router_aux_loss_coef times its load-balancing loss."""
+
+    def __init__(self, config: MixtralConfig, parallel_config: ParallelConfig = None,
+                 compute_dtype=ms.float32):
+        parallel_config = parallel_config or ParallelConfig()
+        super().__init__(MixtralForCausalLM(config, parallel_config, compute_dtype),
+                         parallel_config)
+        self.balance_weight = config.router_aux_loss_coef
+
+    def construct(self, input_ids):
+        batch, length = input_ids.shape
+        inputs = self.slice(input_ids, (0, 0), (batch, length - 1), (1, 1))
+        labels = self.slice(input_ids, (0, 1), (batch, length), (1, 1))
+        logits, balance = self.lm.with_balance_loss(inputs)
+        labels = ops.reshape(labels, (-1,))
+        return (self.loss(logits, labels, ops.ones(labels.shape, ms.float32))
+                + self.balance_weight * balance)

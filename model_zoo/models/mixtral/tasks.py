@@ -1,0 +1,36 @@
+"""Mixtral's user paths: the data section, data preparation, the training network, evaluation,
+generation. Everything but the training network is what decoder-only folders share
+(`model_zoo.causal_lm`), bound here by name."""
+
+from dataclasses import dataclass
+
+from model_zoo.causal_lm import data, tasks
+from model_zoo.config import Config
+
+from .model import MixtralForTraining
+
+
+@dataclass
+class MixtralDataConfig(tasks.CausalLMDataConfig):
+    """Mixtral's `data` section (`CausalLMDataConfig`)."""
+
+    dataset_dir: str = "datasets/mixtral"
+
+
+def build_train_network(config: Config, compute_dtype):
+    """The cell the trainer optimises: token ids (batch, seq_length + 1) -> mean loss."""
+    return MixtralForTraining(config.model, config.parallel, compute_dtype)
+
+
+dataset_ready = tasks.dataset_ready
+prepare_data = tasks.prepare_data
+plan_inputs = tasks.plan_inputs
+random_batch = tasks.random_batch
+inference_graphs = tasks.inference_graphs
+create_train_dataset = tasks.create_train_dataset
+create_heldout_dataset = tasks.create_heldout_dataset
+evaluate = tasks.evaluate
+sample_text = tasks.sample_text
+run_generate = tasks.run_generate
+add_data_arguments = data.add_data_arguments
+run_data_command = data.run_data_command
