@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import mindspore as ms
 
-from model_zoo.nn.moe import MixtureOfExperts, expert_capacity, load_balancing_loss
+from model_zoo.nn.moe import LoadBalancingLoss, MixtureOfExperts, expert_capacity
 from model_zoo.parallel.config import ParallelConfig
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -34,9 +34,9 @@ def mixtral():
     return reference, weights, x
 
 
-def block(weights, **options):
-    layer = MixtureOfExperts(HIDDEN, FFN, EXPERTS, TOP_K, parallel_config=ParallelConfig(),
-                             **options)
+def block(weights, parallel_config=None, **options):
+    layer = MixtureOfExperts(HIDDEN, FFN, EXPERTS, TOP_K,
+                             parallel_config=parallel_config or ParallelConfig(), **options)
     for name, value in weights.items():
         getattr(layer, name).set_data(ms.Tensor(np.ascontiguousarray(value)))
     return layer
@@ -45,10 +45,11 @@ def block(weights, **options):
 def test_dropless_routing_is_hugging_faces_mixtral(mixtral):
     reference, weights, x = mixtral
     expected = reference(x).detach().numpy()
-    found, choices, probability_sums = block(weights)(ms.Tensor(x.numpy()))
+    found, statistics = block(weights)(ms.Tensor(x.numpy()))
     assert np.abs(found.asnumpy() - expected).max() < 1e-5
-    assert choices.asnumpy().sum() == 2 * 5 * TOP_K
-    assert probability_sums.asnumpy().sum() == pytest.approx(10, rel=1e-5)
+    choices, probability_sums = statistics.asnumpy()
+    assert choices.sum() == 2 * 5 * TOP_K
+    assert probability_sums.sum() == pytest.approx(10, rel=1e-5)
 
 
 def test_the_load_balancing_loss_is_hugging_faces(mixtral):
@@ -56,19 +57,16 @@ def test_the_load_balancing_loss_is_hugging_faces(mixtral):
     reference, weights, x = mixtral
     logits = x.reshape(-1, HIDDEN) @ reference.gate.weight.T
     expected = load_balancing_loss_func((logits, logits), EXPERTS, TOP_K).item()
-    _, choices, probability_sums = block(weights)(ms.Tensor(x.numpy()))
-    found = load_balancing_loss(2 * choices, 2 * probability_sums, 2 * 10, EXPERTS)
+    layer = block(weights)
+    _, statistics = layer(ms.Tensor(x.numpy()))
+    _, statistics = layer(ms.Tensor(x.numpy()), statistics)   # the two layers' sums
+    found = LoadBalancingLoss(EXPERTS)(statistics, 2 * 10)
     assert float(found.asnumpy()) == pytest.approx(expected, rel=1e-5)
 
 
-def test_a_full_expert_drops_the_later_choices(mixtral):
-    """Capacity 1.0: C = k T / E slots an expert; choices fill them in priority order
-    (every token's first choice, then the second ones, each in token order) and the rest
-    are dropped, the token keeping its other expert's weighted output."""
-    _, weights, x = mixtral
-    tokens = x.numpy().reshape(-1, HIDDEN)
-    capacity = expert_capacity(len(tokens), EXPERTS, TOP_K, 1.0)
-    assert capacity == 5
+def capacity_reference(tokens, weights, capacity):
+    """numpy: the block's output and choices per expert for one group of tokens, each
+    expert taking `capacity` of them in priority order (module docstring of nn.moe)."""
     logits = tokens @ weights["router"].T
     probabilities = np.exp(logits - logits.max(-1, keepdims=True))
     probabilities /= probabilities.sum(-1, keepdims=True)
@@ -87,10 +85,42 @@ def test_a_full_expert_drops_the_later_choices(mixtral):
             if taken[e] < capacity:
                 expected[t] += top[t, j] * expert(e, tokens[t])
             taken[e] += 1
+    return expected, taken
+
+
+def test_a_full_expert_drops_the_later_choices(mixtral):
+    """Capacity 1.0: C = k T / E slots an expert; choices fill them in priority order
+    (every token's first choice, then the second ones, each in token order) and the rest
+    are dropped, the token keeping its other expert's weighted output."""
+    _, weights, x = mixtral
+    tokens = x.numpy().reshape(-1, HIDDEN)
+    capacity = expert_capacity(len(tokens), EXPERTS, TOP_K, 1.0)
+    assert capacity == 5
+    expected, taken = capacity_reference(tokens, weights, capacity)
     assert taken.max() > capacity   # something is dropped
-    found, choices, _ = block(weights, capacity_factor=1.0)(ms.Tensor(x.numpy()))
+    found, statistics = block(weights, capacity_factor=1.0)(ms.Tensor(x.numpy()))
     assert np.abs(found.asnumpy().reshape(-1, HIDDEN) - expected).max() < 1e-5
-    assert list(choices.asnumpy()) == list(taken)   # dropped choices still count
+    assert list(statistics.asnumpy()[0]) == list(taken)   # dropped choices still count
+
+
+def test_each_data_parallel_group_fills_its_own_slots(mixtral):
+    """With data_parallel 2 the tokens are routed in two groups (the tokens each rank
+    holds), each with ceil(k 5 / E) = 3 slots an expert: the same as the two halves of
+    the batch through a one-group block; dropless it is the one-group block itself."""
+    _, weights, x = mixtral
+    tokens = x.numpy().reshape(-1, HIDDEN)
+    halves = [capacity_reference(half, weights, expert_capacity(5, EXPERTS, TOP_K, 1.0))
+              for half in (tokens[:5], tokens[5:])]
+    grouped = block(weights, capacity_factor=1.0, parallel_config=ParallelConfig(
+        data_parallel=2, expert_parallel=2))
+    found, statistics = grouped(ms.Tensor(x.numpy()))
+    expected = np.concatenate([output for output, _ in halves])
+    assert np.abs(found.asnumpy().reshape(-1, HIDDEN) - expected).max() < 1e-5
+    assert list(statistics.asnumpy()[0]) == list(halves[0][1] + halves[1][1])
+    one_group, _ = block(weights)(ms.Tensor(x.numpy()))
+    two_groups, _ = block(weights, parallel_config=ParallelConfig(data_parallel=2))(
+        ms.Tensor(x.numpy()))
+    assert np.abs(two_groups.asnumpy() - one_group.asnumpy()).max() < 1e-6
 
 
 def test_expert_capacity():
@@ -98,3 +128,14 @@ def test_expert_capacity():
     assert expert_capacity(512, 8, 2, 1.25) == 160     # ceil(2 x 512 / 8 x 1.25)
     assert expert_capacity(4, 8, 1, 1.0) == 1
     assert expert_capacity(10, 2, 2, 4.0) == 10        # never more than the tokens
+
+
+def test_expert_parallel_must_divide_the_data_parallel_devices_and_the_experts():
+    from model_zoo.errors import ConfigError
+    with pytest.raises(ConfigError, match="expert_parallel=4 must divide "
+                                          "parallel.data_parallel=2"):
+        ParallelConfig(data_parallel=2, expert_parallel=4).validate()
+    with pytest.raises(ConfigError, match="model.num_experts=4 is not divisible by "
+                                          "parallel.expert_parallel=8"):
+        MixtureOfExperts(HIDDEN, FFN, EXPERTS, TOP_K, parallel_config=ParallelConfig(
+            data_parallel=8, expert_parallel=8))

@@ -408,6 +408,24 @@ def test_shape_rules_agree_with_the_kernels(dtype, recompute):
                                               "lm.transformer.blocks.1"]
 
 
+def test_expert_shape_rules_agree_with_the_kernels():
+    """Mixtral's experts (router top k, slots, dispatch, the expert-parallel transposes):
+    the shape-only recording sees what the kernels compute."""
+    from model_zoo.models.mixtral.model import MixtralConfig, MixtralForTraining
+    config = MixtralConfig(num_layers=1, hidden_size=32, num_heads=4, num_kv_heads=2,
+                           ffn_hidden_size=48, num_experts=4, num_experts_per_tok=2,
+                           capacity_factor=1.5, seq_length=8, vocab_size=64)
+    parallel = ParallelConfig(data_parallel=2, model_parallel=2, expert_parallel=2)
+    ids = Tensor(np.random.default_rng(0).integers(0, 64, (4, 9)), ms.int32)
+    real = record(MixtralForTraining(config, parallel), [ids], compute=True)
+    with no_init_parameters():
+        network = MixtralForTraining(config, parallel)
+    shapes = record(network, [((4, 9), ms.int32)])
+    assert _signature(shapes) == _signature(real)
+    names = {call.name for call in real.calls}
+    assert {"ArgMaxWithValue", "CumSum", "OneHot", "Transpose", "BatchMatMul"} <= names
+
+
 def test_model_without_plan_inputs_hook():
     from model_zoo.layout.network import network_inputs
 

@@ -198,6 +198,31 @@ def _check_softmax(call, shapes, violation, devices_per_stage):
                       0, dim)
 
 
+def _check_whole_axis(call, shapes, violation, devices_per_stage):
+    """The axis an ArgMaxWithValue or CumSum runs along must be whole."""
+    axis = call.attr("axis", -1) if call.name == "ArgMaxWithValue" else call.args[1]
+    dim = axis % len(shapes[0])
+    if call.strategy[0][dim] != 1:
+        violation(call.name, f"axis {axis} is split {call.strategy[0][dim]} (strategy "
+                             f"{call.strategy[0]}, shape {shapes[0]}); it must be whole", 0, dim)
+
+
+def _arg_max_shape(call, args):
+    """ArgMaxWithValue: the index (int64) and the value, the axis taken away."""
+    shape = shape_of(args[0])
+    axis = call.attr("axis", -1) % len(shape)
+    out = (tuple(1 if d == axis else s for d, s in enumerate(shape))
+           if call.attr("keep_dims", False) else shape[:axis] + shape[axis + 1:])
+    return [(out, ms.int64), (out, dtype_of(args[0]))], True
+
+
+def _arg_max_layout(call, strategy, position, rank):
+    split = strategy[0]
+    axis = call.attr("axis", -1) % len(split)
+    return (tuple(1 if d == axis else s for d, s in enumerate(split))
+            if call.attr("keep_dims", False) else split[:axis] + split[axis + 1:])
+
+
 def _layer_norm_shape(call, args):
     shape = shape_of(args[0])
     axis = call.attr("begin_norm_axis", -1) % len(shape)
@@ -309,9 +334,13 @@ ENTRIES = {
     "Softmax": Operator(same_shape, rule=_check_softmax, saved="out0"),
     "LogSoftmax": Operator(same_shape, rule=_check_softmax, saved="out0"),
     "ReduceSum": _reduction("nothing"),
+    "ArgMaxWithValue": Operator(_arg_max_shape, layout=_arg_max_layout, rule=_check_whole_axis,
+                                saved="out0"),
+    "CumSum": Operator(same_shape, rule=_check_whole_axis, saved="nothing"),
     "ReduceMean": _reduction("nothing"),
     "ReduceMax": _reduction("in0+out0"),
     "ReduceMin": _reduction("in0+out0"),
+    "ReduceProd": _reduction("in0+out0"),
     "FlashAttentionScore": Operator(_flash_attention_shape, rule=_check_flash_attention,
                                     saved="flash"),
 }

@@ -1,21 +1,33 @@
 """Mixture of experts: a top-k router over SwiGLU experts (Mixtral, Qwen2-MoE), with the
-Switch Transformer's load-balancing statistics.
+Switch Transformer's load-balancing statistics and expert parallelism.
 
 Tokens reach their experts through one-hot dispatch products of static shape, as
 MindSpore's own MoE layer moves them (mindspore/parallel/_transformer/moe.py of
-MindSpore 1.x-2.2, the layer PanGu-Sigma trained with): each expert takes at most C tokens
-(its capacity), a token's k choices are placed in priority order (every token's first
-choice before any second choice, GShard), and
+MindSpore 1.x-2.2, the layer PanGu-Sigma trained with; MindFormers' MoE keeps the
+layout). The tokens are routed in G groups, one a data-parallel rank (G = dp, the tokens
+that rank holds): each expert takes at most C tokens of a group (its capacity), a token's
+k choices placed in priority order (every token's first choice before any second choice,
+GShard), and
 
-    dispatch (T, E, C)   1 where token t sits in slot c of expert e
-    expert inputs        (E, C, H) = dispatch^T x
-    expert outputs       (E, C, H): each expert's SwiGLU on its slots (batched products)
-    output (T, H)        = combine (T, E C) . expert outputs, combine = dispatch x weight
+    dispatch (G, N, E C)   1 where token n sits in slot c of expert e
+    expert inputs          (G, E C, H) = dispatch^T x, on each group's own device
+    all-to-all             (E, G C, H): the experts split over `expert_parallel` devices
+    expert outputs         (E, G C, H): each expert's SwiGLU on its slots (batched products,
+                           the expert width split over model_parallel)
+    all-to-all back        (G, E C, H)
+    output (G, N, H)       = combine . expert outputs, combine = dispatch x weight
 
-`capacity_factor` > 0 sets C = ceil(k T / E x factor) and drops what overflows (the
-token's other choices still count); `capacity_factor` <= 0 is dropless: C = T, so every
-choice fits (a token picks an expert once), at O(E T^2) for the dispatch tensors, which
+`capacity_factor` > 0 sets C = ceil(k N / E x factor) and drops what overflows (the
+token's other choices still count); `capacity_factor` <= 0 is dropless: C = N, so every
+choice fits (a token picks an expert once), at O(E N^2) for the dispatch tensors, which
 is what a static shape costs.
+
+Strategies (dp, mp, ep = data, model, expert parallel; ep divides dp and the experts):
+the router and the slots split the groups (dp, 1, 1); the expert products
+((ep, dp/ep, 1), (ep, 1, mp)) and ((ep, dp/ep, mp), (ep, mp, 1)), so an expert's weights
+live on ep-th of the devices and are replicated over dp/ep of them; the two transposes
+between move the split from the groups to the experts, which MindSpore's redistribution
+does with one AllToAll over the ep ranks each way (`AutoParallel` enables AllToAll).
 """
 
 import math
@@ -30,8 +42,9 @@ from model_zoo.parallel.config import ParallelConfig
 
 def expert_capacity(tokens: int, num_experts: int, experts_per_token: int,
                     capacity_factor: float) -> int:
-    """Slots per expert: every token when dropless (factor <= 0), else the even share of
-    the k T choices times the factor, rounded up (at most T: a token picks an expert once)."""
+    """Slots per expert for a group of `tokens`: every token when dropless (factor <= 0),
+    else the even share of the k tokens choices times the factor, rounded up (at most
+    `tokens`: a token picks an expert once)."""
     if capacity_factor <= 0:
         return tokens
     share = experts_per_token * tokens / num_experts
@@ -46,12 +59,13 @@ class MixtureOfExperts(nn.Cell):
     down_e(silu(gate_e(x)) * up_e(x)), its weights one (E, in, out) tensor per projection.
 
     Inputs:
-        x: (batch, seq, hidden).
+        x: (batch, seq, hidden); statistics: float32 (2, E), the earlier layers'
+        load-balancing statistics (or None: the first layer).
     Outputs:
-        float32 (batch, seq, hidden); the load-balancing statistics of these tokens:
-        float32 (E,) choices each expert received (summed over the k choices, dropped ones
-        included) and float32 (E,) router probability summed over the tokens
-        (`load_balancing_loss` turns them, summed over layers, into the auxiliary loss).
+        float32 (batch, seq, hidden); statistics plus these tokens' (2, E): row 0 the
+        choices each expert received (summed over the k choices, dropped ones included),
+        row 1 the router probability summed over the tokens (`LoadBalancingLoss` turns
+        them, summed over layers, into the auxiliary loss).
     """
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, num_experts: int,
@@ -63,9 +77,14 @@ class MixtureOfExperts(nn.Cell):
         if not 0 < experts_per_token <= num_experts:
             raise ValueError(f"experts_per_token={experts_per_token} must be in "
                              f"[1, num_experts={num_experts}]")
+        dp, mp = parallel_config.dp, parallel_config.mp
+        ep = parallel_config.expert_parallel
+        parallel_config.check_divisible("model.num_experts", num_experts, "expert_parallel")
+        parallel_config.check_divisible("model.moe_intermediate_size", ffn_hidden_size)
         self.num_experts, self.top_k = num_experts, experts_per_token
         self.capacity_factor, self.normalize_top_k = capacity_factor, normalize_top_k
         self.compute_dtype = compute_dtype
+        self.groups, self.expert_parallel = dp, ep
 
         def weight(shape, std, name):
             return Parameter(initializer(Normal(std), shape, ms.float32), name=name)
@@ -75,65 +94,138 @@ class MixtureOfExperts(nn.Cell):
         self.up = weight((num_experts, hidden_size, ffn_hidden_size), init_std, "up")
         self.down = weight((num_experts, ffn_hidden_size, hidden_size),
                            output_init_std or init_std, "down")
-        self.route = ops.MatMul(transpose_b=True)
-        self.expert_product = ops.BatchMatMul()
-        self.dispatch_product = ops.MatMul(transpose_a=True)
-        self.combine_product = ops.MatMul()
-        self.softmax = ops.Softmax(axis=-1)
-        self.silu = SiLU()
 
-    def construct(self, x):
+        groups = (dp, 1, 1)                       # (G, N, E) and (G, N, H): a group a rank
+        self.route = ops.MatMul(transpose_b=True).shard(((dp, 1), (1, 1)))
+        self.softmax = ops.Softmax(axis=-1).shard((groups,))
+        self.top = ops.ArgMaxWithValue(axis=-1).shard((groups,))
+        self.one_hot = ops.OneHot().shard((groups, (), ()))
+        self.doubled = ops.Mul().shard((groups, ()))
+        self.mask_out = ops.Sub().shard((groups, groups))
+        self.less_one = ops.Sub().shard((groups, ()))
+        self.sum_weights = ops.Add().shard(((dp, 1), (dp, 1)))
+        self.share = ops.RealDiv().shard(((dp, 1), (dp, 1)))
+        self.running = ops.CumSum().shard((groups,))
+        self.offset = ops.Add().shard((groups, (dp, 1, 1)))
+        self.fits = ops.Less().shard((groups, ()))
+        self.keep = ops.Mul().shard((groups, groups))
+        self.count = ops.ReduceSum(keep_dims=True).shard((groups,))
+        self.add_counts = ops.Add().shard((groups, groups))
+        self.slot_index = ops.ReduceSum().shard((groups,))
+        self.place = ops.Mul().shard(((dp, 1, 1, 1), (dp, 1, 1, 1)))
+        self.weigh = ops.Mul().shard(((dp, 1, 1, 1), (dp, 1, 1, 1)))
+        self.add_slots = ops.Add().shard(((dp, 1, 1, 1), (dp, 1, 1, 1)))
+        self.statistics = ops.ReduceSum().shard((groups,))
+        self.stack = ops.Concat().shard(((1, 1), (1, 1)))
+        self.add_statistics = ops.Add().shard(((1, 1), (1, 1)))
+        # (G, N, E C)^T x (G, N, H) -> (G, E C, H), and back
+        self.dispatch_product = ops.BatchMatMul(transpose_a=True).shard((groups, groups))
+        self.combine_product = ops.BatchMatMul().shard((groups, groups))
+        # (dp/ep, ep, E, C, H) -> (E, dp/ep, ep, C, H): the split moves from the groups'
+        # ep factor to the experts (an AllToAll over the ep ranks), and back
+        self.to_experts = ops.Transpose().shard(((dp // ep, 1, ep, 1, 1),))
+        self.from_experts = ops.Transpose().shard(((1, dp // ep, ep, 1, 1),))
+        # (E, G C, H) x (E, H, F) -> (E, G C, F); (E, G C, F) x (E, F, H) -> (E, G C, H)
+        self.expert_in = ops.BatchMatMul().shard(((ep, dp // ep, 1), (ep, 1, mp)))
+        self.expert_out = ops.BatchMatMul().shard(((ep, dp // ep, mp), (ep, mp, 1)))
+        self.silu = SiLU().shard(((ep, dp // ep, mp),))
+        self.gated = ops.Mul().shard(((ep, dp // ep, mp), (ep, dp // ep, mp)))
+
+    def construct(self, x, statistics=None):
         batch, seq, hidden = x.shape
-        tokens = ops.reshape(x, (batch * seq, hidden))                 # (T, H)
-        count = batch * seq
-        probabilities = self.softmax(self.route(ops.cast(tokens, ms.float32),
-                                                self.router))          # (T, E)
-        weights, chosen = ops.topk(probabilities, self.top_k)          # (T, k)
-        if self.normalize_top_k:
-            weights = weights / ops.sum(weights, -1, keepdim=True)
+        # a group a data-parallel rank; fewer when the tokens do not divide (decoding)
+        groups = math.gcd(batch * seq, self.groups)
+        count = batch * seq // groups
+        tokens = ops.reshape(x, (groups, count, hidden))                       # (G, N, H)
+        logits = self.route(ops.reshape(ops.cast(tokens, ms.float32), (-1, hidden)),
+                            self.router)
+        probabilities = self.softmax(ops.reshape(logits, (groups, count, -1)))  # (G, N, E)
         capacity = expert_capacity(count, self.num_experts, self.top_k,
                                    self.capacity_factor)
-        dispatch, combine, choices = self._slots(chosen, weights, capacity)
-        # (E C, H): each expert's slots; empty slots stay zero and come back as zero
+        dispatch, combine, choices = self._slots(probabilities, capacity)
         inputs = self.dispatch_product(dispatch, ops.cast(tokens, self.compute_dtype))
-        inputs = ops.reshape(inputs, (self.num_experts, capacity, hidden))
-        gate = self.expert_product(inputs, ops.cast(self.gate, self.compute_dtype))
-        up = self.expert_product(inputs, ops.cast(self.up, self.compute_dtype))
-        outputs = self.expert_product(self.silu(gate) * up,
-                                      ops.cast(self.down, self.compute_dtype))  # (E, C, H)
-        outputs = ops.reshape(ops.cast(outputs, ms.float32),
-                              (self.num_experts * capacity, hidden))
-        mixed = self.combine_product(combine, outputs)                 # (T, H)
-        return (ops.reshape(mixed, (batch, seq, hidden)), choices,
-                ops.sum(probabilities, 0))
+        outputs = self._experts(inputs, groups, capacity)                        # (G, E C, H)
+        mixed = self.combine_product(ops.cast(combine, self.compute_dtype), outputs)
+        own = self.stack((ops.reshape(choices, (1, -1)),
+                          ops.reshape(self.statistics(probabilities, (0, 1)), (1, -1))))
+        if statistics is not None:
+            own = self.add_statistics(statistics, own)
+        return ops.reshape(ops.cast(mixed, ms.float32), (batch, seq, hidden)), own
 
-    def _slots(self, chosen, weights, capacity: int):
-        """(dispatch (T, E C) in the compute dtype, combine (T, E C) float32, choices per
-        expert (E,)): choice j of every token placed after the slots taken by choices
-        0..j-1, in token order; beyond the capacity dropped."""
-        taken = ops.zeros((1, self.num_experts), ms.float32)
+    def _experts(self, inputs, groups: int, capacity: int):
+        """(G, E C, H) slots -> their experts' outputs, same layout (module docstring)."""
+        experts, hidden = self.num_experts, inputs.shape[-1]
+        outer = max(1, groups // self.expert_parallel)
+        per_expert = (outer, groups // outer, experts, capacity, hidden)
+        inputs = self.to_experts(ops.reshape(inputs, per_expert), (2, 0, 1, 3, 4))
+        inputs = ops.reshape(inputs, (experts, groups * capacity, hidden))      # (E, G C, H)
+        gate = self.expert_in(inputs, ops.cast(self.gate, self.compute_dtype))
+        up = self.expert_in(inputs, ops.cast(self.up, self.compute_dtype))
+        outputs = self.expert_out(self.gated(self.silu(gate), up),
+                                  ops.cast(self.down, self.compute_dtype))       # (E, G C, H)
+        outputs = ops.reshape(outputs, (experts, outer, groups // outer, capacity, hidden))
+        outputs = self.from_experts(outputs, (1, 2, 0, 3, 4))
+        return ops.reshape(outputs, (groups, experts * capacity, hidden))
+
+    def _slots(self, probabilities, capacity: int):
+        """(dispatch (G, N, E C) in the compute dtype, combine (G, N, E C) float32,
+        choices per expert (E,)) from the router's probabilities (G, N, E): choice j of
+        every token placed after the slots its group's choices 0..j-1 took, in token
+        order; beyond the capacity dropped."""
+        groups, count, experts = probabilities.shape
+        remaining, picks, weights = probabilities, [], []
+        for _ in range(self.top_k):
+            index, weight = self.top(remaining)                                  # (G, N)
+            picked = self.one_hot(index, experts, ops.ones((), ms.float32),
+                                  ops.zeros((), ms.float32))                     # (G, N, E)
+            remaining = self.mask_out(remaining, self.doubled(picked, ops.cast(2.0, ms.float32)))   # below all
+            picks.append(picked)
+            weights.append(weight)
+        if self.normalize_top_k:
+            total = weights[0]
+            for weight in weights[1:]:
+                total = self.sum_weights(total, weight)
+            weights = [self.share(weight, total) for weight in weights]
+        taken = ops.zeros((groups, 1, experts), ms.float32)
         dispatch = combine = None
-        for j in range(self.top_k):
-            picked = ops.one_hot(chosen[:, j], self.num_experts,
-                                 ops.ones((), ms.float32), ops.zeros((), ms.float32))
-            slot = ops.cumsum(picked, 0) - 1 + taken                   # (T, E)
-            kept = picked * ops.cast(slot < capacity, ms.float32)
-            taken = taken + ops.sum(picked, 0, keepdim=True)
-            position = ops.one_hot(ops.cast(ops.sum(slot * kept, -1), ms.int32), capacity,
-                                   ops.ones((), ms.float32), ops.zeros((), ms.float32))
-            placed = ops.expand_dims(kept, -1) * ops.expand_dims(position, 1)   # (T, E, C)
-            weighted = placed * ops.reshape(weights[:, j], (-1, 1, 1))
-            dispatch = placed if dispatch is None else dispatch + placed
-            combine = weighted if combine is None else combine + weighted
-        flat = (dispatch.shape[0], self.num_experts * capacity)
+        for picked, weight in zip(picks, weights):
+            slot = self.offset(self.less_one(self.running(picked, 1), ops.cast(1.0, ms.float32)), taken)               # (G, N, E)
+            kept = self.keep(picked, ops.cast(self.fits(slot, ops.cast(capacity, ms.float32)), ms.float32))
+            taken = self.add_counts(taken, self.count(picked, 1))
+            position = self.one_hot(ops.cast(self.slot_index(self.keep(slot, kept), -1),
+                                             ms.int32), capacity,
+                                    ops.ones((), ms.float32), ops.zeros((), ms.float32))
+            placed = self.place(ops.reshape(kept, (groups, count, experts, 1)),
+                                ops.reshape(position, (groups, count, 1, capacity)))  # (G,N,E,C)
+            weighted = self.weigh(placed, ops.reshape(weight, (groups, count, 1, 1)))
+            dispatch = placed if dispatch is None else self.add_slots(dispatch, placed)
+            combine = weighted if combine is None else self.add_slots(combine, weighted)
+        flat = (groups, count, experts * capacity)
         return (ops.cast(ops.reshape(dispatch, flat), self.compute_dtype),
-                ops.reshape(combine, flat), ops.reshape(taken, (self.num_experts,)))
+                ops.reshape(combine, flat), self.statistics(taken, (0, 1)))
 
 
-def load_balancing_loss(choices, probability_sums, tokens: int, num_experts: int):
+class LoadBalancingLoss(nn.Cell):
     """The Switch Transformer's auxiliary loss (Fedus et al. 2021, eqs. 4-6), as Hugging
     Face's Mixtral computes it over all layers: E sum_e f_e P_e with f_e the share of the
     choices expert e received per token (summing to k) and P_e its mean router
-    probability. `choices`, `probability_sums`: (E,) summed over the layers; `tokens`: the
-    token rows they were summed over (tokens x layers)."""
-    return num_experts * ops.sum((choices / tokens) * (probability_sums / tokens))
+    probability.
+
+    Inputs:
+        statistics: float32 (2, E), `MixtureOfExperts`' choices and probability sums,
+        summed over the layers; tokens: the token rows they were summed over (tokens x
+        layers), a Python int.
+    Outputs:
+        the loss, a float32 scalar.
+    """
+
+    def __init__(self, num_experts: int):
+        super().__init__()
+        self.num_experts = num_experts
+        self.product = ops.ReduceProd().shard(((1, 1),))   # choices x probability sums
+        self.total = ops.ReduceSum().shard(((1,),))
+        self.scale = ops.Mul().shard(((), ()))
+
+    def construct(self, statistics, tokens: int):
+        return self.scale(self.total(self.product(statistics, 0), ()),
+                          ops.cast(self.num_experts / tokens ** 2, ms.float32))

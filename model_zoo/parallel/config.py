@@ -51,6 +51,11 @@ class ParallelConfig:
             pipeline fills and drains in chunk-sized steps (MindSpore's
             `pipeline(interleave=True)`, MindFormers' pp_interleave_num; Megatron's virtual
             pipeline). 1: one chunk a stage.
+        expert_parallel: devices a mixture-of-experts layer's experts are split over (ep):
+            each holds num_experts / ep of them, and every expert is replicated over
+            data_parallel / ep devices; tokens reach their experts' devices by AllToAll
+            (`nn.moe`). It divides data_parallel, as in MindFormers' MoE (the experts take
+            the data-parallel devices, the expert width is still split over model_parallel).
         pipeline_scheduler: MindSpore's pipeline schedule: "1f1b" (the default) or, with
             interleave, "seqpipe". MindSpore's "zero_bubble_v" is not offered: its V puts the
             last chunk, and so the loss, on the first stage.
@@ -69,6 +74,7 @@ class ParallelConfig:
     sequence_parallel: bool = False
     pipeline_interleave: int = 1
     pipeline_scheduler: str = "1f1b"
+    expert_parallel: int = 1
 
     @property
     def dp(self) -> int:
@@ -111,10 +117,15 @@ class ParallelConfig:
 
     def validate(self):
         """Check the sizes on their own; raises ConfigError naming the key."""
-        for key in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num"):
+        for key in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num",
+                    "expert_parallel"):
             value = getattr(self, key)
             if value < 1:
                 raise ConfigError(f"parallel.{key} must be >= 1, got {value}")
+        if self.data_parallel % self.expert_parallel:
+            raise ConfigError(f"parallel.expert_parallel={self.expert_parallel} must divide "
+                              f"parallel.data_parallel={self.data_parallel}: the experts are "
+                              f"split over data-parallel devices")
         if self.pipeline_stage > 1 and self.micro_batch_num < self.pipeline_stage:
             raise ConfigError(
                 f"parallel.micro_batch_num={self.micro_batch_num} must be at least "

@@ -19,7 +19,7 @@ from model_zoo.models.base import folder_name
 from model_zoo.nn.grouped_attention import GroupedQueryAttention, rotary_tables
 from model_zoo.nn.layers import (ResidualAdd, RMSNorm, VocabEmbedding, VocabProjection,
                                  assign_pipeline_stages)
-from model_zoo.nn.moe import MixtureOfExperts, load_balancing_loss
+from model_zoo.nn.moe import LoadBalancingLoss, MixtureOfExperts
 from model_zoo.parallel.config import ParallelConfig
 
 
@@ -94,8 +94,8 @@ class MixtralBlock(nn.Cell):
     Inputs:
         x: (batch, seq, hidden); cos, sin: (seq, head_dim), the rotary rows of x's positions.
     Outputs:
-        x; the router's statistics of these tokens (`MixtureOfExperts`): choices per
-        expert (E,) and summed probabilities (E,).
+        x; statistics (2, E) plus the router's statistics of these tokens
+        (`MixtureOfExperts`: choices per expert and summed probabilities).
     """
 
     def __init__(self, config: MixtralConfig, parallel_config: ParallelConfig, compute_dtype):
@@ -119,10 +119,10 @@ class MixtralBlock(nn.Cell):
         self.residual_1 = ResidualAdd(parallel_config=parallel_config)
         self.residual_2 = ResidualAdd(parallel_config=parallel_config)
 
-    def construct(self, x, cos, sin):
+    def construct(self, x, cos, sin, statistics=None):
         x = self.residual_1(x, self.attention(self.input_norm(x), cos, sin))
-        mixed, choices, probabilities = self.mlp(self.post_attention_norm(x))
-        return self.residual_2(x, mixed), choices, probabilities
+        mixed, statistics = self.mlp(self.post_attention_norm(x), statistics)
+        return self.residual_2(x, mixed), statistics
 
     def decode_step(self, x, cos, sin, cache_key, cache_value, write_index, step_bias):
         """`construct` for the newest position x (batch, 1, hidden) over the key/value caches
@@ -146,7 +146,7 @@ class MixtralModel(nn.Cell):
         input_ids: int32 (batch, seq), seq <= config.seq_length.
     Outputs:
         float32 hidden states (batch, seq, hidden); the router's statistics summed over the
-        layers: choices per expert (E,) and summed probabilities (E,).
+        layers (2, E): choices per expert and summed probabilities.
     """
 
     def __init__(self, config: MixtralConfig, parallel_config: ParallelConfig,
@@ -171,13 +171,10 @@ class MixtralModel(nn.Cell):
         cos = self.slice_table(self.cos, (0, 0), (seq, self.cos.shape[1]), (1, 1))
         sin = self.slice_table(self.sin, (0, 0), (seq, self.sin.shape[1]), (1, 1))
         x = self.embed(input_ids)
-        choices = probabilities = None
+        statistics = None
         for block in self.blocks:
-            x, layer_choices, layer_probabilities = block(x, cos, sin)
-            choices = layer_choices if choices is None else choices + layer_choices
-            probabilities = (layer_probabilities if probabilities is None
-                             else probabilities + layer_probabilities)
-        return self.norm(x), choices, probabilities
+            x, statistics = block(x, cos, sin, statistics)
+        return self.norm(x), statistics
 
 
 class MixtralForCausalLM(nn.Cell):
@@ -197,6 +194,7 @@ class MixtralForCausalLM(nn.Cell):
         self.config = config
         self.model = MixtralModel(config, parallel_config, compute_dtype)
         self.tied = config.tie_word_embeddings
+        self.balance_loss = LoadBalancingLoss(config.num_experts)
         self.head = VocabProjection(config.hidden_size, parallel_config=parallel_config,
                                     compute_dtype=compute_dtype, init_std=config.init_std,
                                     vocab_size=0 if self.tied else config.vocab_size)
@@ -213,10 +211,9 @@ class MixtralForCausalLM(nn.Cell):
 
     def with_balance_loss(self, input_ids):
         """(logits, the load-balancing loss of these tokens over every layer)."""
-        hidden, choices, probabilities = self.model(input_ids)
+        hidden, statistics = self.model(input_ids)
         rows = input_ids.shape[0] * input_ids.shape[1] * len(self.model.blocks)
-        return (self.head(hidden, self.output_table()),
-                load_balancing_loss(choices, probabilities, rows, self.config.num_experts))
+        return self.head(hidden, self.output_table()), self.balance_loss(statistics, rows)
 
     # cached decoding (model_zoo.causal_lm.generate)
     def cache_layout(self):
