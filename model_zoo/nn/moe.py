@@ -178,7 +178,8 @@ class MixtureOfExperts(nn.Cell):
             index, weight = self.top(remaining)                                  # (G, N)
             picked = self.one_hot(index, experts, ops.ones((), ms.float32),
                                   ops.zeros((), ms.float32))                     # (G, N, E)
-            remaining = self.mask_out(remaining, self.doubled(picked, ops.cast(2.0, ms.float32)))   # below all
+            # the picked expert's probability pushed below every other
+            remaining = self.mask_out(remaining, self.doubled(picked, ops.cast(2.0, ms.float32)))
             picks.append(picked)
             weights.append(weight)
         if self.normalize_top_k:
@@ -189,8 +190,10 @@ class MixtureOfExperts(nn.Cell):
         taken = ops.zeros((groups, 1, experts), ms.float32)
         dispatch = combine = None
         for picked, weight in zip(picks, weights):
-            slot = self.offset(self.less_one(self.running(picked, 1), ops.cast(1.0, ms.float32)), taken)               # (G, N, E)
-            kept = self.keep(picked, ops.cast(self.fits(slot, ops.cast(capacity, ms.float32)), ms.float32))
+            ahead = self.less_one(self.running(picked, 1), ops.cast(1.0, ms.float32))
+            slot = self.offset(ahead, taken)                                     # (G, N, E)
+            fits = self.fits(slot, ops.cast(capacity, ms.float32))
+            kept = self.keep(picked, ops.cast(fits, ms.float32))
             taken = self.add_counts(taken, self.count(picked, 1))
             position = self.one_hot(ops.cast(self.slot_index(self.keep(slot, kept), -1),
                                              ms.int32), capacity,
