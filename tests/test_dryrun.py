@@ -100,6 +100,7 @@ def test_every_shipped_layout_compiles(path, shipped_dryruns):
 
 
 LLAMA_TINY = "model_zoo/models/llama/configs/tiny.yaml"
+MIXTRAL_TINY = "model_zoo/models/mixtral/configs/tiny.yaml"
 
 
 @pytest.mark.parametrize("overrides", [
@@ -310,7 +311,12 @@ PARITY_LAYOUTS = {
     "llama-mp2-pp2-sequence-parallel": (LLAMA_TINY, [
         "parallel.model_parallel=2", "parallel.pipeline_stage=2",
         "parallel.micro_batch_num=4", "parallel.sequence_parallel=true",
-        "parallel.full_batch=true", "train.global_batch_size=4"])}
+        "parallel.full_batch=true", "train.global_batch_size=4"]),
+    # expert parallel: the experts split over 2 of the data-parallel devices, tokens moved
+    # by AllToAll (run as all-reduces on CPU), slots short enough to drop tokens
+    "mixtral-dp2-mp2-ep2-capacity": (MIXTRAL_TINY, [
+        "parallel.data_parallel=2", "parallel.model_parallel=2",
+        "parallel.expert_parallel=2", "model.capacity_factor=1.5"])}
 SAME_ON_CPU = ("mp2", "mp2-accumulation4")   # collectives the CPU runs as compiled
 
 
@@ -341,6 +347,8 @@ def test_the_partitioned_step_gives_one_devices_numbers(layout, tmp_path):
         # and Receive run through the mailbox; mp2's all-reduces over the whole group run
         # as compiled
         assert (int(found["collectives_as_all_reduces"]) > 0) == (layout not in SAME_ON_CPU)
+    if "ep2" in layout:
+        assert all(rank["collectives"].get("AllToAll") for rank in report["ranks"])
     if "optimizer-shard" in layout and ("pp2" in layout or "accumulation" in layout):
         # the time model's once-a-step weight gathers: MindSpore puts every AllGather of
         # the optimizer shard in the step's graph, none in the micro step it calls m times

@@ -14,8 +14,9 @@ network's input columns in order; `data_shard`: the dataset strategy's) and writ
 parameter after the step (this rank's slices).
 
 MindSpore 2.10's CPU backend runs AllReduce in any group but AllGather in the world group
-only ("AllGather only support mccl_world_group on CPU") and has no ReduceScatter kernel
-("Unsupported op [ReduceScatter] on CPU"). Those collectives are rewritten, before the
+only ("AllGather only support mccl_world_group on CPU") and has no ReduceScatter or
+AlltoAll kernel ("Unsupported op [ReduceScatter] on CPU"; the AlltoAll of expert
+parallelism likewise). Those collectives are rewritten, before the
 graph is loaded, as an all-reduce (sum) of the same data in the same group
 (`as_all_reduces`): the partitioned graph's arithmetic is MindSpore's, only the
 collective's kernel differs.
@@ -401,6 +402,9 @@ def as_all_reduces(model, rank: int) -> int:
     With k ranks in the group and this rank at position i in it:
         AllGather(x)          -> AllReduce(Concat(0, .., 0, x, 0, .., 0))   x at block i
         ReduceScatter(x, sum) -> Split(AllReduce(x), k)[i]
+        AlltoAll(x)           -> Concat(blocks s k + i of Split(G, k k) for s < k, concat_dim),
+                                 G = AllReduce(Concat(0, .., x, .., 0, split_dim)): piece i
+                                 of every rank's x, in rank order
     The CPU all-reduce sums float32 only: other data is cast to float32 and back (exact
     for the integers a graph gathers, token ids)."""
     primitives = {primitive.name: primitive for primitive in model.primitives}
@@ -416,6 +420,8 @@ def as_all_reduces(model, rank: int) -> int:
                 graph.node.extend(edit.all_gather(node, primitive, rank))
             elif kind == "ReduceScatter":
                 graph.node.extend(edit.reduce_scatter(node, primitive, rank))
+            elif kind == "AlltoAll":
+                graph.node.extend(edit.all_to_all(node, primitive, rank))
             else:
                 graph.node.append(node)
                 continue
@@ -426,6 +432,11 @@ def as_all_reduces(model, rank: int) -> int:
 def text_attribute(primitive, name: str):
     """A MindIR primitive's string attribute `name`, or None."""
     return next((a.s.decode() for a in primitive.attribute if a.name == name), None)
+
+
+def int_attribute(primitive, name: str) -> int:
+    """A MindIR primitive's integer attribute `name`."""
+    return next(a.i for a in primitive.attribute if a.name == name)
 
 
 class GraphEdit:
@@ -507,21 +518,68 @@ class GraphEdit:
         if data_type != FLOAT32:
             nodes += self.cast(node, f"{name}_in", source, piece, FLOAT32)
             source = f"{name}_in"
-        nodes.append(self.zeros(f"{name}_zeros", piece, FLOAT32))
-        blocks = [source if index == ranks.index(rank) else f"{name}_zeros"
-                  for index in range(len(ranks))]
-        nodes += [
-            self.apply(node, f"{name}_blocks", self.primitive("MakeTuple"), blocks, piece,
-                       FLOAT32, outputs=len(ranks)),
-            self.constant(f"{name}_axis", 0),
-            self.apply(node, f"{name}_padded", self.primitive("Concat"),
-                       [f"{name}_blocks", f"{name}_axis"], dims, FLOAT32)]
         summed = name if data_type == FLOAT32 else f"{name}_sum"
-        nodes.append(self.apply(node, summed, self.primitive("AllReduce", collective, op="sum"),
-                                [f"{name}_padded"], dims, FLOAT32))
+        nodes += self.padded_sum(node, collective, rank, source, piece, 0, summed)
         if data_type != FLOAT32:
             nodes += self.cast(node, name, summed, dims, data_type)
         return nodes
+
+    def padded_sum(self, node, collective, rank: int, source, piece, axis: int, result: str):
+        """Nodes ending in `result`: every rank's `source` (dims `piece`, float32) side by
+        side along `axis` in rank order, by an all-reduce of this rank's zero-padded block."""
+        from model_zoo.dryrun.rank import group_ranks
+        ranks = group_ranks(collective)
+        name = node.name
+        whole = list(piece)
+        whole[axis] *= len(ranks)
+        blocks = [source if index == ranks.index(rank) else f"{name}_zeros"
+                  for index in range(len(ranks))]
+        return [
+            self.zeros(f"{name}_zeros", piece, FLOAT32),
+            self.apply(node, f"{name}_blocks", self.primitive("MakeTuple"), blocks, piece,
+                       FLOAT32, outputs=len(ranks)),
+            self.constant(f"{name}_axis", axis),
+            self.apply(node, f"{name}_padded", self.primitive("Concat"),
+                       [f"{name}_blocks", f"{name}_axis"], whole, FLOAT32),
+            self.apply(node, result, self.primitive("AllReduce", collective, op="sum"),
+                       [f"{name}_padded"], whole, FLOAT32)]
+
+    def all_to_all(self, node, collective, rank: int):
+        from model_zoo.dryrun.rank import group_ranks
+        ranks = group_ranks(collective)
+        k, i = len(ranks), ranks.index(rank)
+        split, concat = (int_attribute(collective, "split_dim"),
+                         int_attribute(collective, "concat_dim"))
+        (out,) = node.attribute[0].tensors
+        dims, data_type = list(out.dims), out.data_type
+        if data_type != FLOAT32:
+            raise NotImplementedError(f"{node.name}: AlltoAll of MindIR type {data_type} on "
+                                      f"CPU (float32 only)")
+        piece = list(dims)                 # this rank's input: split_dim k-fold, concat_dim
+        piece[concat] //= k                # a k-th
+        piece[split] *= k
+        block = list(piece)                # piece j of one rank's input
+        block[split] //= k
+        name = node.name
+        nodes = self.padded_sum(node, collective, rank, node.input[0], piece, split,
+                                f"{name}_sum")
+        nodes += [self.constant(f"{name}_blocks_axis", split),
+                  self.constant(f"{name}_parts", k * k),
+                  self.apply(node, f"{name}_split", self.primitive("Split"),
+                             [f"{name}_sum", f"{name}_blocks_axis", f"{name}_parts"], block,
+                             FLOAT32, outputs=k * k)]
+        mine = []
+        for source in range(k):
+            nodes += [self.constant(f"{name}_index_{source}", source * k + i),
+                      self.apply(node, f"{name}_from_{source}", self.primitive("TupleGetItem"),
+                                 [f"{name}_split", f"{name}_index_{source}"], block, FLOAT32)]
+            mine.append(f"{name}_from_{source}")
+        return nodes + [
+            self.apply(node, f"{name}_mine", self.primitive("MakeTuple"), mine, block, FLOAT32,
+                       outputs=k),
+            self.constant(f"{name}_concat_axis", concat),
+            self.apply(node, name, self.primitive("Concat"),
+                       [f"{name}_mine", f"{name}_concat_axis"], dims, FLOAT32)]
 
     def reduce_scatter(self, node, collective, rank: int):
         from model_zoo.dryrun.rank import group_ranks
