@@ -286,7 +286,7 @@ def test_a_wheel_without_the_gpu_plugin_is_one_clear_error(tmp_path, monkeypatch
 
 PARITY_BASE = ["model.num_layers=2", "train.global_batch_size=8", "train.grad_clip=0.5"]
 # Layouts whose compiled steps run on CPU ranks (sub-group all-gathers and reduce-scatters
-# as all-reduces: cpu_ranks.as_all_reduces; Send/Receive through the mailbox; the reused
+# as all-reduces: cpu_collectives.as_all_reduces; Send/Receive through the mailbox; the reused
 # micro-step subgraphs inlined: cpu_ranks.inline_calls): (config, overrides)
 PARITY_LAYOUTS = {
     "dp2mp2": (TINY, ["parallel.data_parallel=2", "parallel.model_parallel=2"]),

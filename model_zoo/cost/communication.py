@@ -23,6 +23,13 @@ reduce-scatter (n - 1) / n B of the full result.
   input gradients of a MatMul whose n dimension is split over the same group, so their
   all-reduce is not counted again (MindSpore mirrors only parameters' gradients; Megatron's
   sequence parallel does the same).
+- all-to-all, redistribution: where an operator wants a tensor split as many ways as its
+  producer left it but along another dimension (the mixture of experts' move from token
+  groups to experts and back, `nn.moe`), MindSpore sends each of the k devices its part:
+  (k - 1) / k of the slice, forward and backward (an AllToAll each way). The k devices
+  are the consumer's split of the new dimension; in MindSpore's device matrix the
+  replicas its strategy leaves (the devices over its product) are the last dimension, so
+  they stride that many times the splits of the later dimensions.
 - all-reduce, data parallel (G9): each parameter's gradient over its replica group r, once
   per step whatever micro_batch_num and grad_accumulation are (the train step accumulates
   micro batches first: MindSpore's Pipeline / GradAccumulation cells on Ascend); with the
@@ -37,6 +44,7 @@ reduce-scatter (n - 1) / n B of the full result.
   m = micro_batch_num x grad_accumulation micro batches and v = pipeline_interleave.
 """
 
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List
 
@@ -47,7 +55,7 @@ from model_zoo.layout.operators import operator
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.parallel.replication import mirror_group_size, optimizer_shard_size
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "send_receive")
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_receive")
 STEP_FLAGS_BYTES = 8   # the train step's one all-reduce: squared gradient norm and overflow flag
 
 
@@ -100,6 +108,14 @@ def with_interleaved_sends(stages: List[StageCommunication], interleave: int):
     return stages
 
 
+def all_to_all_stride(have: tuple, wanted: tuple, devices_per_stage: int) -> int:
+    """Rank distance between the devices of an all-to-all from layout `have` to `wanted`
+    (module docstring): the replicas of `wanted` times the splits after the first
+    dimension it splits more than `have` does."""
+    moved = next(d for d, (h, w) in enumerate(zip(have, wanted)) if w > h)
+    return devices_per_stage // math.prod(wanted) * math.prod(wanted[moved + 1:])
+
+
 def _generic_path(path: str) -> str:
     """A cell path with block indices replaced by *, to sum the same operator of all layers."""
     return ".".join("*" if part.isdigit() else part for part in path.split("."))
@@ -133,7 +149,17 @@ def estimate_communication(rec, parallel: ParallelConfig,
                 wanted = call.strategy[index]
                 have = info.layout
                 gather = gather_factor(have, wanted)
-                if gather > 1:
+                if gather > 1 and math.prod(have) == math.prod(wanted):
+                    amount = collective(gather) * slice_bytes(info, wanted)
+                    group = (gather, all_to_all_stride(have, wanted,
+                                                       parallel.devices_per_stage))
+                    comm.add("all_to_all", f"{where}: input {index} moved {have} -> "
+                                           f"{wanted}", forward * amount, group, forward)
+                    if info.needs_grad:
+                        comm.add("all_to_all", f"{where}: gradient of input {index} "
+                                               f"{wanted} -> {have}", backward * amount,
+                                 group, backward)
+                elif gather > 1:
                     amount = collective(gather) * slice_bytes(info, wanted)
                     comm.add("all_gather", f"{where}: input {index} redistributed "
                                            f"{have} -> {wanted}", forward * amount,

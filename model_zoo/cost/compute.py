@@ -3,17 +3,19 @@
 Compute per step
 ----------------
 FLOPs one device of each stage executes per step in MatMul, BatchMatMul and
-FlashAttentionScore: a call of output shape (..., m, n) and contracted size k costs
-2 m n k x batch / prod(device matrix) per device (replicated work counts on every
-replica). The backward pass costs it again for each operand that needs a gradient (input
-and weight: 2x), a recomputed cell's forward pass runs twice, and all of it happens
-micro_batch_num x grad_accumulation times a step. FlashAttentionScore counts its two
-products, 4 b a s_q s_k d / (dp mp) (about half of it under a causal mask, whose blocks
-above the diagonal the kernel skips), twice that backward, and half of it again as
-recomputation (its backward pass recomputes the scores). Every other operator (but views)
-counts the bytes of its input and output slices, once forward, twice backward when it has
-a gradient and once more when recomputed, and one launch per pass: the time model
-(`timing`) runs those at the memory bandwidth and a launch cost.
+FlashAttentionScore (`attention` of them in attention's 4-D BatchMatMuls and
+FlashAttentionScore, the others at the MatMul efficiency): a call of output shape (..., m,
+n) and contracted size k costs 2 m n k x batch / prod(device matrix) per device
+(replicated work counts on every replica). The backward pass costs it again for each
+operand that needs a gradient (input and weight: 2x), a recomputed cell's forward pass
+runs twice, and all of it happens micro_batch_num x grad_accumulation times a step.
+FlashAttentionScore counts its two products, 4 b a s_q s_k d / (dp mp) (about half of it
+under a causal mask, whose blocks above the diagonal the kernel skips), twice that
+backward, and half of it again as recomputation (its backward pass recomputes the scores).
+Every other operator (but views) counts the bytes of its input and output slices, once
+forward, twice backward when it has a gradient and once more when recomputed, and one
+launch per pass: the time model (`timing`) runs those at the memory bandwidth and a launch
+cost.
 """
 
 import math
@@ -123,7 +125,8 @@ def estimate_compute(rec, parallel: ParallelConfig,
         compute.backward += flops * gradients
         if call.recompute_root is not None:
             compute.recompute += flops
-        if call.name == "BatchMatMul":
-            compute.attention += done
+        if call.name == "BatchMatMul" and len(call.outputs[0].shape) == 4:
+            compute.attention += done   # attention's (batch, heads, ...) products; the
+                                        # experts' (E, tokens, ...) ones are MatMul-like
         compute.model += (1 + gradients) * micro_steps * matmul_flops(call, whole=True)
     return stages

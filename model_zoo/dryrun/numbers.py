@@ -13,7 +13,7 @@ same slice of one device's value (`replication.device_piece`). A figure agrees w
 
 What this cannot show: the kernels are the CPU's (the arithmetic of Ascend's differs in
 the last bits), and collectives the CPU backend lacks run as all-reduces of the same
-data (`cpu_ranks.as_all_reduces`).
+data (`cpu_collectives.as_all_reduces`).
 """
 
 import os

@@ -61,11 +61,13 @@ def format_report(plan: Plan, max_violations: int = 20) -> str:
         lines.append("")
         lines.append("communication per device per step, GiB")
         lines.append(f"  {'stage':>5} {'all-reduce':>11} {'all-gather':>11} "
-                     f"{'reduce-scatter':>15} {'send/receive':>13} {'total':>8}")
+                     f"{'reduce-scatter':>15} {'all-to-all':>11} {'send/receive':>13} "
+                     f"{'total':>8}")
         for c in plan.communication:
             lines.append(f"  {c.stage:>5} {gib(c.bytes['all_reduce']):>11} "
                          f"{gib(c.bytes['all_gather']):>11} "
                          f"{gib(c.bytes['reduce_scatter']):>15} "
+                         f"{gib(c.bytes['all_to_all']):>11} "
                          f"{gib(c.bytes['send_receive']):>13} {gib(c.total):>8}")
         worst = max(plan.communication, key=lambda c: c.total)
         largest = sorted(worst.details.items(), key=lambda item: -item[1][0])[:5]
