@@ -89,38 +89,39 @@ def capacity_reference(tokens, weights, capacity):
 
 
 def test_a_full_expert_drops_the_later_choices(mixtral):
-    """Capacity 1.0: C = k T / E slots an expert; choices fill them in priority order
-    (every token's first choice, then the second ones, each in token order) and the rest
-    are dropped, the token keeping its other expert's weighted output."""
+    """Capacity 1.0: each sequence (a routing group) gives an expert C = k T / E of its T
+    tokens' choices; they fill them in priority order (every token's first choice, then
+    the second ones, each in token order) and the rest are dropped, the token keeping its
+    other expert's weighted output."""
     _, weights, x = mixtral
-    tokens = x.numpy().reshape(-1, HIDDEN)
-    capacity = expert_capacity(len(tokens), EXPERTS, TOP_K, 1.0)
-    assert capacity == 5
-    expected, taken = capacity_reference(tokens, weights, capacity)
-    assert taken.max() > capacity   # something is dropped
+    capacity = expert_capacity(5, EXPERTS, TOP_K, 1.0)
+    assert capacity == 3
+    sequences = [capacity_reference(tokens, weights, capacity) for tokens in x.numpy()]
+    taken = sequences[0][1] + sequences[1][1]
+    assert max(taken_here.max() for _, taken_here in sequences) > capacity   # drops
     found, statistics = block(weights, capacity_factor=1.0)(ms.Tensor(x.numpy()))
-    assert np.abs(found.asnumpy().reshape(-1, HIDDEN) - expected).max() < 1e-5
+    expected = np.stack([output for output, _ in sequences])
+    assert np.abs(found.asnumpy() - expected).max() < 1e-5
     assert list(statistics.asnumpy()[0]) == list(taken)   # dropped choices still count
 
 
-def test_each_data_parallel_group_fills_its_own_slots(mixtral):
-    """With data_parallel 2 the tokens are routed in two groups (the tokens each rank
-    holds), each with ceil(k 5 / E) = 3 slots an expert: the same as the two halves of
-    the batch through a one-group block; dropless it is the one-group block itself."""
+def test_the_routing_does_not_depend_on_the_layout(mixtral):
+    """The groups are sequences whatever the layout: data_parallel 2 with expert parallel
+    routes as one device does; only when the ranks hold less than a sequence each (4 ranks,
+    2 sequences) is each sequence cut in equal parts (here halves of 2 tokens, 1 slot an
+    expert)."""
     _, weights, x = mixtral
-    tokens = x.numpy().reshape(-1, HIDDEN)
-    halves = [capacity_reference(half, weights, expert_capacity(5, EXPERTS, TOP_K, 1.0))
-              for half in (tokens[:5], tokens[5:])]
-    grouped = block(weights, capacity_factor=1.0, parallel_config=ParallelConfig(
-        data_parallel=2, expert_parallel=2))
-    found, statistics = grouped(ms.Tensor(x.numpy()))
-    expected = np.concatenate([output for output, _ in halves])
-    assert np.abs(found.asnumpy().reshape(-1, HIDDEN) - expected).max() < 1e-5
-    assert list(statistics.asnumpy()[0]) == list(halves[0][1] + halves[1][1])
-    one_group, _ = block(weights)(ms.Tensor(x.numpy()))
-    two_groups, _ = block(weights, parallel_config=ParallelConfig(data_parallel=2))(
+    one_device, _ = block(weights, capacity_factor=1.0)(ms.Tensor(x.numpy()))
+    layout = ParallelConfig(data_parallel=2, expert_parallel=2)
+    found, _ = block(weights, capacity_factor=1.0, parallel_config=layout)(
         ms.Tensor(x.numpy()))
-    assert np.abs(two_groups.asnumpy() - one_group.asnumpy()).max() < 1e-6
+    assert np.abs(found.asnumpy() - one_device.asnumpy()).max() < 1e-6
+    halves = x.numpy()[:, :4].reshape(4, 2, HIDDEN)
+    capacity = expert_capacity(2, EXPERTS, TOP_K, 1.0)
+    expected = np.stack([capacity_reference(piece, weights, capacity)[0] for piece in halves])
+    found, _ = block(weights, capacity_factor=1.0, parallel_config=ParallelConfig(
+        data_parallel=4))(ms.Tensor(np.ascontiguousarray(x.numpy()[:, :4])))
+    assert np.abs(found.asnumpy() - expected.reshape(2, 4, HIDDEN)).max() < 1e-5
 
 
 def test_expert_capacity():

@@ -4,13 +4,14 @@ Switch Transformer's load-balancing statistics and expert parallelism.
 Tokens reach their experts through one-hot dispatch products of static shape, as
 MindSpore's own MoE layer moves them (mindspore/parallel/_transformer/moe.py of
 MindSpore 1.x-2.2, the layer PanGu-Sigma trained with; MindFormers' MoE keeps the
-layout). The tokens are routed in G groups, one a data-parallel rank (G = dp, the tokens
-that rank holds): each expert takes at most C tokens of a group (its capacity), a token's
-k choices placed in priority order (every token's first choice before any second choice,
-GShard), and
+layout). The tokens are routed in groups G of N, one sequence a group (GShard's groups;
+equal parts of a sequence only when a data-parallel rank holds less than one), so the
+routing is the same on any layout and its tensors grow with the batch, not its square:
+each expert takes at most C tokens of a group (its capacity), a token's k choices placed
+in priority order (every token's first choice before any second choice, GShard), and
 
     dispatch (G, N, E C)   1 where token n sits in slot c of expert e
-    expert inputs          (G, E C, H) = dispatch^T x, on each group's own device
+    expert inputs          (G, E C, H) = dispatch^T x, on each group's own rank
     all-to-all             (E, G C, H): the experts split over `expert_parallel` devices
     expert outputs         (E, G C, H): each expert's SwiGLU on its slots (batched products,
                            the expert width split over model_parallel)
@@ -19,12 +20,12 @@ GShard), and
 
 `capacity_factor` > 0 sets C = ceil(k N / E x factor) and drops what overflows (the
 token's other choices still count); `capacity_factor` <= 0 is dropless: C = N, so every
-choice fits (a token picks an expert once), at O(E N^2) for the dispatch tensors, which
-is what a static shape costs.
+choice fits (a token picks an expert once), at O(E N^2) a group for the dispatch
+tensors, which is what a static shape costs.
 
 Strategies (dp, mp, ep = data, model, expert parallel; ep divides dp and the experts):
-the router and the slots split the groups (dp, 1, 1); the expert products
-((ep, dp/ep, 1), (ep, 1, mp)) and ((ep, dp/ep, mp), (ep, mp, 1)), so an expert's weights
+the router and the slots split the groups (dp, 1, 1), as the batch is split; the expert
+products ((ep, dp/ep, 1), (ep, 1, mp)) and ((ep, dp/ep, mp), (ep, mp, 1)), so an expert's weights
 live on ep-th of the devices and are replicated over dp/ep of them; the two transposes
 between move the split from the groups to the experts, which MindSpore's redistribution
 does with one AllToAll over the ep ranks each way (`AutoParallel` enables AllToAll).
@@ -84,7 +85,7 @@ class MixtureOfExperts(nn.Cell):
         self.num_experts, self.top_k = num_experts, experts_per_token
         self.capacity_factor, self.normalize_top_k = capacity_factor, normalize_top_k
         self.compute_dtype = compute_dtype
-        self.groups, self.expert_parallel = dp, ep
+        self.data_parallel, self.expert_parallel = dp, ep
 
         def weight(shape, std, name):
             return Parameter(initializer(Normal(std), shape, ms.float32), name=name)
@@ -113,6 +114,8 @@ class MixtureOfExperts(nn.Cell):
         self.add_counts = ops.Add().shard((groups, groups))
         self.slot_index = ops.ReduceSum().shard((groups,))
         self.place = ops.Mul().shard(((dp, 1, 1, 1), (dp, 1, 1, 1)))
+        self.weigh_choice = ops.Mul().shard((groups, groups))
+        self.add_weights = ops.Add().shard((groups, groups))
         self.weigh = ops.Mul().shard(((dp, 1, 1, 1), (dp, 1, 1, 1)))
         self.add_slots = ops.Add().shard(((dp, 1, 1, 1), (dp, 1, 1, 1)))
         self.statistics = ops.ReduceSum().shard((groups,))
@@ -121,10 +124,10 @@ class MixtureOfExperts(nn.Cell):
         # (G, N, E C)^T x (G, N, H) -> (G, E C, H), and back
         self.dispatch_product = ops.BatchMatMul(transpose_a=True).shard((groups, groups))
         self.combine_product = ops.BatchMatMul().shard((groups, groups))
-        # (dp/ep, ep, E, C, H) -> (E, dp/ep, ep, C, H): the split moves from the groups'
-        # ep factor to the experts (an AllToAll over the ep ranks), and back
-        self.to_experts = ops.Transpose().shard(((dp // ep, 1, ep, 1, 1),))
-        self.from_experts = ops.Transpose().shard(((1, dp // ep, ep, 1, 1),))
+        # (dp/ep, ep, G/dp, E, C, H) -> (E, dp/ep, ep, G/dp, C, H): the split moves from
+        # the groups' ep factor to the experts (an AllToAll over the ep ranks), and back
+        self.to_experts = ops.Transpose().shard(((dp // ep, 1, 1, ep, 1, 1),))
+        self.from_experts = ops.Transpose().shard(((1, dp // ep, ep, 1, 1, 1),))
         # (E, G C, H) x (E, H, F) -> (E, G C, F); (E, G C, F) x (E, F, H) -> (E, G C, H)
         self.expert_in = ops.BatchMatMul().shard(((ep, dp // ep, 1), (ep, 1, mp)))
         self.expert_out = ops.BatchMatMul().shard(((ep, dp // ep, mp), (ep, mp, 1)))
@@ -133,9 +136,11 @@ class MixtureOfExperts(nn.Cell):
 
     def construct(self, x, statistics=None):
         batch, seq, hidden = x.shape
-        # a group a data-parallel rank; fewer when the tokens do not divide (decoding)
-        groups = math.gcd(batch * seq, self.groups)
-        count = batch * seq // groups
+        # a group a sequence; equal parts of one when the data-parallel ranks hold less
+        # than a sequence each
+        pieces = self.data_parallel // math.gcd(batch, self.data_parallel)
+        pieces = pieces if seq % pieces == 0 else 1
+        groups, count = batch * pieces, seq // pieces
         tokens = ops.reshape(x, (groups, count, hidden))                       # (G, N, H)
         logits = self.route(ops.reshape(ops.cast(tokens, ms.float32), (-1, hidden)),
                             self.router)
@@ -145,7 +150,7 @@ class MixtureOfExperts(nn.Cell):
         dispatch, combine, choices = self._slots(probabilities, capacity)
         inputs = self.dispatch_product(dispatch, ops.cast(tokens, self.compute_dtype))
         outputs = self._experts(inputs, groups, capacity)                        # (G, E C, H)
-        mixed = self.combine_product(ops.cast(combine, self.compute_dtype), outputs)
+        mixed = self.combine_product(combine, outputs)
         own = self.stack((ops.reshape(choices, (1, -1)),
                           ops.reshape(self.statistics(probabilities, (0, 1)), (1, -1))))
         if statistics is not None:
@@ -155,21 +160,25 @@ class MixtureOfExperts(nn.Cell):
     def _experts(self, inputs, groups: int, capacity: int):
         """(G, E C, H) slots -> their experts' outputs, same layout (module docstring)."""
         experts, hidden = self.num_experts, inputs.shape[-1]
-        outer = max(1, groups // self.expert_parallel)
-        per_expert = (outer, groups // outer, experts, capacity, hidden)
-        inputs = self.to_experts(ops.reshape(inputs, per_expert), (2, 0, 1, 3, 4))
+        # the groups as (dp / ep, ep, G / dp): each rank's groups, its ep-th the split that
+        # moves to the experts (any G on one device, where the strategies do not apply)
+        split = math.gcd(groups, self.data_parallel)
+        moved = math.gcd(split, self.expert_parallel)
+        ranks = (split // moved, moved, groups // split)
+        per_expert = (*ranks, experts, capacity, hidden)
+        inputs = self.to_experts(ops.reshape(inputs, per_expert), (3, 0, 1, 2, 4, 5))
         inputs = ops.reshape(inputs, (experts, groups * capacity, hidden))      # (E, G C, H)
         gate = self.expert_in(inputs, ops.cast(self.gate, self.compute_dtype))
         up = self.expert_in(inputs, ops.cast(self.up, self.compute_dtype))
         outputs = self.expert_out(self.gated(self.silu(gate), up),
                                   ops.cast(self.down, self.compute_dtype))       # (E, G C, H)
-        outputs = ops.reshape(outputs, (experts, outer, groups // outer, capacity, hidden))
-        outputs = self.from_experts(outputs, (1, 2, 0, 3, 4))
+        outputs = ops.reshape(outputs, (experts, *ranks, capacity, hidden))
+        outputs = self.from_experts(outputs, (1, 2, 3, 0, 4, 5))
         return ops.reshape(outputs, (groups, experts * capacity, hidden))
 
     def _slots(self, probabilities, capacity: int):
-        """(dispatch (G, N, E C) in the compute dtype, combine (G, N, E C) float32,
-        choices per expert (E,)) from the router's probabilities (G, N, E): choice j of
+        """(dispatch (G, N, E C), combine (G, N, E C) in the compute dtype, choices per
+        expert (E,)) from the router's probabilities (G, N, E): choice j of
         every token placed after the slots its group's choices 0..j-1 took, in token
         order; beyond the capacity dropped."""
         groups, count, experts = probabilities.shape
@@ -188,7 +197,7 @@ class MixtureOfExperts(nn.Cell):
                 total = self.sum_weights(total, weight)
             weights = [self.share(weight, total) for weight in weights]
         taken = ops.zeros((groups, 1, experts), ms.float32)
-        dispatch = combine = None
+        dispatch = token_weights = None
         for picked, weight in zip(picks, weights):
             ahead = self.less_one(self.running(picked, 1), ops.cast(1.0, ms.float32))
             slot = self.offset(ahead, taken)                                     # (G, N, E)
@@ -200,12 +209,18 @@ class MixtureOfExperts(nn.Cell):
                                     ops.ones((), ms.float32), ops.zeros((), ms.float32))
             placed = self.place(ops.reshape(kept, (groups, count, experts, 1)),
                                 ops.reshape(position, (groups, count, 1, capacity)))  # (G,N,E,C)
-            weighted = self.weigh(placed, ops.reshape(weight, (groups, count, 1, 1)))
             dispatch = placed if dispatch is None else self.add_slots(dispatch, placed)
-            combine = weighted if combine is None else self.add_slots(combine, weighted)
+            # the token's weight for each expert it picked (G, N, E): a token picks an
+            # expert once, and a dropped choice has no slot to weigh
+            chosen = self.weigh_choice(picked, ops.reshape(weight, (groups, count, 1)))
+            token_weights = chosen if token_weights is None else self.add_weights(
+                token_weights, chosen)
+        dispatch = ops.cast(dispatch, self.compute_dtype)
+        combine = self.weigh(dispatch, ops.reshape(ops.cast(token_weights, self.compute_dtype),
+                                                   (groups, count, experts, 1)))
         flat = (groups, count, experts * capacity)
-        return (ops.cast(ops.reshape(dispatch, flat), self.compute_dtype),
-                ops.reshape(combine, flat), self.statistics(taken, (0, 1)))
+        return (ops.reshape(dispatch, flat), ops.reshape(combine, flat),
+                self.statistics(taken, (0, 1)))
 
 
 class LoadBalancingLoss(nn.Cell):
