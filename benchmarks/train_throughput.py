@@ -51,7 +51,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-MODELS = ("gpt2", "llama", "bert", "transformer")
+MODELS = ("gpt2", "llama", "mixtral", "bert", "transformer")
+DECODERS = ("gpt2", "llama", "mixtral")
 # "small" is the shape of the issue that set the goal: 4 layers, hidden 256, 4 heads,
 # sequence 128, batch 8, vocabulary 8192 (on top of the model's tiny config).
 SMALL = ["model.num_layers=4", "model.hidden_size=256", "model.num_heads=4",
@@ -61,6 +62,8 @@ SIZE_OVERRIDES = {
     # LLaMA: 4 query heads over 2 key/value heads, SwiGLU width 2/3 of 4 x hidden (rounded)
     "small": {"gpt2": SMALL, "llama": SMALL + ["model.num_kv_heads=2",
                                                "model.ffn_hidden_size=704"],
+              # 4 experts of LLaMA's width, 2 a token (twice LLaMA's feed-forward work)
+              "mixtral": SMALL + ["model.num_kv_heads=2", "model.ffn_hidden_size=704"],
               "transformer": SMALL + ["model.ffn_hidden_size=1024"],
               "bert": SMALL + ["data.max_predictions_per_seq=20"]},
 }
@@ -95,7 +98,7 @@ def synthetic_batch(config, seed=0):
     rng = np.random.default_rng(seed)
     model, batch = config.model, config.train.global_batch_size
     seq, vocab = model.seq_length, model.vocab_size
-    if model.name in ("gpt2", "llama"):
+    if model.name in DECODERS:
         return [rng.integers(0, vocab, (batch, seq + 1), dtype=np.int32)]
     if model.name == "bert":
         predictions = config.data.max_predictions_per_seq
@@ -139,10 +142,15 @@ def train_flops(config, batch) -> float:
 
     if model.name == "gpt2":
         forward = layers * (self_attention(seq) + feed_forward(seq)) + 2 * seq * d * vocab
-    elif model.name == "llama":   # grouped key/value projections, three SwiGLU products
+    elif model.name in ("llama", "mixtral"):   # grouped key/value projections, SwiGLU
         kv = 2 * d * model.kv_heads // model.num_heads
         attention = 4 * seq * d * d + 2 * seq * d * kv + 4 * seq * seq * d
-        forward = layers * (attention + 6 * seq * d * f) + 2 * seq * d * vocab
+        if model.name == "mixtral":   # the router, and k experts' SwiGLU a token
+            experts = 2 * seq * d * model.num_experts + 6 * seq * d * model.expert_size \
+                * model.num_experts_per_tok
+        else:
+            experts = 6 * seq * d * f
+        forward = layers * (attention + experts) + 2 * seq * d * vocab
     elif model.name == "bert":
         predictions = config.data.max_predictions_per_seq
         forward = (layers * (self_attention(seq) + feed_forward(seq))
@@ -258,12 +266,17 @@ def reference_model(config, batch):
     """(torch module, closure computing the loss on `batch`) for config's model."""
     import torch
     model = config.model
-    if model.name in ("gpt2", "llama"):
+    if model.name in DECODERS:
         net = reference_decoder(model)
         (ids,) = batch
         inputs, labels = ids[:, :-1].contiguous(), ids[:, 1:].reshape(-1).long()
 
         def loss_of():
+            if model.name == "mixtral":   # with the load-balancing loss, as ours trains
+                out = net(input_ids=inputs, output_router_logits=True)
+                return torch.nn.functional.cross_entropy(
+                    out.logits.reshape(-1, model.vocab_size), labels) \
+                    + model.router_aux_loss_coef * out.aux_loss
             logits = net(input_ids=inputs).logits
             return torch.nn.functional.cross_entropy(logits.reshape(-1, model.vocab_size), labels)
         return net, loss_of
@@ -296,7 +309,8 @@ def reference_model(config, batch):
 
 
 def reference_decoder(model):
-    """Hugging Face's GPT2LMHeadModel or LlamaForCausalLM with `model`'s shape."""
+    """Hugging Face's GPT2LMHeadModel, LlamaForCausalLM or MixtralForCausalLM with
+    `model`'s shape."""
     if model.name == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
         return GPT2LMHeadModel(GPT2Config(
@@ -304,6 +318,18 @@ def reference_decoder(model):
             n_layer=model.num_layers, n_head=model.num_heads, n_inner=model.ffn_size,
             resid_pdrop=model.dropout, embd_pdrop=model.dropout,
             attn_pdrop=model.attention_dropout, layer_norm_epsilon=model.layer_norm_eps))
+    if model.name == "mixtral":
+        from transformers import MixtralConfig, MixtralForCausalLM
+        return MixtralForCausalLM(MixtralConfig(
+            vocab_size=model.vocab_size, hidden_size=model.hidden_size,
+            intermediate_size=model.expert_size, num_hidden_layers=model.num_layers,
+            num_attention_heads=model.num_heads, num_key_value_heads=model.kv_heads,
+            num_local_experts=model.num_experts,
+            num_experts_per_tok=model.num_experts_per_tok,
+            router_aux_loss_coef=model.router_aux_loss_coef,
+            max_position_embeddings=model.seq_length, rms_norm_eps=model.rms_norm_eps,
+            rope_theta=model.rope_theta, tie_word_embeddings=model.tie_word_embeddings,
+            attention_dropout=model.attention_dropout))
     from transformers import LlamaConfig, LlamaForCausalLM
     return LlamaForCausalLM(LlamaConfig(
         vocab_size=model.vocab_size, hidden_size=model.hidden_size,

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import mindspore as ms
 
+from model_zoo.nn.backend import kernels_for
 from model_zoo.nn.moe import LoadBalancingLoss, MixtureOfExperts, expert_capacity
 from model_zoo.parallel.config import ParallelConfig
 
@@ -42,14 +43,48 @@ def block(weights, parallel_config=None, **options):
     return layer
 
 
-def test_dropless_routing_is_hugging_faces_mixtral(mixtral):
+@pytest.mark.parametrize("kernels", ["CPU", "Ascend"])
+def test_dropless_routing_is_hugging_faces_mixtral(mixtral, kernels):
+    """Both ways to the experts: the CPU kernel's products on the rows routed to each
+    expert, and the slots the dispatch products fill (Ascend's operators, run here on
+    CPU)."""
     reference, weights, x = mixtral
     expected = reference(x).detach().numpy()
-    found, statistics = block(weights)(ms.Tensor(x.numpy()))
+    with kernels_for(kernels):
+        layer = block(weights)
+    assert (layer.kernel is not None) == (kernels == "CPU")
+    found, statistics = layer(ms.Tensor(x.numpy()))
     assert np.abs(found.asnumpy() - expected).max() < 1e-5
     choices, probability_sums = statistics.asnumpy()
     assert choices.sum() == 2 * 5 * TOP_K
     assert probability_sums.sum() == pytest.approx(10, rel=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [5, 1])
+def test_the_cpu_kernels_gradients_are_the_operators(mixtral, tokens):
+    """The routed CPU kernel's backward pass (input, router through the weights, the three
+    expert projections) against MindSpore's autograd through the slots; with one token,
+    two experts are picked by no token (their gradients zero)."""
+    _, weights, x = mixtral
+    inputs = ms.Tensor(np.ascontiguousarray(x.numpy()[:, :tokens]))
+    probe = ms.Tensor(np.random.default_rng(1).normal(size=inputs.shape).astype(np.float32))
+
+    def gradients(kernels):
+        with kernels_for(kernels):
+            layer = block(weights)
+        def loss(x):
+            return (layer(x)[0] * probe).sum()
+        grad = ms.grad(loss, grad_position=0, weights=layer.trainable_params())
+        dx, dparams = grad(inputs)
+        return [dx.asnumpy()] + [p.asnumpy() for p in dparams]
+
+    found, expected = gradients("CPU"), gradients("Ascend")
+    assert len(found) == 5   # x, router, gate, up, down
+    for got, want in zip(found, expected):
+        assert np.abs(got - want).max() < 1e-4 * max(1.0, np.abs(want).max())
+    unpicked = [e for e in range(EXPERTS) if not np.abs(found[2][e]).any()]
+    if tokens == 1:
+        assert len(unpicked) == 2 and all(not found[4][e].any() for e in unpicked)
 
 
 def test_the_load_balancing_loss_is_hugging_faces(mixtral):

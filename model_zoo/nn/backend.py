@@ -56,6 +56,7 @@ CPU_KERNELS = {
     "bias_add": CpuKernel(cpu_kernels.bias_add, float32_only=True),
     "gelu": CpuKernel(cpu_kernels.GELU),
     "swiglu": CpuKernel(cpu_kernels.swiglu, float32_only=True),
+    "moe_experts": CpuKernel(cpu_kernels.moe_experts, float32_only=True, needs_onednn=True),
     "layer_norm": CpuKernel(cpu_kernels.layer_norm),
     "rms_norm": CpuKernel(cpu_kernels.rms_norm),
     "add": CpuKernel(cpu_kernels.add, float32_only=True),

@@ -1237,6 +1237,222 @@ extern "C" int KvAttentionBackward(AOT_ARGS) {
                                       *as_float(params[6])),
                             as_float(params[7]), as_float(params[8]));
 }
+
+// ---- Mixture of experts: each expert's products on the rows routed to it ----
+// The k choices of T tokens are T k rows r = t k + j, sorted by expert (counting sort, in
+// row order within an expert): expert e takes rows order[offset[e] .. offset[e + 1]), and
+// row r sits at position[r]. Dropless: every choice is computed.
+struct ExpertRows {
+  ExpertRows(const int32_t *chosen, int64_t rows, int64_t experts)
+      : offset(experts + 1, 0), order(rows), position(rows) {
+    for (int64_t r = 0; r < rows; ++r) ++offset[chosen[r] + 1];
+    for (int64_t e = 0; e < experts; ++e) offset[e + 1] += offset[e];
+    std::vector<int64_t> next(offset.begin(), offset.end() - 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      position[r] = next[chosen[r]]++;
+      order[position[r]] = r;
+    }
+  }
+  bool valid(const int32_t *chosen, int64_t rows, int64_t experts) const {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (chosen[r] < 0 || chosen[r] >= experts) return false;
+    }
+    return true;
+  }
+  std::vector<int64_t> offset, order, position;
+};
+
+// Rows `first` .. `first + count` of the sorted order, as token rows of x (T, H) side by side
+void gather_rows(const float *x, const int64_t *order, int64_t first, int64_t count, int64_t k,
+                 int64_t hidden, float *out) {
+  parallel_for(count, row_grain(hidden), [=](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) {
+      std::memcpy(out + i * hidden, x + order[first + i] / k * hidden, hidden * sizeof(float));
+    }
+  });
+}
+
+struct MoeShapes {
+  int64_t tokens, k, hidden, experts, width;
+  // x (T, H), chosen (T, k), weights (T, k), gate (E, H, F), up (E, H, F), down (E, F, H)
+  static bool read(int *ndims, int64_t **shapes, MoeShapes *s) {
+    if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || ndims[3] != 3 || ndims[4] != 3 ||
+        ndims[5] != 3) {
+      return false;
+    }
+    *s = {shapes[0][0], shapes[1][1], shapes[0][1], shapes[3][0], shapes[3][2]};
+    return shapes[1][0] == s->tokens && shapes[2][0] == s->tokens && shapes[2][1] == s->k &&
+           shapes[3][1] == s->hidden && shapes[4][0] == s->experts &&
+           shapes[4][1] == s->hidden && shapes[4][2] == s->width &&
+           shapes[5][0] == s->experts && shapes[5][1] == s->width && shapes[5][2] == s->hidden;
+  }
+};
+
+bool moe_dtypes(int nparam, const char **dtypes) {
+  for (int i = 0; i < nparam; ++i) {
+    if (i != 1 && std::strcmp(dtypes[i], "float32") != 0 && std::strcmp(dtypes[i], "float") != 0)
+      return false;
+  }
+  return std::strcmp(dtypes[1], "int32") == 0;
+}
+
+// inputs: x (T, H), chosen (T, k) int32, weights (T, k), gate (E, H, F), up (E, H, F),
+// down (E, F, H); outputs: y (T, H) = sum_j weights[t, j] down_e(silu(gate_e x_t) up_e x_t)
+// with e = chosen[t, j]; and for the backward pass, in the sorted order, each row's gate
+// and up products (T k, 2F) and its expert's output (T k, H)
+extern "C" int MoeExpertsForward(AOT_ARGS) {
+  MoeShapes s;
+  if (nparam != 9 || !moe_dtypes(nparam, dtypes) || !MoeShapes::read(ndims, shapes, &s)) {
+    return 1;
+  }
+  const float *x = as_float(params[0]), *weights = as_float(params[2]);
+  const float *gate = as_float(params[3]), *up = as_float(params[4]);
+  const float *down = as_float(params[5]);
+  const int32_t *chosen = static_cast<const int32_t *>(params[1]);
+  float *y = as_float(params[6]), *products = as_float(params[7]);
+  float *expert_out = as_float(params[8]);
+  const int64_t rows = s.tokens * s.k, H = s.hidden, F = s.width, k = s.k;
+  const ExpertRows routed(chosen, rows, s.experts);
+  if (!routed.valid(chosen, rows, s.experts)) return 1;
+  thread_local std::vector<float> inputs, active;
+  inputs.resize(std::max<size_t>(inputs.size(), rows * H));
+  active.resize(std::max<size_t>(active.size(), rows * F));
+  for (int64_t e = 0; e < s.experts; ++e) {
+    const int64_t first = routed.offset[e], n = routed.offset[e + 1] - first;
+    if (n == 0) continue;
+    float *xe = inputs.data(), *ae = active.data(), *pe = products + first * 2 * F;
+    gather_rows(x, routed.order.data(), first, n, k, H, xe);
+    if (!sgemm('N', 'N', n, F, H, xe, H, gate + e * H * F, F, 0.f, pe, 2 * F) ||
+        !sgemm('N', 'N', n, F, H, xe, H, up + e * H * F, F, 0.f, pe + F, 2 * F)) {
+      return 1;
+    }
+    parallel_for(n, row_grain(F), [=](int64_t begin, int64_t end, int) {
+      for (int64_t i = begin; i < end; ++i) {
+        const float *g = pe + i * 2 * F, *u = g + F;
+        float *a = ae + i * F;
+#pragma omp simd
+        for (int64_t c = 0; c < F; ++c) a[c] = g[c] * sigmoid_approx(g[c]) * u[c];
+      }
+    });
+    if (!sgemm('N', 'N', n, H, F, ae, down + e * F * H, 0.f, expert_out + first * H)) return 1;
+  }
+  const int64_t *position = routed.position.data();
+  parallel_for(s.tokens, row_grain(H * k), [=](int64_t begin, int64_t end, int) {
+    for (int64_t t = begin; t < end; ++t) {
+      float *yt = y + t * H;
+      std::memset(yt, 0, H * sizeof(float));
+      for (int64_t j = 0; j < k; ++j) {
+        const float w = weights[t * k + j];
+        const float *o = expert_out + position[t * k + j] * H;
+#pragma omp simd
+        for (int64_t c = 0; c < H; ++c) yt[c] += w * o[c];
+      }
+    }
+  });
+  return 0;
+}
+
+// The gradients of MoeExpertsForward. inputs: dy (T, H), its six inputs, its two saved
+// outputs; outputs: dx (T, H), dweights (T, k), dgate, dup, ddown
+extern "C" int MoeExpertsBackward(AOT_ARGS) {
+  MoeShapes s;
+  if (nparam != 14 || !moe_dtypes(nparam - 1, dtypes + 1) ||
+      !MoeShapes::read(ndims + 1, shapes + 1, &s)) {
+    return 1;
+  }
+  const float *dy = as_float(params[0]), *x = as_float(params[1]);
+  const int32_t *chosen = static_cast<const int32_t *>(params[2]);
+  const float *weights = as_float(params[3]), *gate = as_float(params[4]);
+  const float *up = as_float(params[5]), *down = as_float(params[6]);
+  const float *products = as_float(params[7]), *expert_out = as_float(params[8]);
+  float *dx = as_float(params[9]), *dweights = as_float(params[10]);
+  float *dgate = as_float(params[11]), *dup = as_float(params[12]);
+  float *ddown = as_float(params[13]);
+  const int64_t rows = s.tokens * s.k, H = s.hidden, F = s.width, k = s.k;
+  const ExpertRows routed(chosen, rows, s.experts);
+  if (!routed.valid(chosen, rows, s.experts)) return 1;
+  const int64_t *position = routed.position.data(), *order = routed.order.data();
+  // dweights[t, j] = dy_t . (the chosen expert's output for t)
+  parallel_for(rows, row_grain(H), [=](int64_t begin, int64_t end, int) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float *d = dy + r / k * H, *o = expert_out + position[r] * H;
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t c = 0; c < H; ++c) sum += d[c] * o[c];
+      dweights[r] = sum;
+    }
+  });
+  std::memset(dx, 0, s.tokens * H * sizeof(float));
+  thread_local std::vector<float> inputs, active, d_out, d_products, d_inputs;
+  inputs.resize(std::max<size_t>(inputs.size(), rows * H));
+  d_out.resize(std::max<size_t>(d_out.size(), rows * H));
+  d_inputs.resize(std::max<size_t>(d_inputs.size(), rows * H));
+  active.resize(std::max<size_t>(active.size(), rows * F));
+  d_products.resize(std::max<size_t>(d_products.size(), rows * 2 * F));
+  for (int64_t e = 0; e < s.experts; ++e) {
+    float *dge = dgate + e * H * F, *due = dup + e * H * F, *dde = ddown + e * F * H;
+    const int64_t first = routed.offset[e], n = routed.offset[e + 1] - first;
+    if (n == 0) {   // no token chose it
+      std::memset(dge, 0, H * F * sizeof(float));
+      std::memset(due, 0, H * F * sizeof(float));
+      std::memset(dde, 0, F * H * sizeof(float));
+      continue;
+    }
+    const float *pe = products + first * 2 * F;
+    float *ae = active.data(), *doe = d_out.data(), *dpe = d_products.data();
+    float *xe = inputs.data(), *dxe = d_inputs.data();
+    // the expert's output gradient (weights[r] dy_t) and its activations again
+    parallel_for(n, row_grain(H + F), [=](int64_t begin, int64_t end, int) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t r = order[first + i];
+        const float w = weights[r], *d = dy + r / k * H;
+        float *o = doe + i * H;
+#pragma omp simd
+        for (int64_t c = 0; c < H; ++c) o[c] = w * d[c];
+        const float *g = pe + i * 2 * F, *u = g + F;
+        float *a = ae + i * F;
+#pragma omp simd
+        for (int64_t c = 0; c < F; ++c) a[c] = g[c] * sigmoid_approx(g[c]) * u[c];
+      }
+    });
+    // ddown = a^T d_out; d_active = d_out down^T (into the gate half of d_products)
+    if (!sgemm('T', 'N', F, H, n, ae, doe, 0.f, dde) ||
+        !sgemm('N', 'T', n, F, H, doe, H, down + e * F * H, H, 0.f, dpe, 2 * F)) {
+      return 1;
+    }
+    // dg = da u silu'(g), du = da silu(g), silu'(g) = s (1 + g (1 - s))
+    parallel_for(n, row_grain(2 * F), [=](int64_t begin, int64_t end, int) {
+      for (int64_t i = begin; i < end; ++i) {
+        const float *g = pe + i * 2 * F, *u = g + F;
+        float *dg = dpe + i * 2 * F, *du = dg + F;
+#pragma omp simd
+        for (int64_t c = 0; c < F; ++c) {
+          const float sg = sigmoid_approx(g[c]), da = dg[c];
+          dg[c] = da * u[c] * sg * (1.f + g[c] * (1.f - sg));
+          du[c] = da * g[c] * sg;
+        }
+      }
+    });
+    gather_rows(x, order, first, n, k, H, xe);
+    // dgate = x^T dg, dup = x^T du; dx = dg gate^T + du up^T
+    if (!sgemm('T', 'N', H, F, n, xe, H, dpe, 2 * F, 0.f, dge, F) ||
+        !sgemm('T', 'N', H, F, n, xe, H, dpe + F, 2 * F, 0.f, due, F) ||
+        !sgemm('N', 'T', n, H, F, dpe, 2 * F, gate + e * H * F, F, 0.f, dxe, H) ||
+        !sgemm('N', 'T', n, H, F, dpe + F, 2 * F, up + e * H * F, F, 1.f, dxe, H)) {
+      return 1;
+    }
+    // each token at most once an expert: the rows add to distinct rows of dx
+    parallel_for(n, row_grain(H), [=](int64_t begin, int64_t end, int) {
+      for (int64_t i = begin; i < end; ++i) {
+        float *d = dx + order[first + i] / k * H;
+        const float *g = dxe + i * H;
+#pragma omp simd
+        for (int64_t c = 0; c < H; ++c) d[c] += g[c];
+      }
+    });
+  }
+  return 0;
+}
 #endif  // MODEL_ZOO_DNNL
 
 // inputs: x (M, K), w (N, K), optionally bias (N); outputs: y (M, N). Columns are split over

@@ -398,6 +398,31 @@ def dense(with_bias: bool):
     return _custom("DenseForward", lambda x, w: [x[0], w[0]], lambda x, w: x, bprop)
 
 
+def moe_experts():
+    """Custom op (x (T, H), chosen (T, k) int32, weights (T, k), gate (E, H, F), up (E, H, F),
+    down (E, F, H)) -> (y (T, H), and two outputs its backward pass reads), float32: each
+    token's k chosen SwiGLU experts, weighted and summed, each expert's products on oneDNN's
+    sgemm over only the rows routed to it (dropless). Needs `has_dense()`."""
+    backward = _custom(
+        "MoeExpertsBackward",
+        lambda dy, x, chosen, weights, gate, up, down, products, outputs:
+            (x, weights, gate, up, down),
+        lambda dy, x, chosen, weights, gate, up, down, products, outputs:
+            (x, x, x, x, x))
+
+    def bprop(x, chosen, weights, gate, up, down, out, dout):
+        dx, dweights, dgate, dup, ddown = backward(dout[0], x, chosen, weights, gate, up, down,
+                                                   out[1], out[2])
+        return dx, ops.zeros_like(chosen), dweights, dgate, dup, ddown
+
+    def shapes(x, chosen, weights, gate, up, down):
+        rows = chosen[0] * chosen[1]
+        return x, [rows, 2 * gate[2]], [rows, x[1]]
+
+    return _custom("MoeExpertsForward", shapes,
+                   lambda x, chosen, weights, gate, up, down: (x, x, x), bprop)
+
+
 def self_attention(num_heads: int):
     """Custom op (qkv, bias, causal, key, keep) -> (context, probs), float32: self attention
     in one kernel per direction (`cpu_kernels.cc`), which reads q, k and v where the fused

@@ -38,6 +38,7 @@ from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import Normal, initializer
 from mindspore.ops.auto_generate import SiLU
 
+from model_zoo.nn.backend import cpu_kernel
 from model_zoo.parallel.config import ParallelConfig
 
 
@@ -86,6 +87,9 @@ class MixtureOfExperts(nn.Cell):
         self.capacity_factor, self.normalize_top_k = capacity_factor, normalize_top_k
         self.compute_dtype = compute_dtype
         self.data_parallel, self.expert_parallel = dp, ep
+        # on CPU, dropless, float32: the experts' products on the rows routed to them
+        self.kernel = (cpu_kernel("moe_experts", dtype=compute_dtype)
+                       if capacity_factor <= 0 else None)
 
         def weight(shape, std, name):
             return Parameter(initializer(Normal(std), shape, ms.float32), name=name)
@@ -145,17 +149,38 @@ class MixtureOfExperts(nn.Cell):
         logits = self.route(ops.reshape(ops.cast(tokens, ms.float32), (-1, hidden)),
                             self.router)
         probabilities = self.softmax(ops.reshape(logits, (groups, count, -1)))  # (G, N, E)
-        capacity = expert_capacity(count, self.num_experts, self.top_k,
-                                   self.capacity_factor)
-        dispatch, combine, choices = self._slots(probabilities, capacity)
-        inputs = self.dispatch_product(dispatch, ops.cast(tokens, self.compute_dtype))
-        outputs = self._experts(inputs, groups, capacity)                        # (G, E C, H)
-        mixed = self.combine_product(combine, outputs)
+        indices, picks, weights = self._choices(probabilities)
+        if self.kernel is not None:
+            mixed, choices = self._routed(tokens, indices, picks, weights)
+        else:
+            capacity = expert_capacity(count, self.num_experts, self.top_k,
+                                       self.capacity_factor)
+            dispatch, combine, choices = self._slots(picks, weights, capacity)
+            inputs = self.dispatch_product(dispatch, ops.cast(tokens, self.compute_dtype))
+            outputs = self._experts(inputs, groups, capacity)                    # (G, E C, H)
+            mixed = self.combine_product(combine, outputs)
         own = self.stack((ops.reshape(choices, (1, -1)),
                           ops.reshape(self.statistics(probabilities, (0, 1)), (1, -1))))
         if statistics is not None:
             own = self.add_statistics(statistics, own)
         return ops.reshape(ops.cast(mixed, ms.float32), (batch, seq, hidden)), own
+
+    def _routed(self, tokens, indices, picks, weights):
+        """The dropless output through the CPU kernel (`cpu_kernels.moe_experts`: each
+        expert's products on only the rows routed to it, no slots) and the choices per
+        expert (E,); the tokens (G, N, H)."""
+        groups, count, hidden = tokens.shape
+        experts = self.num_experts
+        chosen = ops.stack([ops.reshape(ops.cast(index, ms.int32), (-1,))
+                            for index in indices], -1)                           # (T, k)
+        weight = ops.stack([ops.reshape(w, (-1,)) for w in weights], -1)         # (T, k)
+        mixed = self.kernel(ops.reshape(tokens, (-1, hidden)), chosen, weight, self.gate,
+                            self.up, self.down)[0]
+        choices = picks[0]
+        for picked in picks[1:]:
+            choices = choices + picked
+        return (ops.reshape(mixed, (groups, count, hidden)),
+                ops.sum(ops.reshape(choices, (-1, experts)), 0))
 
     def _experts(self, inputs, groups: int, capacity: int):
         """(G, E C, H) slots -> their experts' outputs, same layout (module docstring)."""
@@ -176,19 +201,19 @@ class MixtureOfExperts(nn.Cell):
         outputs = self.from_experts(outputs, (1, 2, 3, 0, 4, 5))
         return ops.reshape(outputs, (groups, experts * capacity, hidden))
 
-    def _slots(self, probabilities, capacity: int):
-        """(dispatch (G, N, E C), combine (G, N, E C) in the compute dtype, choices per
-        expert (E,)) from the router's probabilities (G, N, E): choice j of
-        every token placed after the slots its group's choices 0..j-1 took, in token
-        order; beyond the capacity dropped."""
-        groups, count, experts = probabilities.shape
-        remaining, picks, weights = probabilities, [], []
+    def _choices(self, probabilities):
+        """The k choices of every token from the router's probabilities (G, N, E): each an
+        index (G, N), its one-hot (G, N, E) and its weight (G, N), renormalised with
+        `normalize_top_k`."""
+        experts = probabilities.shape[-1]
+        remaining, indices, picks, weights = probabilities, [], [], []
         for _ in range(self.top_k):
             index, weight = self.top(remaining)                                  # (G, N)
             picked = self.one_hot(index, experts, ops.ones((), ms.float32),
                                   ops.zeros((), ms.float32))                     # (G, N, E)
             # the picked expert's probability pushed below every other
             remaining = self.mask_out(remaining, self.doubled(picked, ops.cast(2.0, ms.float32)))
+            indices.append(index)
             picks.append(picked)
             weights.append(weight)
         if self.normalize_top_k:
@@ -196,6 +221,14 @@ class MixtureOfExperts(nn.Cell):
             for weight in weights[1:]:
                 total = self.sum_weights(total, weight)
             weights = [self.share(weight, total) for weight in weights]
+        return indices, picks, weights
+
+    def _slots(self, picks, weights, capacity: int):
+        """(dispatch (G, N, E C), combine (G, N, E C) in the compute dtype, choices per
+        expert (E,)) of the tokens' choices (`_choices`): choice j of every token placed
+        after the slots its group's choices 0..j-1 took, in token order; beyond the
+        capacity dropped."""
+        groups, count, experts = picks[0].shape
         taken = ops.zeros((groups, 1, experts), ms.float32)
         dispatch = token_weights = None
         for picked, weight in zip(picks, weights):
