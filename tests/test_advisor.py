@@ -42,6 +42,26 @@ def bert_config():
         "train.global_batch_size=32"], layout_checked=False)
 
 
+@pytest.fixture(scope="module")
+def mixtral_config():
+    # 4 experts, 2 a token, capacity slots: ep up to 4
+    return load_config("model_zoo/mixtral/configs/tiny.yaml", [
+        "model.num_layers=4", "model.num_heads=4", "model.num_kv_heads=2",
+        "model.hidden_size=64", "model.ffn_hidden_size=96", "model.capacity_factor=1.5",
+        "train.global_batch_size=32"], layout_checked=False)
+
+
+def test_layouts_of_a_model_with_experts_search_expert_parallel(mixtral_config):
+    found = advisor.layouts(mixtral_config, 8)
+    assert {(layout.dp, layout.ep) for layout in found} == {
+        (8, 1), (8, 2), (8, 4), (4, 1), (4, 2), (4, 4), (2, 1), (2, 2), (1, 1)}
+    layout = next(layout for layout in found if layout.ep == 4)
+    assert "parallel.expert_parallel=4" in layout.overrides()
+    assert " x ep4" in layout.describe()
+    assert all(layout.ep is None for layout in advisor.layouts(
+        load_config(TINY, layout_checked=False), 8))
+
+
 @pytest.mark.parametrize("model, layout", [
     ("gpt2", advisor.Layout(4, 2, 1, 2, False, True, False)),
     ("gpt2", advisor.Layout(2, 2, 2, 4, True, False, True)),
@@ -51,13 +71,15 @@ def bert_config():
     ("bert", advisor.Layout(2, 2, 2, 8, False, True, False)),
     ("gpt2", advisor.Layout(2, 2, 2, 4, "selective", False, False)),
     ("bert", advisor.Layout(4, 2, 1, 2, "selective", True, True)),
+    ("mixtral", advisor.Layout(4, 2, 1, 2, True, True, False, ep=4)),
+    ("mixtral", advisor.Layout(2, 2, 2, 4, False, False, True, ep=2)),
 ], ids=lambda value: value if isinstance(value, str) else value.describe())
-def test_the_advisor_scores_a_layout_as_its_full_plan_does(config, bert_config, model,
-                                                           layout):
+def test_the_advisor_scores_a_layout_as_its_full_plan_does(config, bert_config, mixtral_config,
+                                                           model, layout):
     """Its recordings of 1 and 2 sequences per device through 1 and 2 blocks per stage,
     interpolated, give the full plan's memory and time (the plan records the layout's own
     micro batch and all 4 layers)."""
-    config = {"gpt2": config, "bert": bert_config}[model]
+    config = {"gpt2": config, "bert": bert_config, "mixtral": mixtral_config}[model]
     scored = advisor.Advisor(config, "a100").score(layout)
     plan = build_plan(layout.apply(config), device="a100")
     assert not plan.violations

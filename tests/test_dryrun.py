@@ -122,6 +122,25 @@ def test_llama_grouped_heads_compile_on_every_stage(overrides):
     assert all(rank.eval_error is None for rank in result.ranks)
 
 
+def test_experts_compile_in_bf16_on_a_pipeline_with_the_optimizer_shard():
+    """Mixtral tiny as an Ascend 910B run builds it: bf16, flash attention, dropping
+    capacity, shared experts, expert parallel 2 on a 2-stage pipeline with the optimizer
+    shard (whose bf16 gathers inside the pipeline the dry run accepts as Ascend does:
+    `rank.allow_ascend_collective_dtypes`): every stage compiles with its AllToAlls, and
+    the layouts are the plan's."""
+    overrides = ["parallel.data_parallel=2", "parallel.expert_parallel=2",
+                 "parallel.pipeline_stage=2", "parallel.micro_batch_num=2",
+                 "parallel.optimizer_shard=true", "train.precision=bf16",
+                 "model.flash_attention=true", "model.capacity_factor=1.1",
+                 "model.num_shared_experts=1"]
+    config = load_config(MIXTRAL_TINY, overrides, layout_checked=False)
+    result = run_dryrun(config, MIXTRAL_TINY, overrides, select_ranks("stages", config.parallel),
+                        as_device="ascend910b",
+                        plan=build_plan(config, MIXTRAL_TINY, device="ascend910b"))
+    assert result.ok, [(rank.error, rank.layout_mismatches[:2]) for rank in result.ranks]
+    assert all(rank.collectives.get("AllToAll") for rank in result.ranks)
+
+
 def test_llama_flash_attention_takes_the_grouped_heads_as_they_are():
     """FlashAttentionScore with 4 query heads over 2 key/value heads, not repeated (mp 2: one
     key/value head and two query heads a device): MindSpore's compiler accepts the grouped

@@ -2,7 +2,8 @@
 against the rules, held against the device's memory and ranked by predicted throughput
 (the memory, communication, compute and time models of this package).
 
-Layouts: dp x mp x pp = N with mp dividing the heads and pp the layers; m micro steps per
+Layouts: dp x mp x pp = N with mp dividing the heads and pp the layers (and, for a model
+with experts, every expert_parallel dividing dp and the experts); m micro steps per
 step, powers of two from 1 (from pp on a pipeline, where they are micro batches; gradient
 accumulation otherwise) while the global batch divides; recompute off, selective (the
 attention core) and full, on every block, and every fitting fully recomputed layout again
@@ -56,6 +57,7 @@ class Layout:
     interleave: int = 1             # parallel.pipeline_interleave (interleaved 1F1B)
     stage_blocks: Optional[tuple] = None       # parallel.stage_blocks (None: even stages)
     recompute_blocks: Optional[tuple] = None   # parallel.recompute_blocks (None: all)
+    ep: Optional[int] = None        # parallel.expert_parallel (None: a model without experts)
 
     def apply(self, config):
         """`config` with this layout (a new Config; `config` is not changed)."""
@@ -67,7 +69,8 @@ class Layout:
             sequence_parallel=self.sequence_parallel,
             recompute_blocks=_listed(self.recompute_blocks),
             stage_blocks=_listed(self.stage_blocks),
-            pipeline_interleave=self.interleave, pipeline_scheduler="1f1b")
+            pipeline_interleave=self.interleave, pipeline_scheduler="1f1b",
+            expert_parallel=self.ep or 1)
         train = dataclasses.replace(config.train,
                                     grad_accumulation=1 if pipeline else self.micro_steps)
         model = config.model
@@ -91,7 +94,9 @@ class Layout:
             options.insert(0, f"{self.micro_steps} micro batches")
         elif self.micro_steps > 1:
             options.insert(0, f"{self.micro_steps} accumulation steps")
-        return f"dp{self.dp} x mp{self.mp} x pp{self.pp}" + "".join(f", {o}" for o in options)
+        experts = f" x ep{self.ep}" if self.ep is not None else ""
+        return (f"dp{self.dp} x mp{self.mp} x pp{self.pp}{experts}"
+                + "".join(f", {o}" for o in options))
 
     def overrides(self) -> List[str]:
         pipeline = self.pp > 1
@@ -106,7 +111,8 @@ class Layout:
                     f"parallel.pipeline_interleave={self.interleave}",
                     "parallel.pipeline_scheduler=1f1b",
                     f"parallel.stage_blocks={_override(self.stage_blocks)}",
-                    f"parallel.recompute_blocks={_override(self.recompute_blocks)}"]
+                    f"parallel.recompute_blocks={_override(self.recompute_blocks)}"] + (
+                    [f"parallel.expert_parallel={self.ep}"] if self.ep is not None else [])
 
 
 def _listed(blocks: Optional[tuple]) -> Optional[list]:
@@ -156,11 +162,21 @@ def layouts(config, device_num: int, flash_attention: bool = False) -> List[Layo
                             # flash attention keeps no (seq x seq) tensor: selective
                             # recompute would mark nothing
                             found.extend(Layout(dp, mp, pp, micro, recompute, shard, sequence,
-                                                on, interleave) for on in flash
+                                                on, interleave, ep=ep) for on in flash
                                          for interleave in interleaves(model, pp, micro)
+                                         for ep in expert_parallels(model, dp)
                                          if not (on and recompute == "selective"))
                 micro *= 2
     return found
+
+
+def expert_parallels(model, dp: int) -> List[Optional[int]]:
+    """The expert_parallel values tried: every divisor of dp that divides the experts, for
+    a model with experts (`model.num_experts`); [None] for one without."""
+    experts = getattr(model, "num_experts", 0)
+    if not experts:
+        return [None]
+    return [ep for ep in _divisors(math.gcd(dp, experts))]
 
 
 def interleaves(model, pp: int, micro_steps: int) -> List[int]:
@@ -191,7 +207,7 @@ class Advisor:
         it."""
         selective = recompute == "selective"
         key = (layout.dp, layout.mp, layout.pp, layout.sequence_parallel,
-               layout.flash_attention, micro_batch, blocks, selective)
+               layout.flash_attention, layout.ep, micro_batch, blocks, selective)
         if key not in self.recordings:
             started = time.perf_counter()
             shape = dataclasses.replace(layout, micro_steps=max(layout.pp, 1),

@@ -171,6 +171,9 @@ def to_hf(config, network) -> tuple:
     """`model-zoo convert mixtral --to-hf`: (config.json of a MixtralForCausalLM, its
     tensors) for our network, the inverse of `map_weights`."""
     model = config.model
+    if model.num_shared_experts:
+        raise ConfigError(f"model.num_shared_experts={model.num_shared_experts}: Hugging "
+                          f"Face's Mixtral has no shared experts to convert them to")
     params = huggingface.parameters_of(network)
     tensors = {"model.embed_tokens.weight": params[PREFIX + "embed.embedding_table"],
                "model.norm.weight": params[PREFIX + "norm.weight"]}

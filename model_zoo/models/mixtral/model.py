@@ -17,8 +17,8 @@ from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.models.base import folder_name
 from model_zoo.nn.grouped_attention import GroupedQueryAttention, rotary_tables
-from model_zoo.nn.layers import (ResidualAdd, RMSNorm, VocabEmbedding, VocabProjection,
-                                 assign_pipeline_stages)
+from model_zoo.nn.layers import (GatedFeedForward, ResidualAdd, RMSNorm, VocabEmbedding,
+                                 VocabProjection, assign_pipeline_stages)
 from model_zoo.nn.moe import LoadBalancingLoss, MixtureOfExperts
 from model_zoo.parallel.config import ParallelConfig
 
@@ -32,7 +32,9 @@ class MixtralConfig(ModelConfig):
     4 x hidden_size rounded up to a multiple of 256), num_experts_per_tok of them for each
     token; capacity_factor 0 routes every choice (dropless), > 0 gives each expert
     ceil(k tokens / experts x factor) slots; router_aux_loss_coef weighs the
-    load-balancing loss. num_shared_experts (Qwen2-MoE's always-on experts) must be 0.
+    load-balancing loss. num_shared_experts > 0 adds always-on experts beside the routed
+    ones, as one SwiGLU of num_shared_experts x the expert width every token passes
+    (DeepSeekMoE's shared experts; Qwen2-MoE's shared expert, less its sigmoid gate).
     """
 
     name: str = folder_name(__name__)
@@ -80,16 +82,15 @@ class MixtralConfig(ModelConfig):
         if self.num_experts < 1 or not 1 <= self.num_experts_per_tok <= self.num_experts:
             raise ConfigError(f"model.num_experts_per_tok={self.num_experts_per_tok} must be "
                               f"in [1, model.num_experts={self.num_experts}]")
-        if self.num_shared_experts:
-            raise ConfigError(f"model.num_shared_experts={self.num_shared_experts}: shared "
-                              f"experts are not built; use 0")
-        if self.moe_intermediate_size < 0 or self.router_aux_loss_coef < 0:
-            raise ConfigError("model.moe_intermediate_size and model.router_aux_loss_coef "
-                              "must be >= 0")
+        if (self.moe_intermediate_size < 0 or self.router_aux_loss_coef < 0
+                or self.num_shared_experts < 0):
+            raise ConfigError("model.moe_intermediate_size, model.router_aux_loss_coef and "
+                              "model.num_shared_experts must be >= 0")
 
 
 class MixtralBlock(nn.Cell):
-    """x + attention(input_norm(x)), then x + experts(post_attention_norm(x)).
+    """x + attention(input_norm(x)), then x + experts(post_attention_norm(x)) (plus the
+    shared experts' output, when there are any).
 
     Inputs:
         x: (batch, seq, hidden); cos, sin: (seq, head_dim), the rotary rows of x's positions.
@@ -116,12 +117,27 @@ class MixtralBlock(nn.Cell):
             config.num_experts_per_tok, parallel_config=parallel_config,
             capacity_factor=config.capacity_factor, compute_dtype=compute_dtype,
             init_std=config.init_std, output_init_std=output_std)
+        self.shared_experts = None
+        if config.num_shared_experts:
+            self.shared_experts = GatedFeedForward(
+                config.hidden_size, config.num_shared_experts * config.expert_size,
+                parallel_config=parallel_config, compute_dtype=compute_dtype,
+                init_std=config.init_std, output_init_std=output_std)
+            self.add_shared = ResidualAdd(parallel_config=parallel_config)
         self.residual_1 = ResidualAdd(parallel_config=parallel_config)
         self.residual_2 = ResidualAdd(parallel_config=parallel_config)
 
+    def feed_forward(self, x, statistics=None):
+        """The routed experts' output on the normed x, plus the shared experts'; and the
+        router's statistics plus these tokens' (`MixtureOfExperts`)."""
+        mixed, statistics = self.mlp(x, statistics)
+        if self.shared_experts is not None:
+            mixed = self.add_shared(mixed, self.shared_experts(x))
+        return mixed, statistics
+
     def construct(self, x, cos, sin, statistics=None):
         x = self.residual_1(x, self.attention(self.input_norm(x), cos, sin))
-        mixed, statistics = self.mlp(self.post_attention_norm(x), statistics)
+        mixed, statistics = self.feed_forward(self.post_attention_norm(x), statistics)
         return self.residual_2(x, mixed), statistics
 
     def decode_step(self, x, cos, sin, cache_key, cache_value, write_index, step_bias):
@@ -129,14 +145,14 @@ class MixtralBlock(nn.Cell):
         (`GroupedQueryAttention.decode_step`)."""
         x = self.residual_1(x, self.attention.decode_step(
             self.input_norm(x), cos, sin, cache_key, cache_value, write_index, step_bias))
-        return self.residual_2(x, self.mlp(self.post_attention_norm(x))[0])
+        return self.residual_2(x, self.feed_forward(self.post_attention_norm(x))[0])
 
     def prefill(self, x, cos, sin, cache_key, cache_value, write_index):
         """`construct` for the first positions x (batch, P, hidden), writing their keys and
         values into the caches (`GroupedQueryAttention.prefill`)."""
         x = self.residual_1(x, self.attention.prefill(
             self.input_norm(x), cos, sin, cache_key, cache_value, write_index))
-        return self.residual_2(x, self.mlp(self.post_attention_norm(x))[0])
+        return self.residual_2(x, self.feed_forward(self.post_attention_norm(x))[0])
 
 
 class MixtralModel(nn.Cell):
