@@ -100,7 +100,7 @@ class MixtureOfExperts(nn.Cell):
         self.down = weight((num_experts, ffn_hidden_size, hidden_size),
                            output_init_std or init_std, "down")
 
-        groups = (dp, 1, 1)                       # (G, N, E) and (G, N, H): a group a rank
+        groups = (dp, 1, 1)         # (G, N, E) and (G, N, H): the groups split as the batch
         self.route = ops.MatMul(transpose_b=True).shard(((dp, 1), (1, 1)))
         self.softmax = ops.Softmax(axis=-1).shard((groups,))
         self.top = ops.ArgMaxWithValue(axis=-1).shard((groups,))
