@@ -176,7 +176,7 @@ def expert_parallels(model, dp: int) -> List[Optional[int]]:
     experts = getattr(model, "num_experts", 0)
     if not experts:
         return [None]
-    return [ep for ep in _divisors(math.gcd(dp, experts))]
+    return _divisors(math.gcd(dp, experts))
 
 
 def interleaves(model, pp: int, micro_steps: int) -> List[int]:

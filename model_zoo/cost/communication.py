@@ -149,8 +149,10 @@ def estimate_communication(rec, parallel: ParallelConfig,
                 wanted = call.strategy[index]
                 have = info.layout
                 gather = gather_factor(have, wanted)
-                if gather > 1 and math.prod(have) == math.prod(wanted):
-                    amount = collective(gather) * slice_bytes(info, wanted)
+                if gather == 1:
+                    continue
+                amount = collective(gather) * slice_bytes(info, wanted)
+                if math.prod(have) == math.prod(wanted):
                     group = (gather, all_to_all_stride(have, wanted,
                                                        parallel.devices_per_stage))
                     comm.add("all_to_all", f"{where}: input {index} moved {have} -> "
@@ -159,8 +161,7 @@ def estimate_communication(rec, parallel: ParallelConfig,
                         comm.add("all_to_all", f"{where}: gradient of input {index} "
                                                f"{wanted} -> {have}", backward * amount,
                                  group, backward)
-                elif gather > 1:
-                    amount = collective(gather) * slice_bytes(info, wanted)
+                else:
                     comm.add("all_gather", f"{where}: input {index} redistributed "
                                            f"{have} -> {wanted}", forward * amount,
                              (gather, 1), forward)

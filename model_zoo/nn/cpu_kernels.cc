@@ -1272,6 +1272,13 @@ void gather_rows(const float *x, const int64_t *order, int64_t first, int64_t co
   });
 }
 
+// a = silu(g) u for one routed row whose gate and up products lie side by side (g, u)
+inline void swiglu_row(const float *products, int64_t width, float *a) {
+  const float *g = products, *u = products + width;
+#pragma omp simd
+  for (int64_t c = 0; c < width; ++c) a[c] = g[c] * sigmoid_approx(g[c]) * u[c];
+}
+
 struct MoeShapes {
   int64_t tokens, k, hidden, experts, width;
   // x (T, H), chosen (T, k), weights (T, k), gate (E, H, F), up (E, H, F), down (E, F, H)
@@ -1327,12 +1334,7 @@ extern "C" int MoeExpertsForward(AOT_ARGS) {
       return 1;
     }
     parallel_for(n, row_grain(F), [=](int64_t begin, int64_t end, int) {
-      for (int64_t i = begin; i < end; ++i) {
-        const float *g = pe + i * 2 * F, *u = g + F;
-        float *a = ae + i * F;
-#pragma omp simd
-        for (int64_t c = 0; c < F; ++c) a[c] = g[c] * sigmoid_approx(g[c]) * u[c];
-      }
+      for (int64_t i = begin; i < end; ++i) swiglu_row(pe + i * 2 * F, F, ae + i * F);
     });
     if (!sgemm('N', 'N', n, H, F, ae, down + e * F * H, 0.f, expert_out + first * H)) return 1;
   }
@@ -1409,10 +1411,7 @@ extern "C" int MoeExpertsBackward(AOT_ARGS) {
         float *o = doe + i * H;
 #pragma omp simd
         for (int64_t c = 0; c < H; ++c) o[c] = w * d[c];
-        const float *g = pe + i * 2 * F, *u = g + F;
-        float *a = ae + i * F;
-#pragma omp simd
-        for (int64_t c = 0; c < F; ++c) a[c] = g[c] * sigmoid_approx(g[c]) * u[c];
+        swiglu_row(pe + i * 2 * F, F, ae + i * F);
       }
     });
     // ddown = a^T d_out; d_active = d_out down^T (into the gate half of d_products)
