@@ -56,7 +56,8 @@ def main(request_path: str) -> int:
     result = {"rank": request["rank"], "compiled": False, "compile_s": None, "sink_size": 0,
               "eval_compile_s": None, "eval_collectives": {}, "eval_error": None,
               "peak_rss_mb": None, "collectives": {}, "collective_groups": {},
-              "layouts": {}, "float_status_ops": 0, "norm_weights_error": None,
+              "layouts": {}, "float_status_ops": 0, "constant_mb": None,
+              "norm_weights_error": None,
               "error": None}
     try:
         compile_rank(request, folder, result)
@@ -123,6 +124,7 @@ def compile_rank(request: dict, folder: Path, result: dict):
                                                                      context.device_num)
     result["float_status_ops"] = sum(1 for primitive in called_primitives(graph)
                                      if primitive.op_type in FLOAT_STATUS)
+    result["constant_mb"] = round(constant_bytes(graph) / 2**20, 1)
     if context.semi_auto:   # the trainer's check before step 1, on what MindSpore compiled
         try:
             check_compiled_layouts(layouts, step_cell.gradient_norm.planned_layouts,
@@ -207,6 +209,16 @@ def called_primitives(model):
             reference = node.op_type.removeprefix("REF::")
             if node.op_type.startswith("REF::") and reference in primitives:
                 yield primitives[reference]
+
+
+def constant_bytes(model) -> int:
+    """Bytes of the tensors a parsed compiled graph holds as constants: device memory on
+    top of the parameters, optimizer states and activations the plan counts (a masks or a
+    rotary table: a few MB; a constant as large as a weight slice is a defect, such as a
+    zeros_like of a gradient MindSpore folds into a constant)."""
+    return sum(len(tensor.raw_data) for graph in [model.graph, *model.functions]
+               for node in graph.node if node.op_type == "Constant"
+               for attribute in node.attribute for tensor in attribute.tensors)
 
 
 def collectives(model, device_num: int):

@@ -11,7 +11,8 @@ strategy file. It is not an Ascend compile: kernels are never selected or launch
 operator without an Ascend kernel still compiles), and memory is not simulated.
 
 Per rank it reports whether the train step compiled, MindSpore's error in one line,
-compile seconds, peak host memory, the inserted collectives by kind and group size, the
+compile seconds, peak host memory, the megabytes the compiled step holds as constants (device
+memory the plan does not count), the inserted collectives by kind and group size, the
 strategy file, and every parameter whose layout differs from the plan's, with the
 gradient-norm weight the train step gives it.
 """
@@ -51,6 +52,7 @@ class RankResult:
     collective_groups: dict = field(default_factory=dict)   # kind -> {group size: count}
     layout_mismatches: list = field(default_factory=list)
     float_status_ops: int = 0   # the 910's overflow check in the compiled step
+    constant_mb: Optional[float] = None   # tensors the compiled step holds as constants
     norm_weights_error: Optional[str] = None   # the trainer's check before step 1
     error: Optional[str] = None
     strategy_file: Optional[str] = None
@@ -256,7 +258,7 @@ def _collect(request: Path, rank: int, stage: int, process, timed_out: Optional[
     for key in ("compiled", "compile_s", "sink_size", "eval_compile_s", "eval_collectives",
                 "eval_error",
                 "peak_rss_mb", "collectives", "collective_groups", "float_status_ops",
-                "norm_weights_error", "error"):
+                "constant_mb", "norm_weights_error", "error"):
         setattr(result, key, found[key])
     strategy = folder / "strategy.ckpt"
     if keep and strategy.is_file():
@@ -287,7 +289,8 @@ def rank_line(result: RankResult) -> str:
     if result.float_status_ops:
         sunk += f" with {result.float_status_ops} float-status operators"
     line = (head + f"compiled{sunk} in {result.compile_s:.1f} s ({held_out}), peak "
-            f"{result.peak_rss_mb} MB; collectives: {comm or 'none'}")
+            f"{result.peak_rss_mb} MB, constants {result.constant_mb} MB; "
+            f"collectives: {comm or 'none'}")
     if result.eval_error is not None:
         line += f"\n      evaluation network: {result.eval_error}"
     if result.layout_mismatches:

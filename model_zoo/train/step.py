@@ -575,7 +575,6 @@ def _skipping_adamw(beta1, beta2, eps, lr, factor, finite, weight_decay, param, 
                     gradient, decay_flag):
     """One parameter's AdamW step in float32, applied only when `finite`."""
     g = ops.cast(gradient, ms.float32) * factor
-    g = ops.select(finite, g, ops.zeros_like(g))     # no inf or nan reaches the moments
     m32, v32, p32 = (ops.cast(t, ms.float32) for t in (m, v, param))
     next_m = beta1 * m32 + (1.0 - beta1) * g
     next_v = beta2 * v32 + (1.0 - beta2) * ops.square(g)
