@@ -427,8 +427,9 @@ class TrainStep(nn.Cell):
         elif applied:
             loss = ops.depend(loss, self.optimizer(grads))
         if self.accumulated_by_compiler:
-            loss = ops.depend(loss, self.hyper_map(ops.partial(_clear_accumulated, loss),
-                                                   self.accu_grads))
+            every = self.step >= 0   # True, but not a constant the compiler could fold
+            loss = ops.depend(loss, self.hyper_map(
+                ops.partial(_clear_accumulated, every, loss), self.accu_grads))
         loss = ops.depend(loss, ops.assign_add(self.step, Tensor(1, ms.int32)))
         return loss, applied, scale, grad_norm, lr, stop, finite
 
@@ -459,9 +460,16 @@ def _read_accumulated(accumulated, grad):
     return ops.depend(accumulated, grad)
 
 
-def _clear_accumulated(updated, accumulated):
-    """Zero an accumulation buffer once this step's update has used the gradients."""
-    return ops.assign(ops.depend(accumulated, updated), ops.zeros_like(accumulated))
+def _clear_accumulated(every, updated, accumulated):
+    """Zero an accumulation buffer once this step's update has used the gradients: every
+    element filled, `every` being a runtime True. Not `assign(zeros_like(buffer))` as
+    MindSpore's own pipeline cell clears its buffers: with static shapes MindSpore folds
+    that into a constant as large as the buffer slice (device memory beside the buffer;
+    the MindIR of one Mixtral-8x7B pipeline stage passed protobuf's 2 GB from them). A
+    fill, unlike a product with 0, also clears an inf or nan of a skipped step."""
+    accumulated = ops.depend(accumulated, updated)
+    return ops.assign(accumulated, ops.masked_fill(accumulated, every,
+                                                   ops.cast(0.0, accumulated.dtype)))
 
 
 def _multiply(factor, grad):
