@@ -29,7 +29,8 @@ def read_hf_config(hf_dir: str, model_type: str, model_name: str):
     """The raw config.json of the folder `hf_dir` as a dict, and its path.
 
     DataError if the folder or its config.json is missing or unreadable, or if its
-    `model_type` is not `model_type` (`model_name` is how the message names the model).
+    `model_type` is not `model_type` (or one of a tuple of them; `model_name` is how the
+    message names the model).
     """
     if not os.path.isdir(hf_dir):
         raise DataError(f"Hugging Face model directory {hf_dir!r} does not exist")
@@ -44,9 +45,11 @@ def read_hf_config(hf_dir: str, model_type: str, model_name: str):
         raise DataError(f"{path!r} is not a readable JSON file: {err}") from None
     if not isinstance(raw, dict):
         raise DataError(f"{path!r} must hold a JSON object")
-    if raw.get("model_type") != model_type:
+    expected = model_type if isinstance(model_type, tuple) else (model_type,)
+    if raw.get("model_type") not in expected:
         raise DataError(f"{path!r} is not a {model_name} config: model_type is "
-                        f"{raw.get('model_type')!r}, expected {model_type!r}")
+                        f"{raw.get('model_type')!r}, expected "
+                        f"{' or '.join(map(repr, expected))}")
     return raw, path
 
 

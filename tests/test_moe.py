@@ -175,3 +175,19 @@ def test_expert_parallel_must_divide_the_data_parallel_devices_and_the_experts()
                                           "parallel.expert_parallel=8"):
         MixtureOfExperts(HIDDEN, FFN, EXPERTS, TOP_K, parallel_config=ParallelConfig(
             data_parallel=8, expert_parallel=8))
+
+
+def test_dense_layers_and_the_shared_gate_are_checked_where_the_config_is_read():
+    from model_zoo.config import load_config
+    from model_zoo.cost.advisor import Advisor
+    from model_zoo.errors import ConfigError, UserInputError
+    mixtral_config_file = "model_zoo/models/mixtral/configs/tiny.yaml"
+    with pytest.raises(ConfigError, match=r"model.moe_layer_freq=3 must be in \[1, "
+                                          r"model.num_layers=2\]"):
+        load_config(mixtral_config_file, ["model.moe_layer_freq=3"])
+    with pytest.raises(ConfigError, match="shared_expert_gate needs shared experts"):
+        load_config(mixtral_config_file, ["model.shared_expert_gate=true"])
+    config = load_config(mixtral_config_file, ["model.moe_layer_freq=2"])
+    assert [config.model.has_experts(layer) for layer in range(2)] == [False, True]
+    with pytest.raises(UserInputError, match="alternates dense and expert blocks"):
+        Advisor(config)

@@ -192,6 +192,11 @@ class Advisor:
     """Scores layouts of one config on one device profile, recording each shape once."""
 
     def __init__(self, config, device: str = "ascend910", devices_per_server: int = 0):
+        if getattr(config.model, "moe_layer_freq", 1) > 1:
+            raise UserInputError(
+                f"model.moe_layer_freq={config.model.moe_layer_freq}: the advisor prices a "
+                f"stage from one and two alike blocks, and this model alternates dense and "
+                f"expert blocks; check its layouts with `model-zoo plan`")
         self.config = config
         self.profile = load_profile(device, devices_per_server)
         self.recordings: Dict[tuple, object] = {}

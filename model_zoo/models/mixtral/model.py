@@ -2,8 +2,10 @@
 model_zoo/models/llama) whose feed-forward is a mixture of SwiGLU experts
 (`nn.moe.MixtureOfExperts`: a top-k router, dropless unless `capacity_factor` > 0).
 Training adds the router's load-balancing loss, `router_aux_loss_coef` times the Switch
-Transformer's (summed over the layers as Hugging Face's Mixtral sums it). convert.py maps
-Hugging Face's `MixtralForCausalLM` onto these parameters.
+Transformer's (summed over the layers as Hugging Face's Mixtral sums it). The keys Qwen2-MoE
+adds (shared experts behind a sigmoid gate, query/key/value biases, unnormalised top-k
+weights, dense layers between the sparse ones) make the same decoder a Qwen2-MoE. convert.py
+maps Hugging Face's `MixtralForCausalLM` and `Qwen2MoeForCausalLM` onto these parameters.
 """
 
 import math
@@ -17,8 +19,8 @@ from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.models.base import folder_name
 from model_zoo.nn.grouped_attention import GroupedQueryAttention, rotary_tables
-from model_zoo.nn.layers import (GatedFeedForward, ResidualAdd, RMSNorm, VocabEmbedding,
-                                 VocabProjection, assign_pipeline_stages)
+from model_zoo.nn.layers import (GatedFeedForward, Linear, ResidualAdd, RMSNorm,
+                                 VocabEmbedding, VocabProjection, assign_pipeline_stages)
 from model_zoo.nn.moe import LoadBalancingLoss, MixtureOfExperts
 from model_zoo.parallel.config import ParallelConfig
 
@@ -34,7 +36,12 @@ class MixtralConfig(ModelConfig):
     ceil(k tokens / experts x factor) slots; router_aux_loss_coef weighs the
     load-balancing loss. num_shared_experts > 0 adds always-on experts beside the routed
     ones, as one SwiGLU of num_shared_experts x the expert width every token passes
-    (DeepSeekMoE's shared experts; Qwen2-MoE's shared expert, less its sigmoid gate).
+    (DeepSeekMoE's shared experts), scaled by sigmoid(x w) with `shared_expert_gate`
+    (Qwen2-MoE's shared expert). normalize_top_k scales a token's k routing weights to sum
+    to 1 (Mixtral; Qwen2-MoE's norm_topk_prob, false in its releases). moe_layer_freq k
+    gives experts to every k-th layer (those with (i + 1) % k == 0, Qwen2-MoE's
+    decoder_sparse_step), the others a SwiGLU of ffn_hidden_size. attention_bias adds
+    biases to the query, key and value projections (Qwen's).
     """
 
     name: str = folder_name(__name__)
@@ -51,10 +58,22 @@ class MixtralConfig(ModelConfig):
     moe_intermediate_size: int = 0
     router_aux_loss_coef: float = 0.001
     capacity_factor: float = 0.0
+    normalize_top_k: bool = True
+    shared_expert_gate: bool = False
+    moe_layer_freq: int = 1
+    attention_bias: bool = False
 
     @property
     def expert_size(self) -> int:
         return self.moe_intermediate_size or self.ffn_size
+
+    def has_experts(self, layer: int) -> bool:
+        """Whether layer `layer` (from 0) routes to experts (`moe_layer_freq`)."""
+        return (layer + 1) % self.moe_layer_freq == 0
+
+    @property
+    def sparse_layers(self) -> int:
+        return self.num_layers // self.moe_layer_freq
 
     @property
     def kv_heads(self) -> int:
@@ -86,11 +105,19 @@ class MixtralConfig(ModelConfig):
                 or self.num_shared_experts < 0):
             raise ConfigError("model.moe_intermediate_size, model.router_aux_loss_coef and "
                               "model.num_shared_experts must be >= 0")
+        if not 1 <= self.moe_layer_freq <= self.num_layers:
+            raise ConfigError(f"model.moe_layer_freq={self.moe_layer_freq} must be in "
+                              f"[1, model.num_layers={self.num_layers}]: every k-th layer "
+                              f"has experts")
+        if self.shared_expert_gate and not self.num_shared_experts:
+            raise ConfigError("model.shared_expert_gate needs shared experts: set "
+                              "model.num_shared_experts > 0")
 
 
 class MixtralBlock(nn.Cell):
     """x + attention(input_norm(x)), then x + experts(post_attention_norm(x)) (plus the
-    shared experts' output, when there are any).
+    shared experts' output, when there are any); a dense layer (`moe_layer_freq`) has a
+    SwiGLU of ffn_size in place of the experts and passes the statistics on.
 
     Inputs:
         x: (batch, seq, hidden); cos, sin: (seq, head_dim), the rotary rows of x's positions.
@@ -99,9 +126,12 @@ class MixtralBlock(nn.Cell):
         (`MixtureOfExperts`: choices per expert and summed probabilities).
     """
 
-    def __init__(self, config: MixtralConfig, parallel_config: ParallelConfig, compute_dtype):
+    def __init__(self, config: MixtralConfig, parallel_config: ParallelConfig, compute_dtype,
+                 layer: int = 0):
         super().__init__()
         output_std = config.init_std / math.sqrt(2 * config.num_layers)
+        ffn = dict(parallel_config=parallel_config, compute_dtype=compute_dtype,
+                   init_std=config.init_std, output_init_std=output_std)
         self.input_norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
                                   eps=config.rms_norm_eps)
         self.attention = GroupedQueryAttention(
@@ -109,30 +139,45 @@ class MixtralBlock(nn.Cell):
             parallel_config=parallel_config, max_seq_length=config.seq_length,
             attention_dropout=config.attention_dropout, compute_dtype=compute_dtype,
             init_std=config.init_std, output_init_std=output_std,
-            flash=config.flash_attention)
+            flash=config.flash_attention, has_bias=config.attention_bias)
         self.post_attention_norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
                                            eps=config.rms_norm_eps)
-        self.mlp = MixtureOfExperts(
-            config.hidden_size, config.expert_size, config.num_experts,
-            config.num_experts_per_tok, parallel_config=parallel_config,
-            capacity_factor=config.capacity_factor, compute_dtype=compute_dtype,
-            init_std=config.init_std, output_init_std=output_std)
-        self.shared_experts = None
-        if config.num_shared_experts:
+        self.sparse = config.has_experts(layer)
+        self.shared_experts, self.shared_gate = None, None
+        if not self.sparse:
+            self.mlp = GatedFeedForward(config.hidden_size, config.ffn_size, **ffn)
+        else:
+            self.mlp = MixtureOfExperts(
+                config.hidden_size, config.expert_size, config.num_experts,
+                config.num_experts_per_tok, capacity_factor=config.capacity_factor,
+                normalize_top_k=config.normalize_top_k, **ffn)
+        if self.sparse and config.num_shared_experts:
             self.shared_experts = GatedFeedForward(
-                config.hidden_size, config.num_shared_experts * config.expert_size,
-                parallel_config=parallel_config, compute_dtype=compute_dtype,
-                init_std=config.init_std, output_init_std=output_std)
+                config.hidden_size, config.num_shared_experts * config.expert_size, **ffn)
             self.add_shared = ResidualAdd(parallel_config=parallel_config)
+        if self.shared_experts is not None and config.shared_expert_gate:
+            # (batch, seq, hidden) -> one gate a token; the shared output scaled by it
+            dp = parallel_config.dp
+            self.shared_gate = Linear(config.hidden_size, 1, parallel_config=parallel_config,
+                                      has_bias=False, compute_dtype=compute_dtype,
+                                      init_std=config.init_std)
+            self.sigmoid = ops.Sigmoid().shard(((dp, 1, 1),))
+            self.scale_shared = ops.Mul().shard(((dp, 1, 1), (dp, 1, 1)))
         self.residual_1 = ResidualAdd(parallel_config=parallel_config)
         self.residual_2 = ResidualAdd(parallel_config=parallel_config)
 
     def feed_forward(self, x, statistics=None):
         """The routed experts' output on the normed x, plus the shared experts'; and the
-        router's statistics plus these tokens' (`MixtureOfExperts`)."""
+        router's statistics plus these tokens' (`MixtureOfExperts`). A dense layer's SwiGLU
+        output and the statistics as they came."""
+        if not self.sparse:
+            return self.mlp(x), statistics
         mixed, statistics = self.mlp(x, statistics)
         if self.shared_experts is not None:
-            mixed = self.add_shared(mixed, self.shared_experts(x))
+            shared = self.shared_experts(x)
+            if self.shared_gate is not None:
+                shared = self.scale_shared(shared, self.sigmoid(self.shared_gate(x)))
+            mixed = self.add_shared(mixed, shared)
         return mixed, statistics
 
     def construct(self, x, cos, sin, statistics=None):
@@ -170,8 +215,8 @@ class MixtralModel(nn.Cell):
         super().__init__()
         self.embed = VocabEmbedding(config.vocab_size, config.hidden_size,
                                     parallel_config=parallel_config, init_std=config.init_std)
-        self.blocks = nn.CellList([MixtralBlock(config, parallel_config, compute_dtype)
-                                   for _ in range(config.num_layers)])
+        self.blocks = nn.CellList([MixtralBlock(config, parallel_config, compute_dtype, layer)
+                                   for layer in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
                             eps=config.rms_norm_eps)
         cos, sin = rotary_tables(config.hidden_size // config.num_heads, config.seq_length,
@@ -228,7 +273,7 @@ class MixtralForCausalLM(nn.Cell):
     def with_balance_loss(self, input_ids):
         """(logits, the load-balancing loss of these tokens over every layer)."""
         hidden, statistics = self.model(input_ids)
-        rows = input_ids.shape[0] * input_ids.shape[1] * len(self.model.blocks)
+        rows = input_ids.shape[0] * input_ids.shape[1] * self.config.sparse_layers
         return self.head(hidden, self.output_table()), self.balance_loss(statistics, rows)
 
     # cached decoding (model_zoo.causal_lm.generate)

@@ -1,6 +1,7 @@
 """A converted Hugging Face Mixtral (4 experts, 2 a token, grouped heads, a rotary base
-other than LLaMA's) gives the same logits, greedy ids and load-balancing loss as the
-original, and goes back to Hugging Face bit for bit."""
+other than LLaMA's) and Qwen2-MoE (a dense layer before a sparse one, a gated shared expert,
+query/key/value biases, top-k weights not renormalised) give the same logits, greedy ids and
+load-balancing loss as the originals, and go back to Hugging Face bit for bit."""
 
 import os
 
@@ -25,15 +26,23 @@ from model_zoo.models.mixtral.model import MixtralForTraining  # noqa: E402
 SEQ, VOCAB, EXPERTS = 32, 101, 4
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
+SHARED = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=SEQ, num_experts_per_tok=2,
+              rope_theta=500000.0, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+HF_MODELS = {   # model_type: (causal LM class, its config, our expected (expert width, shared))
+    "mixtral": (transformers.MixtralForCausalLM, transformers.MixtralConfig(
+        intermediate_size=76, num_local_experts=EXPERTS, **SHARED), (76, 0)),
+    "qwen2_moe": (transformers.Qwen2MoeForCausalLM, transformers.Qwen2MoeConfig(
+        intermediate_size=88, moe_intermediate_size=40, shared_expert_intermediate_size=80,
+        num_experts=EXPERTS, decoder_sparse_step=2, norm_topk_prob=False, **SHARED),
+        (40, 2))}
+
+
+@pytest.fixture(scope="module", params=list(HF_MODELS))
+def converted(request, tmp_path_factory):
     torch.manual_seed(3)
-    hf_config = transformers.MixtralConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=76, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=SEQ,
-        num_local_experts=EXPERTS, num_experts_per_tok=2, rope_theta=500000.0,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    model = transformers.MixtralForCausalLM(hf_config).eval()
+    model_class, hf_config, _ = HF_MODELS[request.param]
+    model = model_class(hf_config).eval()
     with torch.no_grad():   # norms start at 1: perturb everything so the mapping counts
         for param in model.parameters():
             param.add_(0.1 * torch.randn_like(param))
@@ -51,8 +60,10 @@ def converted(tmp_path_factory):
 
 def test_config_matches(converted):
     model = converted[0].model
+    width, shared = HF_MODELS[converted[2].config.model_type][2]
     assert (model.name, model.num_experts, model.num_experts_per_tok, model.expert_size,
-            model.kv_heads, model.rope_theta) == ("mixtral", EXPERTS, 2, 76, 2, 500000.0)
+            model.num_shared_experts, model.kv_heads, model.rope_theta) == (
+        "mixtral", EXPERTS, 2, width, shared, 2, 500000.0)
 
 
 def test_logits_and_balance_loss_match(converted):
@@ -94,7 +105,7 @@ def test_to_hf_converts_back_bit_identical(converted, tmp_path):
     result = run_cli("convert", "mixtral", "--to-hf", "--config", config_path, "--ckpt",
                      ckpt, "--output-dir", out)
     assert result.returncode == 0, result.stderr
-    exported = transformers.MixtralForCausalLM.from_pretrained(str(out)).eval()
+    exported = type(original).from_pretrained(str(out)).eval()
     ids = np.random.default_rng(5).integers(0, VOCAB, size=(2, SEQ)).astype(np.int64)
     with torch.no_grad():
         np.testing.assert_array_equal(exported(torch.from_numpy(ids)).logits.numpy(),
