@@ -24,3 +24,20 @@ class CheckpointError(UserInputError):
 class DiskError(UserInputError):
     """A file cannot be written (a full disk, no permission); what was written before it,
     older checkpoints included, is kept."""
+
+
+def at_least(minimum, kind=int):
+    """An argparse `type` for a number of `kind` (int or float) no smaller than `minimum`:
+    anything else is argparse's one usage error (exit 2) naming the flag."""
+    import argparse
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not value >= minimum:   # also refuses nan
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+    parse.__name__ = kind.__name__   # argparse names the type in its messages
+    return parse

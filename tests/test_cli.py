@@ -338,3 +338,21 @@ def test_one_set_takes_several_overrides():
                      "parallel.model_parallel=2", "model_zoo/gpt2/configs/tiny.yaml")
     assert result.returncode == 2
     assert "must look like section.key=value (give the CONFIG before --set)" in result.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "model_zoo/models/gpt2/configs/tiny.yaml", "--device-num", "0"],
+    ["plan", "model_zoo/models/gpt2/configs/tiny.yaml", "--devices-per-server", "0"],
+    ["advise", "model_zoo/models/gpt2/configs/tiny.yaml", "--device-num", "-8"],
+    ["launch", "--workers", "2", "--output-dir", "out", "--grace", "-1", "--", "true"],
+    ["launch", "--workers", "0", "--output-dir", "out", "--", "true"],
+    ["launch", "--workers", "2", "--output-dir", "out", "--stop-timeout", "nan", "--", "true"],
+], ids=["plan-device-num", "plan-devices-per-server", "advise-device-num", "launch-grace",
+        "launch-workers", "launch-stop-timeout"])
+def test_counts_and_seconds_out_of_range_are_usage_errors(argv, capsys):
+    from model_zoo.cli import main as model_zoo_main
+    from model_zoo.launch.local import main as launch_main
+    with pytest.raises(SystemExit) as stopped:
+        launch_main(argv[1:]) if argv[0] == "launch" else model_zoo_main(argv)
+    assert stopped.value.code == 2
+    assert "must be >= " in capsys.readouterr().err

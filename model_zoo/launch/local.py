@@ -52,6 +52,8 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from model_zoo.errors import at_least
+
 POLL_SECONDS = 0.5
 BAD_INPUT_STATUS = 2
 BAD_STEPS_STATUS = 3   # a rank that saved and stopped after too many bad steps (interrupt.py)
@@ -415,19 +417,19 @@ def main(argv=None) -> int:
         description="Run a command as one process per rank on this machine, and stop them all "
                     "when one fails.")
     ranks = parser.add_mutually_exclusive_group(required=True)
-    ranks.add_argument("--workers", type=int,
+    ranks.add_argument("--workers", type=at_least(1),
                        help="number of ranks of a MindSpore dynamic cluster (CPU)")
     ranks.add_argument("--devices", type=device_list, metavar="DEVICE:RANK,...",
                        help="this server's devices and their ranks (Ascend, rank table)")
     parser.add_argument("--output-dir", required=True,
                         help="logs go to OUTPUT_DIR/rank_<i>/train.log and scheduler.log")
-    parser.add_argument("--grace", type=float, default=10.0,
+    parser.add_argument("--grace", type=at_least(0.0, float), default=10.0,
                         help="seconds the other ranks get after one fails (default 10)")
-    parser.add_argument("--cluster-timeout", type=int, default=120,
+    parser.add_argument("--cluster-timeout", type=at_least(1), default=120,
                         help="seconds to wait for all ranks to join (default 120)")
-    parser.add_argument("--timeout", type=float, default=0.0,
+    parser.add_argument("--timeout", type=at_least(0.0, float), default=0.0,
                         help="stop the job after this many seconds (default: no limit)")
-    parser.add_argument("--stop-timeout", type=float, default=600.0,
+    parser.add_argument("--stop-timeout", type=at_least(0.0, float), default=600.0,
                         help="seconds the ranks get to save a checkpoint and stop after a "
                              "signal (default 600)")
     parser.add_argument("--port", type=int, default=0, help="scheduler port (default: a free one)")

@@ -9,7 +9,7 @@ import json
 import os
 
 from model_zoo.config import add_overrides_argument
-from model_zoo.errors import UserInputError
+from model_zoo.errors import UserInputError, at_least
 from model_zoo.cost.devices import DEVICE_KEYS
 
 # the guide in a source checkout (an editable install's repository; a wheel has no docs/)
@@ -22,7 +22,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("config", nargs="?", help="YAML config, e.g. "
                         "model_zoo/models/gpt2/configs/plan/gpt2-1024-d2m2p4.yaml")
     add_overrides_argument(parser)
-    parser.add_argument("--device-num", type=int, default=None,
+    parser.add_argument("--device-num", type=at_least(1), default=None,
                         help="devices the job will have (default: dp x mp x pp of the config)")
     parser.add_argument("--device", choices=DEVICE_KEYS,
                         help="device profile (model_zoo/cost/device_profiles/) whose memory "
@@ -30,7 +30,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser):
                              "(ascend910: 32 GiB, ascend910b: 64 GiB, a100: 40 GiB; default: "
                              "ascend910b for a config with flash attention or bf16, else "
                              "ascend910)")
-    parser.add_argument("--devices-per-server", type=int, default=0, metavar="K",
+    parser.add_argument("--devices-per-server", type=at_least(1), default=0, metavar="K",
                         help="devices per server, which decides the links a collective "
                              "crosses (default: the profile's, 8)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -115,13 +115,15 @@ def update_docs(path: str) -> int:
 def add_advise_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("config", help="YAML config whose model and global batch to lay out")
     add_overrides_argument(parser)
-    parser.add_argument("--device-num", type=int, required=True, help="devices of the job")
+    parser.add_argument("--device-num", type=at_least(1), required=True,
+                        help="devices of the job")
     parser.add_argument("--device", choices=DEVICE_KEYS,
                         help="device profile (model_zoo/cost/device_profiles/; default: as "
                              "`model-zoo plan` picks it)")
-    parser.add_argument("--devices-per-server", type=int, default=0, metavar="K",
+    parser.add_argument("--devices-per-server", type=at_least(1), default=0, metavar="K",
                         help="devices per server (default: the profile's)")
-    parser.add_argument("--top", type=int, default=5, help="layouts to show (default 5)")
+    parser.add_argument("--top", type=at_least(1), default=5,
+                        help="layouts to show (default 5)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--write", metavar="FILE",
                         help="write the config with the best layout to FILE (YAML)")
