@@ -94,6 +94,35 @@ def test_sigint_stops_cleanly(write_config, tmp_path):
     assert "Traceback" not in output
 
 
+def test_sighup_from_a_dropped_terminal_saves_a_checkpoint(write_config, tmp_path):
+    """A dropped ssh session: the run's terminal is gone (every write to it fails) and
+    SIGHUP arrives. The run saves the step's checkpoint as for SIGTERM and exits 129."""
+    import pty
+    config = write_config({"train.steps": 100000, "train.log_steps": 1,
+                           "train.save_steps": 100000})
+    run_dir = tmp_path / "run"
+    terminal, its_end = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "model_zoo", "train", config, "--output-dir", str(run_dir)],
+        stdout=its_end, stderr=its_end, start_new_session=True,
+        env=dict(os.environ, GLOG_v="3"))
+    os.close(its_end)
+    printed = b""
+    try:
+        while b"step 2/" not in printed:
+            printed += os.read(terminal, 4096)
+        os.close(terminal)   # the terminal hangs up: writes to it fail from now on
+        process.send_signal(signal.SIGHUP)
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 129, printed.decode(errors="replace")
+    (checkpoint,) = (run_dir / "checkpoints").glob("step_*.ckpt")
+    steps = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert checkpoint.name == f"step_{len(steps):08d}.ckpt"
+
+
 @pytest.mark.slow
 def test_a_second_run_on_the_same_directory_is_refused(write_config, tmp_path):
     config = write_config({"train.steps": 100000, "train.log_steps": 1,

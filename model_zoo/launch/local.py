@@ -31,7 +31,7 @@ MS_COMPILER_CACHE_PATH), where kernel_meta, fusion results and CANN's logs land 
 in one folder shared by the server's processes. Each rank's environment is appended to
 OUT/rank_<i>/env.txt when it starts.
 
-SIGINT or SIGTERM to the launcher is forwarded to every worker: each finishes its step,
+SIGINT, SIGTERM or SIGHUP to the launcher is forwarded to every worker: each finishes its step,
 saves a checkpoint and exits 128 + the signal (the ranks agree on the step inside the
 train step, so a signal that reaches one rank only stops them all the same way). The
 launcher waits up to `--stop-timeout` seconds for them and exits with that status; a
@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from model_zoo.errors import at_least
+from model_zoo.train.interrupt import STOP_SIGNALS, leave_a_hung_up_terminal
 
 POLL_SECONDS = 0.5
 BAD_INPUT_STATUS = 2
@@ -60,7 +61,7 @@ BAD_STEPS_STATUS = 3   # a rank that saved and stopped after too many bad steps 
 # threads each process's CPU kernels may use (nn/cpu_kernels.cc `usable_cores`)
 CPU_THREADS = "MODEL_ZOO_CPU_THREADS"
 # a rank that saved and stopped: the others get --stop-timeout to do the same
-STOPPED_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGTERM, BAD_STEPS_STATUS)
+STOPPED_STATUSES = (*(128 + signum for signum in STOP_SIGNALS), BAD_STEPS_STATUS)
 STOP_SECONDS = 5.0
 # each rank's own CANN working folder (kernel_meta, fusion results, CANN's logs: CANN's
 # ASCEND_WORK_PATH) and MindSpore compile cache, under OUT/rank_<i>/ (--rank-workdirs)
@@ -270,13 +271,14 @@ def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
 
 
 class ForwardedSignals:
-    """While active, SIGINT and SIGTERM to the launcher go to every worker's process group;
-    `signum` is the first one received."""
+    """While active, SIGINT, SIGTERM and SIGHUP to the launcher go to every worker's process
+    group; `signum` is the first one received."""
 
     def __init__(self, workers):
         self.workers, self.signum, self._previous = workers, None, {}
 
     def _forward(self, signum, frame):
+        leave_a_hung_up_terminal(signum)
         first = self.signum is None
         self.signum = self.signum or signum
         name = signal.Signals(signum).name
@@ -288,7 +290,7 @@ class ForwardedSignals:
             _signal_group(worker, signum)
 
     def __enter__(self):
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in STOP_SIGNALS:
             self._previous[signum] = signal.signal(signum, self._forward)
         return self
 

@@ -1,18 +1,20 @@
-"""Stopping a run cleanly on SIGINT (Ctrl-C) or SIGTERM (batch schedulers, cloud jobs).
+"""Stopping a run cleanly on SIGINT (Ctrl-C), SIGTERM (batch schedulers, cloud jobs) or
+SIGHUP (a dropped ssh session).
 
 The first signal asks the training loop to stop after the step it is running: the loop
 saves a checkpoint, says where and how to resume, and the process exits 128 + the signal
-number (130 for SIGINT, 143 for SIGTERM). A second signal exits at once. MindSpore installs
-native handlers of its own (its dataset iterator's, and after the first step one that turns
-SIGINT into SIGTERM), which end the process without a word, so the loop installs these
-when the iterator exists and again after the first step (`install`).
+number (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP). A second signal exits at once.
+MindSpore installs native handlers of its own (its dataset iterator's, and after the first
+step one that turns SIGINT into SIGTERM), which end the process without a word, so the loop
+installs these when the iterator exists and again after the first step (`install`).
 """
 
 import os
 import signal
+import stat
 import sys
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 BAD_STEPS_STATUS = 3   # the exit status after TooManyBadSteps (the launcher's too)
 
 
@@ -56,19 +58,38 @@ class Stopped(BaseException):
         self.signum = signum
 
 
+def leave_a_hung_up_terminal(signum):
+    """After SIGHUP the terminal may be gone, and every write to it fails (EIO): standard
+    output and error on a terminal now go to /dev/null (as under nohup), so that the run
+    can still save and stop. Files and pipes are left as they are."""
+    if signum != signal.SIGHUP:
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            try:
+                if stat.S_ISCHR(os.fstat(fd).st_mode):   # a terminal (or /dev/null itself)
+                    os.dup2(devnull, fd)
+            except OSError:
+                pass
+    finally:
+        os.close(devnull)
+
+
 def _raise_stopped(signum, frame):
+    leave_a_hung_up_terminal(signum)
     raise Stopped(signum)
 
 
 def stop_at_once():
-    """Make SIGINT and SIGTERM raise Stopped (MindSpore's own handlers end the process
+    """Make SIGINT, SIGTERM and SIGHUP raise Stopped (MindSpore's own handlers end the process
     without a word); the training loop's StopRequests replaces them while it runs."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, _raise_stopped)
 
 
 class StopRequests:
-    """While active, SIGINT and SIGTERM set `signum` instead of ending the process; the loop
+    """While active, SIGINT, SIGTERM and SIGHUP set `signum` instead of ending the process; the loop
     checks `requested` after each step. A second signal exits at once. Once the steps are
     done (`steps_done`), a signal raises TrainingInterrupted at once."""
 
@@ -91,6 +112,7 @@ class StopRequests:
         self.install()
 
     def _handle(self, signum, frame):
+        leave_a_hung_up_terminal(signum)
         if self._done is not None:
             raise TrainingInterrupted(signum, *self._done, agreed=False)
         if self.signum is not None:
