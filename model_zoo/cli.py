@@ -221,6 +221,10 @@ def main(argv=None) -> int:
     except UserInputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except MemoryError as err:   # numpy's, building weights far too large for this machine
+        print(f"error: out of memory: {err}; a smaller model, batch or sequence would fit "
+              f"(`model-zoo plan CONFIG` estimates what a layout needs)", file=sys.stderr)
+        return 2
     except (Stopped, KeyboardInterrupt) as stop:
         signum = getattr(stop, "signum", signal.SIGINT)
         print(f"error: stopped by {signal.Signals(signum).name}; nothing was saved beyond "

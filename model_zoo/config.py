@@ -346,6 +346,9 @@ def build_section(cls, values: dict, section: str):
     return cls(**kwargs)
 
 
+INT32_MAX = 2**31 - 1   # every integer of a config: steps, sizes, seeds
+
+
 def coerce(value: Any, hint, key: str):
     """Check `value` against a type hint; ints pass as floats, and YAML's '1e-3' strings too."""
     origin = typing.get_origin(hint)
@@ -373,6 +376,9 @@ def coerce(value: Any, hint, key: str):
             return value
     elif hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > INT32_MAX:
+                raise ConfigError(f"{key}={value} is out of range: at most {INT32_MAX} "
+                                  f"(MindSpore counts steps and sizes in 32-bit integers)")
             return value
     elif hint is float:
         number = None

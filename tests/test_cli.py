@@ -146,6 +146,13 @@ def _bad_inputs(case, run_dir, config, ckpt, tmp_path):
         return resume + ["--set", "parallel.data_parallel=3"], "not divisible by 3"
     if case == "unknown key":
         return resume + ["--set", "train.bogus=1"], "unknown key 'train.bogus'"
+    if case == "steps past 32 bits":
+        return (resume + ["--set", "train.steps=99999999999999999999999999"],
+                "train.steps=99999999999999999999999999 is out of range: at most 2147483647")
+    if case == "a model bigger than memory":
+        return (["train", config, "--output-dir", tmp_path / "big", "--set",
+                 "model.hidden_size=1073741824", "model.num_heads=1"],
+                "error: out of memory: Unable to allocate")
     raise AssertionError(case)
 
 
@@ -201,7 +208,8 @@ def _with_a_second_block(ckpt, tmp_path):
     "eval of a corrupt checkpoint", "eval of another model shape", "missing data source",
     "eval of a bigger model's checkpoint", "infinite train.lr", "a directory as config",
     "a directory as checkpoint", "an empty checkpoint", *DATASET_FAULTS,
-    "model_parallel on CPU", "flash attention on CPU", "indivisible batch", "unknown key"])
+    "model_parallel on CPU", "flash attention on CPU", "indivisible batch", "unknown key",
+    "steps past 32 bits", "a model bigger than memory"])
 def test_bad_input_stops_with_one_error_line_and_touches_nothing(trained, tmp_path, case):
     run_dir = tmp_path / "run"
     shutil.copytree(trained["run_dir"], run_dir)  # copy2: bytes and mtimes are kept
