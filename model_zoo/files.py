@@ -39,11 +39,33 @@ def read_text_lines(path, what: str, error=UserInputError) -> list:
                     f"UTF-8)") from None
 
 
+def make_directory(directory) -> str:
+    """os.makedirs(directory, exist_ok=True), or a UserInputError naming the file that
+    stands where a directory of the path must be."""
+    directory = os.path.abspath(os.fspath(directory))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocking = directory
+        while os.path.dirname(blocking) != blocking and not os.path.isfile(blocking):
+            blocking = os.path.dirname(blocking)
+        raise UserInputError(f"cannot create the directory {directory}: {blocking} is a "
+                             f"file, not a directory") from None
+    return directory
+
+
+def check_output_file(path, flag: str):
+    """Before the work whose result goes to `path` (given as `flag`): its directory made, and
+    a UserInputError if that cannot be or if `path` is a directory."""
+    if os.path.isdir(path):
+        raise UserInputError(f"{flag} {os.fspath(path)!r} is a directory; give a file path")
+    make_directory(os.path.dirname(os.path.abspath(path)))
+
+
 def write_atomically(path, content):
     """Write text or bytes to `path` via a temporary file in the same directory."""
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+    directory = make_directory(os.path.dirname(os.path.abspath(path)))
     handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
                                          suffix=".tmp")
     try:

@@ -146,6 +146,12 @@ def _bad_inputs(case, run_dir, config, ckpt, tmp_path):
         return resume + ["--set", "parallel.data_parallel=3"], "not divisible by 3"
     if case == "unknown key":
         return resume + ["--set", "train.bogus=1"], "unknown key 'train.bogus'"
+    if case == "a file where the checkpoints go":
+        blocked = tmp_path / "blocked"
+        blocked.mkdir()
+        (blocked / "checkpoints").write_text("keep me")
+        return (["train", config, "--output-dir", blocked],
+                f"{blocked / 'checkpoints'} is a file where the run keeps its checkpoints")
     if case == "steps past 32 bits":
         return (resume + ["--set", "train.steps=99999999999999999999999999"],
                 "train.steps=99999999999999999999999999 is out of range: at most 2147483647")
@@ -209,7 +215,7 @@ def _with_a_second_block(ckpt, tmp_path):
     "eval of a bigger model's checkpoint", "infinite train.lr", "a directory as config",
     "a directory as checkpoint", "an empty checkpoint", *DATASET_FAULTS,
     "model_parallel on CPU", "flash attention on CPU", "indivisible batch", "unknown key",
-    "steps past 32 bits", "a model bigger than memory"])
+    "steps past 32 bits", "a model bigger than memory", "a file where the checkpoints go"])
 def test_bad_input_stops_with_one_error_line_and_touches_nothing(trained, tmp_path, case):
     run_dir = tmp_path / "run"
     shutil.copytree(trained["run_dir"], run_dir)  # copy2: bytes and mtimes are kept
@@ -364,3 +370,27 @@ def test_counts_and_seconds_out_of_range_are_usage_errors(argv, capsys):
         launch_main(argv[1:]) if argv[0] == "launch" else model_zoo_main(argv)
     assert stopped.value.code == 2
     assert "must be >= " in capsys.readouterr().err
+
+
+def test_outputs_that_cannot_be_made_are_refused_before_the_work(tmp_path):
+    """A file where a directory of an output path must be, or a directory given as an
+    output file: one error naming it, before `advise`, `plan` or `export` does its work
+    (they called os.makedirs or wrote only at the end, and ended in a traceback); a run
+    whose metrics.jsonl is a directory is refused before it trains."""
+    from model_zoo.config import load_config
+    from model_zoo.errors import UserInputError
+    from model_zoo.files import check_output_file
+    from model_zoo.train.trainer import check_output_dir
+    a_file = tmp_path / "FILE"
+    a_file.write_text("keep me")
+    with pytest.raises(UserInputError, match=f"cannot create the directory {a_file}/deeper: "
+                                             f"{a_file} is a file, not a directory"):
+        check_output_file(a_file / "deeper" / "x.yaml", "--write")
+    with pytest.raises(UserInputError, match="--save-strategy .* is a directory"):
+        check_output_file(tmp_path, "--save-strategy")
+    run_dir = tmp_path / "run"
+    (run_dir / "metrics.jsonl").mkdir(parents=True)
+    config = load_config("model_zoo/models/gpt2/configs/tiny.yaml")
+    with pytest.raises(UserInputError, match="metrics.jsonl is a directory where the run"):
+        check_output_dir(str(run_dir), config, resume=True)
+    assert a_file.read_text() == "keep me"

@@ -10,6 +10,7 @@ import os
 
 from model_zoo.config import add_overrides_argument
 from model_zoo.errors import UserInputError, at_least
+from model_zoo.files import check_output_file
 from model_zoo.cost.devices import DEVICE_KEYS
 
 # the guide in a source checkout (an editable install's repository; a wheel has no docs/)
@@ -74,6 +75,8 @@ def run_plan_command(args) -> int:
         raise UserInputError("model-zoo plan needs a CONFIG (or --update-docs, "
                              "--strategy-table, --layout-table)")
     config = load_config(args.config, args.overrides, layout_checked=False)
+    if args.save_strategy:
+        check_output_file(args.save_strategy, "--save-strategy")
     plan = build_plan(config, args.config, args.device_num, args.device,
                       devices_per_server=args.devices_per_server)
     if args.save_strategy:
@@ -134,9 +137,9 @@ def run_advise_command(args) -> int:
     from model_zoo.config import save_config
     from model_zoo.cost.advisor import advise, format_advice
     from model_zoo.config import load_config
-    if args.devices_per_server < 0:
-        raise UserInputError(f"--devices-per-server must be >= 1, got {args.devices_per_server}")
     config = load_config(args.config, args.overrides, layout_checked=False)
+    if args.write:
+        check_output_file(args.write, "--write")
     advice = advise(config, args.device_num, args.device, args.devices_per_server, args.top)
     if args.write and advice.best:
         save_config(advice.best[0].layout.apply(config), args.write)

@@ -13,6 +13,7 @@ import mindspore as ms
 
 from model_zoo.config import import_model
 from model_zoo.errors import UserInputError
+from model_zoo.files import check_output_file, make_directory
 from model_zoo.checkpoint.files import load_network
 
 
@@ -32,12 +33,14 @@ def export_checkpoint(config, ckpt: str, batch_size: int = 1, output: str = "") 
         raise UserInputError(f"model {config.model.name!r} has no inference graphs to export")
     if batch_size < 1:
         raise UserInputError(f"--batch-size must be >= 1, got {batch_size}")
+    if output:   # before the work
+        check_output_file(output, "--output")
     network = load_network(config, ckpt)
     graphs = module.inference_graphs(config, network, batch_size)
     paths = export_paths(output or os.path.splitext(ckpt)[0], list(graphs))
     for name, (cell, inputs) in graphs.items():
         cell.set_train(False)
-        os.makedirs(os.path.dirname(os.path.abspath(paths[name])), exist_ok=True)
+        make_directory(os.path.dirname(os.path.abspath(paths[name])))
         # export appends the .mindir suffix itself
         ms.export(cell, *inputs, file_name=paths[name][:-len(".mindir")], file_format="MINDIR")
     return paths

@@ -44,12 +44,23 @@ def default_output_dir(config_path: str) -> str:
     return os.path.join("outputs", name)
 
 
+# what a run writes in its output directory: name -> whether it is a directory
+RUN_OUTPUTS = {"checkpoints": True, "strategy": True, "metrics.jsonl": False,
+               "config.yaml": False, "run_info.json": False}
+
+
 def check_output_dir(output_dir: str, config: Config, resume: bool, distributed: bool = False):
     """Refuse to start where it would overwrite a previous run, or resume an incompatible one.
     A resumed run keeps the learning-rate schedule length of the run it continues. A rank
     of a distributed run may have no checkpoint of its own (the run had fewer ranks): it
     resumes from the others' (`checkpoint.resume`), and checks
     against rank 0's config."""
+    for name, directory in RUN_OUTPUTS.items():   # what the run writes must fit there
+        path = os.path.join(output_dir, name)
+        if os.path.exists(path) and os.path.isdir(path) != directory:
+            raise UserInputError(
+                f"--output-dir {output_dir}: {path} is a {'file' if directory else 'directory'}"
+                f" where the run keeps its {name}; move it away or choose another --output-dir")
     checkpoints = list_checkpoints(output_dir)
     if checkpoints and not resume:
         raise UserInputError(
