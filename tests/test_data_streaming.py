@@ -122,11 +122,14 @@ def test_num_files_cuts_the_corpus_in_about_that_many_pieces(corpus, tmp_path):
     assert max(sizes) < 1.1 * min(sizes)
 
 
-def test_a_killed_build_resumes_from_its_finished_pieces(corpus, one_worker, tmp_path):
+def test_a_killed_build_leaves_no_process_and_resumes_from_its_finished_pieces(
+        corpus, one_worker, tmp_path):
+    """SIGKILL of the build's own process (two workers): its workers and multiprocessing's
+    resource tracker end with it, and the next build keeps the finished pieces."""
     reference_dir, reference = one_worker
     output_dir = tmp_path / "killed"
     command = [sys.executable, "-m", "model_zoo", "data", "gpt2", "--input", str(corpus),
-               "--output-dir", str(output_dir), *BUILD, "--workers", "1"]
+               "--output-dir", str(output_dir), *BUILD, "--workers", "2"]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                start_new_session=True)
     deadline = time.monotonic() + 120
@@ -134,8 +137,18 @@ def test_a_killed_build_resumes_from_its_finished_pieces(corpus, one_worker, tmp
         assert process.poll() is None, process.stderr.read().decode()
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    os.killpg(process.pid, signal.SIGKILL)
+    process.kill()   # the build's process only, as the OOM killer or `kill -9 PID` does
     process.wait()
+    deadline = time.monotonic() + 10
+    while True:   # the rest of its session (workers, resource tracker) follows it
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        if time.monotonic() > deadline:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise AssertionError("processes of the killed build are still running")
+        time.sleep(0.05)
     finished = {name: (output_dir / name).stat().st_mtime_ns for name in
                 ("train-00000-of-00006.mindrecord", "train-00001-of-00006.mindrecord")}
     assert (output_dir / PLAN_FILE).exists() and not (output_dir / "dataset.json").exists()

@@ -26,6 +26,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -445,6 +446,21 @@ def _set_counters(counters):
     _COUNTERS = counters
 
 
+def _start_worker(counters, build_pid: int):
+    """A worker's start: the progress counters, and an end with the build's process even
+    when that one is killed (SIGKILL gives it no chance to stop the pool, and the workers
+    and multiprocessing's resource tracker would run on, orphaned): Linux's parent-death
+    signal."""
+    _set_counters(counters)
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):   # not Linux
+        return
+    if os.getppid() != build_pid:   # the build died before the signal was set
+        os._exit(1)
+
+
 def count_progress(documents: int, tokens: int, size: int):
     """Called by piece builders as they go: adds to the build's progress line."""
     if _COUNTERS is not None:
@@ -518,7 +534,7 @@ def build_pieces(build_piece, job: dict, pieces: list, workers: int, *, label: s
             # spawned, not forked: MindSpore's threads do not survive a fork
             with concurrent.futures.ProcessPoolExecutor(
                     min(workers, len(pieces)), mp_context=context,
-                    initializer=_set_counters, initargs=(counters,)) as pool:
+                    initializer=_start_worker, initargs=(counters, os.getpid())) as pool:
                 futures = {pool.submit(_run_piece, build_piece, job, piece): piece
                            for piece in pieces}
                 try:
