@@ -225,12 +225,13 @@ def cpu_list(cpus) -> str:
     return ",".join(f"{low}-{high}" if high > low else str(low) for low, high in runs)
 
 
-def stop(processes):
-    """SIGTERM the process groups still running, then SIGKILL what is left."""
+def stop(processes, patience: float = STOP_SECONDS):
+    """SIGTERM the process groups still running, then SIGKILL what is left after
+    `patience` seconds."""
     running = [p for p in processes if p.popen.poll() is None]
     for process in running:
         _signal_group(process, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_SECONDS
+    deadline = time.monotonic() + patience
     while time.monotonic() < deadline and any(p.popen.poll() is None for p in running):
         time.sleep(0.1)
     for process in running:
@@ -345,7 +346,9 @@ def watch(workers, scheduler, grace: float, timeout: float, stop_timeout: float 
         time.sleep(POLL_SECONDS)
     if failed is None and scheduler is not None:
         _wait(scheduler, STOP_SECONDS)
-    stop(workers + helpers)
+    # after a failure the others had their grace: a rank waiting in a collective for the
+    # failed one cannot finish the step a SIGTERM asks it to finish
+    stop(workers + helpers, patience=0.0 if failed is not None else STOP_SECONDS)
     return job_status(workers, failed, signals)
 
 
