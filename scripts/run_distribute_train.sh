@@ -57,6 +57,8 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
 fi
 CONFIG=$(config_file "$CONFIG")
 if [ -n "$RANK_TABLE" ]; then
+    [ -d "$RANK_TABLE" ] && fail "$RANK_TABLE is a directory: give a rank table file" \
+        "(JSON) or a config (YAML)"
     [ -f "$RANK_TABLE" ] || fail "rank table $RANK_TABLE does not exist"
     "$PYTHON" -m model_zoo rank-table validate "$RANK_TABLE" --device-num "$DEVICE_NUM" >/dev/null
 fi

@@ -381,3 +381,21 @@ def test_safetensors_checkpoints_split_collect_and_merge(trained, tmp_path):
                      tmp_path / "merged.ckpt")
     assert result.returncode == 0, result.stderr
     assert_same_entries(entries(tmp_path / "merged.ckpt"), entries(trained["ckpt"]))
+
+
+def test_a_checkpoint_damaged_in_its_header_says_so(tmp_path):
+    """A byte flipped near the start leaves MindSpore unable to parse the file, which it
+    reports as "May not have permission to read it": the error says the content is the
+    cause."""
+    import mindspore as ms
+    from model_zoo.checkpoint.files import read_checkpoint
+    from model_zoo.errors import CheckpointError
+    path = tmp_path / "damaged.ckpt"
+    ms.save_checkpoint([{"name": "w", "data": ms.Tensor(np.ones((4, 4), np.float32))}],
+                       str(path))
+    damaged = bytearray(path.read_bytes())
+    damaged[4] ^= 0xFF   # the first field's length: no longer parsable
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(CheckpointError, match="its content is not a checkpoint MindSpore can "
+                                              "parse"):
+        read_checkpoint(str(path))

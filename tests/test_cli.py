@@ -152,6 +152,9 @@ def _bad_inputs(case, run_dir, config, ckpt, tmp_path):
         (blocked / "checkpoints").write_text("keep me")
         return (["train", config, "--output-dir", blocked],
                 f"{blocked / 'checkpoints'} is a file where the run keeps its checkpoints")
+    if case == "no dataset and no sources":
+        return (resume + ["--set", f"data.dataset_dir={tmp_path / 'nowhere'}", "data.sources=[]"],
+                "does not exist, and data.sources is empty: give data.sources")
     if case == "steps past 32 bits":
         return (resume + ["--set", "train.steps=99999999999999999999999999"],
                 "train.steps=99999999999999999999999999 is out of range: at most 2147483647")
@@ -215,7 +218,8 @@ def _with_a_second_block(ckpt, tmp_path):
     "eval of a bigger model's checkpoint", "infinite train.lr", "a directory as config",
     "a directory as checkpoint", "an empty checkpoint", *DATASET_FAULTS,
     "model_parallel on CPU", "flash attention on CPU", "indivisible batch", "unknown key",
-    "steps past 32 bits", "a model bigger than memory", "a file where the checkpoints go"])
+    "steps past 32 bits", "a model bigger than memory", "a file where the checkpoints go",
+    "no dataset and no sources"])
 def test_bad_input_stops_with_one_error_line_and_touches_nothing(trained, tmp_path, case):
     run_dir = tmp_path / "run"
     shutil.copytree(trained["run_dir"], run_dir)  # copy2: bytes and mtimes are kept

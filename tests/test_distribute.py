@@ -230,6 +230,10 @@ def test_the_script_reads_config_paths_as_train_does_and_wants_a_rank_table_on_a
     result = run_script(["2", "model_zoo/gpt2/configs/tiny.yaml"], env={"DEVICE_TARGET": "Ascend"})
     assert result.returncode == 2
     assert "error: Ascend needs the HCCL rank table" in result.stderr
+    result = run_script(["2", "model_zoo"])   # a directory: neither a rank table nor a config
+    assert result.returncode == 2
+    assert "error: model_zoo is a directory: give a rank table file (JSON) or a config" \
+        in result.stderr
 
 
 def test_msrun_launcher_trains_two_cpu_workers_and_stops_them_to_resume(tmp_path,

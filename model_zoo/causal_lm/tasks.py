@@ -17,6 +17,7 @@ from model_zoo.config import Config, DataConfig
 from model_zoo.data import (BUILTIN_PYTHON_DOCS, count_samples, create_dataset, load_tokenizer,
                             parse_token_ids)
 from model_zoo.data.streaming import BuildOptions
+from model_zoo.data.manifest import check_sources_to_build
 from model_zoo.errors import UserInputError
 from model_zoo.files import read_text_lines
 from model_zoo.checkpoint.files import load_network
@@ -51,6 +52,7 @@ def prepare_data(config: Config):
     data, model = config.data, config.model
     if dataset_ready(config):
         return
+    check_sources_to_build(data.dataset_dir, data.sources)
     print(f"building the dataset in {data.dataset_dir} from {' '.join(data.sources)} ...",
           flush=True)
     started = time.perf_counter()

@@ -121,6 +121,10 @@ def read_checkpoint(path: str) -> dict:
         with silent_logging():
             ms.load_checkpoint(path, format=file_format_of(path))
     except Exception:  # noqa: BLE001 - not even parsable: the first error says why
+        if "permission" in first_line and os.access(path, os.R_OK):
+            # MindSpore's guess for any unparsable file; this one can be read
+            first_line = ("its content is not a checkpoint MindSpore can parse (damaged "
+                          "bytes, or another kind of file)")
         raise CheckpointError(f"checkpoint {path!r} cannot be read: {first_line}") from None
     raise CheckpointError(f"checkpoint {path!r} fails the checksum it was saved with: its "
                           f"bytes changed since (a flipped bit, a damaged copy)") from None

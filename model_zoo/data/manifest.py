@@ -141,6 +141,18 @@ def read_manifest(output_dir):
     return manifest
 
 
+def check_sources_to_build(dataset_dir, sources):
+    """Before building the dataset `dataset_dir` lacks: DataError naming both keys when
+    data.sources gives nothing to build it from."""
+    if sources:
+        return
+    state = ("does not exist" if not os.path.exists(dataset_dir) else
+             f"holds no {MANIFEST_FILE}, so no complete dataset")
+    raise DataError(f"data.dataset_dir {str(dataset_dir)!r} {state}, and data.sources is "
+                    f"empty: give data.sources to build it from, or point data.dataset_dir "
+                    f"at a built dataset")
+
+
 def built_manifest(dataset_dir) -> dict:
     """The dataset.json of the dataset in `dataset_dir`; DataError if there is none."""
     manifest = read_manifest(dataset_dir)

@@ -15,6 +15,7 @@ from model_zoo.config import Config, DataConfig
 from model_zoo.data import (BUILTIN_PYTHON_DOCS, HFTokenizer, create_dataset, load_tokenizer,
                             parse_token_ids, read_manifest, split_paths)
 from model_zoo.data.streaming import BuildOptions
+from model_zoo.data.manifest import check_sources_to_build
 from model_zoo.errors import ConfigError, DataError, UserInputError
 from model_zoo.checkpoint.files import load_network
 
@@ -66,6 +67,7 @@ def prepare_data(config: Config):
     if _pretraining(config):
         if dataset_ready(config):
             return
+        check_sources_to_build(data.dataset_dir, data.sources)
         print(f"building the pretraining dataset in {data.dataset_dir} from "
               f"{' '.join(data.sources)} ...", flush=True)
         manifest = build_pretraining_dataset(
@@ -220,13 +222,16 @@ def sample_text(config: Config, network) -> str:
     tokenizer = _tokenizer(config)
     text = "Return the [MASK] of the file."
     ids = _encode_with_masks(config, tokenizer, text)
+    if len(ids) > config.model.seq_length:   # a model of very short sequences
+        ids = ids[:config.model.seq_length - 1] + [config.model.sep_token_id]
     results = fill_mask(network, ids, mask_id=config.model.mask_token_id, top_k=5,
                         seq_length=config.model.seq_length)
     return text + "\n" + format_fill_mask(results, tokenizer)
 
 
 def _encode_with_masks(config: Config, tokenizer, text: str) -> list:
-    """[CLS] text [SEP] with every literal [MASK] as the mask id."""
+    """[CLS] text [SEP] with every literal [MASK] as the mask id (all of it: the caller
+    checks the length)."""
     model = config.model
     ids = [model.cls_token_id]
     for index, piece in enumerate(text.split("[MASK]")):
@@ -236,7 +241,7 @@ def _encode_with_masks(config: Config, tokenizer, text: str) -> list:
             # an imported vocabulary has its own special ids: its ids are taken as they are
             ids.extend(tokenizer.encode(piece) if isinstance(tokenizer, HFTokenizer)
                        else encode_text(tokenizer, piece))
-    return ids[:model.seq_length - 1] + [model.sep_token_id]
+    return ids + [model.sep_token_id]
 
 
 def run_fill_mask(config: Config, ckpt: str, args) -> str:
@@ -252,12 +257,13 @@ def run_fill_mask(config: Config, ckpt: str, args) -> str:
                              f"give token ids with --ids")
     else:
         ids = _encode_with_masks(config, tokenizer, args.text)
+    if len(ids) > config.model.seq_length:   # before the mask check: no silent cut
+        raise UserInputError(f"the input has {len(ids)} tokens ([CLS] and [SEP] included), "
+                             f"more than model.seq_length={config.model.seq_length}: "
+                             f"shorten it")
     if mask_id not in ids:
         raise UserInputError(f"no mask token (id {mask_id}) in the input: put [MASK] in --text "
                              f"or the mask id in --ids")
-    if len(ids) > config.model.seq_length:
-        raise UserInputError(f"the input has {len(ids)} tokens, more than model.seq_length="
-                             f"{config.model.seq_length}")
     if args.top_k < 1:
         raise UserInputError(f"--top-k must be >= 1, got {args.top_k}")
     network = load_network(config, ckpt)

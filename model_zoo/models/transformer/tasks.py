@@ -15,6 +15,7 @@ from mindspore import ops
 
 from model_zoo.config import Config, DataConfig
 from model_zoo.data import Tokenizer
+from model_zoo.data.manifest import check_sources_to_build
 from model_zoo.errors import DataError, UserInputError
 from model_zoo.files import read_text_lines
 from model_zoo.checkpoint.files import load_network
@@ -58,6 +59,7 @@ def prepare_data(config: Config):
     data, model = config.data, config.model
     if dataset_ready(config):
         return
+    check_sources_to_build(data.dataset_dir, data.sources)
     print(f"building the dataset in {data.dataset_dir} from {' '.join(data.sources)} ...",
           flush=True)
     manifest = build_translation_dataset(

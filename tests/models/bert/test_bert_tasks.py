@@ -83,6 +83,11 @@ def test_fill_mask_without_a_mask_is_refused(pretrained):
     result = run_cli("fill-mask", config, "--ckpt", ckpt, "--ids", "4 20 31 5")
     assert result.returncode == 2
     assert "no mask token (id 6)" in result.stderr
+    # a mask past the model's positions: the text is too long, not without a mask
+    longer = run_cli("fill-mask", config, "--ckpt", ckpt, "--text",
+                     "Return the name. " * 100 + "[MASK]")
+    assert longer.returncode == 2
+    assert "more than model.seq_length=" in longer.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.slow
