@@ -491,8 +491,8 @@ class MultiHeadAttention(AttentionLayer):
             (output (batch, 1, hidden), cache_key, cache_value), the caches as written.
         """
         if parents is None and self.decode_kernel is not None:
-            context = self.decode_kernel(self.qkv(query), cache_key, cache_value, write_index)
-            return self._output(context), cache_key, cache_value
+            return (self.decode_in_place(query, cache_key, cache_value, write_index, step_bias),
+                    cache_key, cache_value)
         q, k, v = self._heads(self.qkv(query), self.num_heads, 3)  # (batch, heads, 1, hd)
         if parents is not None and self.reorder_kernel is not None:
             cache_key = self.reorder_kernel(cache_key, parents, write_index, k)
@@ -505,6 +505,19 @@ class MultiHeadAttention(AttentionLayer):
                                                         k, v)
         output = self._output(self.core(q, cache_key, cache_value, None, step_bias))
         return output, cache_key, cache_value
+
+    def decode_in_place(self, query, cache_key, cache_value, write_index, step_bias):
+        """`decode_step` for a caller that goes on with the caches it passed (Parameters,
+        written in place): the output alone. Returning the caches to a caller that drops
+        them leaves MindSpore eliminating those outputs of a call with side effects, with a
+        warning each ("Some side effect nodes were eliminated by mistake"; no write is
+        lost, the writes stay in the call)."""
+        if self.decode_kernel is not None:
+            return self._output(self.decode_kernel(self.qkv(query), cache_key, cache_value,
+                                                   write_index))
+        q, k, v = self._heads(self.qkv(query), self.num_heads, 3)  # (batch, heads, 1, hd)
+        cache_key, cache_value = self._write_caches(cache_key, cache_value, write_index, k, v)
+        return self._output(self.core(q, cache_key, cache_value, None, step_bias))
 
     def prefill(self, query, cache_key, cache_value, write_index):
         """Causal self attention over a decoder's first positions query (batch, P, hidden)

@@ -77,10 +77,10 @@ class GPT2Block(nn.Cell):
 
     def decode_step(self, x, cache_key, cache_value, write_index, step_bias):
         """`construct` for the newest position x (batch, 1, hidden) only, its attention over
-        the key/value caches, which it writes in place (`MultiHeadAttention.decode_step`)."""
-        attended, _, _ = self.attention.decode_step(self.ln_1(x), cache_key, cache_value,
-                                                    write_index, step_bias)
-        x = self.residual_1(x, attended)
+        the key/value caches, which it writes in place (`MultiHeadAttention.decode_in_place`)."""
+        x = self.residual_1(x, self.attention.decode_in_place(self.ln_1(x), cache_key,
+                                                              cache_value, write_index,
+                                                              step_bias))
         return self.residual_2(x, self.mlp(self.ln_2(x)))
 
     def prefill(self, x, cache_key, cache_value, write_index):
