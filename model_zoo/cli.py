@@ -11,6 +11,7 @@ model's code, MindSpore and the plan are imported when a command that needs them
 
 import argparse
 import json
+import os
 import signal
 import sys
 from typing import Optional
@@ -229,5 +230,9 @@ def main(argv=None) -> int:
         signum = getattr(stop, "signum", signal.SIGINT)
         print(f"error: stopped by {signal.Signals(signum).name}; nothing was saved beyond "
               f"what was already written (a dataset build resumes where it stopped)",
-              file=sys.stderr)
-        return 128 + signum
+              file=sys.stderr, flush=True)
+        # the cleanups ran on the way here; no interpreter shutdown after them: a signal
+        # that stopped an import of MindSpore leaves modules half made, whose exit hooks
+        # then fail (tracebacks, "Fatal Python error", SIGABRT)
+        sys.stdout.flush()
+        os._exit(128 + signum)
