@@ -395,6 +395,35 @@ def test_leftovers_of_killed_runs_and_builds_are_cleaned_up(tiny_dataset, tmp_pa
     assert not (run_dir / ".lock").exists()
 
 
+def test_a_signal_after_the_last_checkpoint_stops_the_evaluation(write_config, tmp_path):
+    """SIGTERM 0.3 s after the last checkpoint is saved lands in the final evaluation (its
+    compile, here): the run stops there, 143, without a sample, and without raising inside
+    MindSpore's compile (which reported a failed compile, wrote analyze_fail.ir, or lost
+    the signal and evaluated on to exit 0)."""
+    config = write_config({"train.steps": 4, "train.save_steps": 4, "train.log_steps": 1})
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "model_zoo", "train", config, "--output-dir", str(run_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        env=dict(os.environ, GLOG_v="3", PYTHONPATH=os.getcwd()))
+    printed = []
+    try:
+        for line in process.stdout:
+            printed.append(line)
+            if line.startswith("saved ") and "step_00000004" in line:
+                time.sleep(0.3)
+                process.send_signal(signal.SIGTERM)
+                break
+        output = "".join(printed) + process.communicate(timeout=120)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 143, output
+    assert "sample:" not in output and "analyze_fail" not in output, output
+    assert "stopped by SIGTERM after step 4" in output
+    assert not (tmp_path / "rank_0").exists()   # MindSpore's failed-compile report
+
+
 def test_a_signal_during_the_last_step_stops_before_the_evaluation():
     """The last step's vote has already been taken when a signal arrives during it: the
     run must still stop (at once, its checkpoint saved) instead of evaluating."""

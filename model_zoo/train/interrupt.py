@@ -89,9 +89,9 @@ def stop_at_once():
 
 
 class StopRequests:
-    """While active, SIGINT, SIGTERM and SIGHUP set `signum` instead of ending the process; the loop
-    checks `requested` after each step. A second signal exits at once. Once the steps are
-    done (`steps_done`), a signal raises TrainingInterrupted at once."""
+    """While active, SIGINT, SIGTERM and SIGHUP set `signum` instead of ending the process;
+    the loop checks `requested` after each step, the evaluation after the steps `check`. A
+    second signal exits at once."""
 
     def __init__(self):
         self.signum = None
@@ -104,22 +104,29 @@ class StopRequests:
 
     def steps_done(self, step: int, checkpoint: str):
         """Training ended at `step` with `checkpoint` saved: what follows (the evaluation)
-        has nothing to save, so a signal now stops it at once (and one that came during
-        the last step, too late for the step's vote, stops the run now)."""
-        if self.signum is not None:
-            raise TrainingInterrupted(self.signum, step, checkpoint, agreed=False)
+        has nothing to save, so a signal now stops it at its next `check` (and one that
+        came during the last step, too late for the step's vote, stops the run now)."""
         self._done = (step, checkpoint)
+        self.check()
+
+    def check(self):
+        """After the steps, between the evaluation's parts: TrainingInterrupted if a signal
+        came, else the handlers installed again (MindSpore's dataset iterators install
+        their own). The handler itself raises nothing then: raised inside MindSpore's
+        graph compile, an exception is reported as a failed compile, or lost."""
+        if self.signum is not None:
+            raise TrainingInterrupted(self.signum, *self._done, agreed=False)
         self.install()
 
     def _handle(self, signum, frame):
         leave_a_hung_up_terminal(signum)
-        if self._done is not None:
-            raise TrainingInterrupted(signum, *self._done, agreed=False)
         if self.signum is not None:
             os._exit(128 + signum)
         self.signum = signum
-        print(f"received {signal.Signals(signum).name}: stopping after this step and saving a "
-              f"checkpoint (send it again to stop at once)", file=sys.stderr, flush=True)
+        doing = ("stopping after this step and saving a checkpoint" if self._done is None else
+                 "the last checkpoint is saved; stopping the evaluation")
+        print(f"received {signal.Signals(signum).name}: {doing} (send it again to stop at "
+              f"once)", file=sys.stderr, flush=True)
 
     def install(self):
         """(Re)install the handlers over whatever native code installed since."""

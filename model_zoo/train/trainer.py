@@ -218,7 +218,7 @@ def _train(module, config: Config, context, output_dir: str, resume: bool, on_sa
         stop.steps_done(config.train.steps,
                         final_checkpoint or list_checkpoints(output_dir)[-1][1])
         return evaluate_run(module, config, network, output_dir, on_save, metrics,
-                            semi_auto=context.semi_auto, sharded=sharded)
+                            semi_auto=context.semi_auto, sharded=sharded, check=stop.check)
 
 
 def sharded_evaluation(module, config: Config, network, context, shard):
@@ -246,11 +246,12 @@ def sharded_evaluation(module, config: Config, network, context, shard):
 
 
 def evaluate_run(module, config: Config, network, output_dir: str, on_save,
-                 metrics=None, semi_auto=False, sharded=None) -> dict:
+                 metrics=None, semi_auto=False, sharded=None, check=lambda: None) -> dict:
     """After the last step: held-out metrics (also in metrics.jsonl with train.eval_steps),
     loss curve, a sample of the model's output. A semi-auto run evaluates with `sharded`
     (`sharded_evaluation`; the whole model exists on no rank, so no sample), or not at all
-    when the model folder gives no held-out batches."""
+    when the model folder gives no held-out batches. `check()` between the parts stops
+    them on a signal (`StopRequests.check`)."""
     metrics_path = os.path.join(output_dir, "metrics.jsonl")
     network.set_train(False)
     if sharded is not None:
@@ -263,6 +264,7 @@ def evaluate_run(module, config: Config, network, output_dir: str, on_save,
             "checkpoint, then model-zoo eval")
     else:
         result = module.evaluate(config, network)
+    check()
     if config.train.eval_steps and metrics is not None and not any(
             "heldout" in entry and entry["step"] == config.train.steps
             for entry in read_metrics(metrics_path)):   # a resumed finished run has it
@@ -273,7 +275,9 @@ def evaluate_run(module, config: Config, network, output_dir: str, on_save,
     log("held-out evaluation: " + json.dumps(result))
     sample = getattr(module, "sample_text", None)
     if sample is not None and not semi_auto:
-        log("sample: " + sample(config, network))
+        text = sample(config, network)
+        check()
+        log("sample: " + text)
     if on_save is not None:
         on_save(output_dir)
     return result
