@@ -6,6 +6,7 @@ tables) are written to a temporary file beside their target and renamed into pla
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -37,6 +38,15 @@ def read_text_lines(path, what: str, error=UserInputError) -> list:
         raise error(f"{what} {path!r} is not UTF-8 text: byte {err.start} is "
                     f"{err.object[err.start:err.start + 1]!r}; convert it (e.g. iconv -t "
                     f"UTF-8)") from None
+
+
+def sha256_of(path) -> str:
+    """The SHA-256 of a file's bytes, read in 4 MB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def make_directory(directory) -> str:

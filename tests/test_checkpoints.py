@@ -78,7 +78,7 @@ def test_split_transform_merge_round_trip(trained, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "for dp2 x mp2 x pp2 with optimizer shard" in result.stdout
     assert sorted(os.listdir(split_dir)) == ["config.yaml"] + [f"rank_{r}" for r in range(8)] + [
-        "strategy.ckpt"]
+        "slices.json", "strategy.ckpt"]
     layout = assert_slices_as_planned(split_dir, full)
     from model_zoo.parallel.replication import optimizer_shard_size
     assert any(optimizer_shard_size(p, layout.parallel) > 1 for p in layout.params.values())
@@ -92,6 +92,21 @@ def test_split_transform_merge_round_trip(trained, tmp_path):
     result = run_cli("checkpoint", "merge", moved_dir, "--output", merged)
     assert result.returncode == 0, result.stderr
     assert_same_entries(entries(merged), full)
+
+    # one flipped bit in a slice (MindSpore writes and reads them without its CRC): refused
+    damaged_dir = tmp_path / "damaged"
+    shutil.copytree(moved_dir, damaged_dir)
+    (slice_file,) = (damaged_dir / "rank_5").glob("*.ckpt")
+    content = bytearray(slice_file.read_bytes())
+    content[len(content) // 2] ^= 0x01
+    slice_file.write_bytes(bytes(content))
+    result = run_cli("checkpoint", "merge", damaged_dir, "--output", tmp_path / "bad.ckpt")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"error: {slice_file}: its SHA-256 differs from the one "
+                                     f"recorded in {damaged_dir / 'slices.json'} when it was "
+                                     f"written: its bytes changed since (a flipped bit, a "
+                                     f"damaged copy)")
+    assert not (tmp_path / "bad.ckpt").exists()
 
     listing = run_cli("checkpoint", "inspect", split_dir)
     assert listing.returncode == 0, listing.stderr

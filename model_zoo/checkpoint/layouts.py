@@ -7,6 +7,7 @@ the config of its layout:
     DIR/config.yaml               the config whose parallel section is the layout
     DIR/strategy.ckpt             the layout's strategy file (`strategy_file.py`)
     DIR/rank_<i>/checkpoint_<i>.ckpt   rank i's slices (and the scalars every rank keeps)
+    DIR/slices.json               each rank file's SHA-256, checked before any is read
 
 The layouts come from the plan (`model-zoo plan`), so a layout is prepared and checked
 without a cluster; the slicing itself is MindSpore's (`transform_checkpoints`), which the
@@ -28,12 +29,16 @@ from model_zoo.parallel.replication import device_piece, stage_of_rank
 from model_zoo.parallel.strategy_file import (STRATEGY_FILE, laid_out_names, strategy_map,
                                              write_strategy_file)
 from model_zoo.checkpoint.files import file_format_of, list_checkpoints, read_checkpoint
+from model_zoo.files import read_json_or_none, sha256_of, write_json_atomically
 
 CONFIG_FILE = "config.yaml"
 PREFIX = "checkpoint_"
 # In a directory `collect` made from a training run: its strategy.ckpt is the one MindSpore
 # saved on the cluster, checked against the plan slice by slice instead of byte by byte
 COLLECTED_FILE = "collected_from.txt"
+# {rank file, relative to the directory: SHA-256}: MindSpore writes slices without its CRC
+# and reads them without a check, so a flipped bit would merge or load silently
+SLICES_FILE = "slices.json"
 
 
 @dataclasses.dataclass
@@ -91,6 +96,29 @@ def rank_file(directory: str, rank: int) -> str:
     return found[-1]   # the one transform_checkpoints reads (the last by name)
 
 
+def record_slices(directory: str, device_num: int):
+    """Write the SHA-256 of every rank file of a sliced directory (`SLICES_FILE`)."""
+    files = [rank_file(directory, rank) for rank in range(device_num)]
+    write_json_atomically(os.path.join(directory, SLICES_FILE), {
+        os.path.relpath(path, directory): sha256_of(path) for path in files})
+
+
+def check_slice_digests(directory: str, files):
+    """CheckpointError naming the first of `files` (rank files of a sliced directory) whose
+    bytes differ from the SHA-256 recorded when it was written. A directory written before
+    the digests were recorded is read unchecked."""
+    recorded = read_json_or_none(os.path.join(directory, SLICES_FILE))
+    if recorded is None:
+        return
+    for path in files:
+        expected = recorded.get(os.path.relpath(path, directory))
+        if expected is not None and sha256_of(path) != expected:
+            raise CheckpointError(f"{path}: its SHA-256 differs from the one recorded in "
+                                  f"{os.path.join(directory, SLICES_FILE)} when it was "
+                                  f"written: its bytes changed since (a flipped bit, a "
+                                  f"damaged copy)")
+
+
 def read_shapes(path: str) -> dict:
     """{name: shape} of a checkpoint file (its values are read, then dropped)."""
     return {name: tuple(value.shape) for name, value in read_checkpoint(path).items()}
@@ -124,6 +152,7 @@ def check_sliced(directory: str, layout: Layout) -> tuple:
     every rank, each readable, each slice of the shape the layout gives that rank. Returns
     the rank files and the names of every entry they hold (in rank order)."""
     files = [rank_file(directory, rank) for rank in range(layout.device_num)]
+    check_slice_digests(directory, files)
     names = {}
     for rank, path in enumerate(files):
         shapes = read_shapes(path)
@@ -168,6 +197,7 @@ def write_sliced(source_dir: str, source_strategy, layout: Layout, names, output
                                        layout.parallel, names)
         save_config(layout.config, os.path.join(staging, CONFIG_FILE))
         ms.transform_checkpoints(source_dir, staging, PREFIX, source_strategy, strategy)
+        record_slices(staging, layout.device_num)
 
 
 def split(config, ckpt: str, output_dir: str) -> Layout:
@@ -287,7 +317,8 @@ def collect(run_dir: str, output_dir: str, step: int = 0, config=None) -> Layout
                 shutil.copy(found[step], target)
         with open(os.path.join(staging, COLLECTED_FILE), "w", encoding="utf-8") as handle:
             handle.write(f"{os.path.abspath(run_dir)} step {step}\n")
-        check_sliced(staging, layout)
+        check_sliced(staging, layout)   # the training run's files pass their CRC
+        record_slices(staging, layout.device_num)
     return layout
 
 
@@ -363,6 +394,7 @@ def rank_slices(source: str, rank: int, target_strategy: str, output: str) -> st
         source_strategy = os.path.join(source, STRATEGY_FILE)
         files = {r: rank_file(source, r)
                  for r in ms.rank_list_for_transform(rank, source_strategy, target_strategy)}
+        check_slice_digests(source, files.values())
     ms.transform_checkpoint_by_rank(rank, files, output, source_strategy, target_strategy)
     if os.path.exists(converted):
         os.remove(converted)

@@ -6,7 +6,6 @@ are checked whenever the dataset is used, checksums with `model-zoo train --veri
 """
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -14,10 +13,9 @@ from pathlib import Path
 
 from model_zoo.data.tokenizer import HF_TOKENIZER_FILE, TOKENIZER_FILE, Tokenizer
 from model_zoo.errors import DataError
-from model_zoo.files import exclusive_lock, write_json_atomically
+from model_zoo.files import exclusive_lock, sha256_of, write_json_atomically
 
 MANIFEST_FILE = "dataset.json"
-HASH_CHUNK = 1 << 22
 
 
 def write_manifest(output_dir, manifest: dict, sources=None, known_files=None) -> dict:
@@ -38,14 +36,6 @@ def write_manifest(output_dir, manifest: dict, sources=None, known_files=None) -
                                      for name in names})
     write_json_atomically(output_dir / MANIFEST_FILE, manifest)
     return manifest
-
-
-def sha256_of(path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_recorded_files(output_dir, manifest, checksums: bool = False):

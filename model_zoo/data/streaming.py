@@ -36,9 +36,9 @@ from typing import Optional
 
 from model_zoo.data.corpus import (DEFAULT_JSON_KEY, DocumentStart, describe_sources,
                                    input_bytes, input_entries, iter_documents)
-from model_zoo.data.manifest import check_no_dataset, check_positive, sha256_of, write_manifest
+from model_zoo.data.manifest import check_no_dataset, check_positive, write_manifest
 from model_zoo.errors import DataError
-from model_zoo.files import read_json_or_none, write_json_atomically
+from model_zoo.files import read_json_or_none, sha256_of, write_json_atomically
 
 PLAN_FILE = ".build-plan.json"
 PIECE_RECORD = ".piece-{:05d}.json"
