@@ -44,7 +44,11 @@ def reduced_overrides(path: str) -> list:
     narrower = [f"model.ffn_hidden_size={config.model.ffn_hidden_size // chunks}"] \
         if chunks > 1 else []
     blocks = [chunks * (1 + (n > min(counts))) for n in counts]
-    return blocks_overrides(parallel, blocks) + narrower + [
+    # two of a token's experts, not eight: each further top-k pass repeats the same
+    # operators and strategies (ArgMaxWithValue, OneHot, the slot arithmetic)
+    fewer_choices = ["model.num_experts_per_tok=2"] \
+        if getattr(config.model, "num_experts_per_tok", 0) > 2 else []
+    return blocks_overrides(parallel, blocks) + narrower + fewer_choices + [
         "train.grad_accumulation=1", f"parallel.micro_batch_num={parallel.pipeline_stage}"]
 
 
@@ -53,11 +57,26 @@ def first_and_last_stage(config) -> list:
     return sorted({0, (parallel.pipeline_stage - 1) * parallel.devices_per_stage})
 
 
+DEEP_PIPELINE = 8
+
+
+def evaluated_ranks(config, ranks) -> list:
+    """The ranks whose evaluation network the shipped tier compiles (`shipped_dryruns`)."""
+    return ranks if config.parallel.pipeline_stage < DEEP_PIPELINE else ranks[-1:]
+
+
+def ranks_of(result) -> list:
+    return [rank.rank for rank in result.ranks]
+
+
 @pytest.fixture(scope="module")
 def shipped_dryruns(request):
     """{config path: Future of its DryRun}, the selected configs compiled two at a time, each
     as the chip it is planned for builds it (`default_device`: the 910's float-status
-    overflow check, or the 910B's flash attention and bf16)."""
+    overflow check, or the 910B's flash attention and bf16). The held-out evaluation
+    network is compiled on both stages, but on pipelines of 8 stages and more on the last
+    one only (`DEEP_PIPELINE`: their stage-0 evaluation networks are the compile time the
+    suite's budget cannot hold; the stage-0 ones of 2 and 4 stages are compiled)."""
     selected = [item.callspec.params["path"] for item in request.session.items
                 if item.originalname == "test_every_shipped_layout_compiles"]
     pool = ThreadPoolExecutor(max_workers=2)
@@ -65,9 +84,10 @@ def shipped_dryruns(request):
     for path in selected:   # plans here, one at a time; the compiles two at a time
         overrides = reduced_overrides(path)
         config = load_config(path, overrides, layout_checked=False)
-        futures[path] = pool.submit(run_dryrun, config, path, overrides,
-                                    first_and_last_stage(config), jobs=1, timeout=900,
-                                    plan=build_plan(config, path), evaluation=True,
+        ranks = first_and_last_stage(config)
+        futures[path] = pool.submit(run_dryrun, config, path, overrides, ranks, jobs=1,
+                                    timeout=900, plan=build_plan(config, path),
+                                    evaluation=evaluated_ranks(config, ranks),
                                     as_device=default_device(config))
     yield futures
     pool.shutdown(cancel_futures=True)
@@ -84,8 +104,9 @@ def test_every_shipped_layout_compiles(path, shipped_dryruns):
         # pipeline stages and sequence parallel too: no Reshape on a stage border), except
         # on an interleaved pipeline, which MindSpore's pipeline inference does not take
         assert rank.eval_error is None, rank.eval_error
-        assert (rank.eval_compile_s is not None) == eval_network_compiles(
-            load_config(path, layout_checked=False).parallel)
+        config = load_config(path, layout_checked=False)
+        assert (rank.eval_compile_s is not None) == (eval_network_compiles(
+            config.parallel) and rank.rank in evaluated_ranks(config, ranks_of(result)))
         # the 910's overflow check (NPUGetFloatStatusV2) is in the graph it compiles; the
         # 910B's default INFNAN mode needs none
         on_910 = default_device(load_config(path, layout_checked=False)) == "ascend910"
@@ -93,11 +114,6 @@ def test_every_shipped_layout_compiles(path, shipped_dryruns):
         # the step an Ascend run of this config trains: sunk when the trainer sinks it
         assert rank.sink_size == sink_size_of(load_config(path,
                                                           layout_checked=False).train, "Ascend", 0)
-        # no tensor as large as a weight slice held as a constant (device memory the plan
-        # does not count): masks and rotary tables only, at most two float32 causal masks of
-        # seq x seq (attention without flash: the forward's and the recompute's) and 16 MB
-        seq = load_config(path, layout_checked=False).model.seq_length
-        assert rank.constant_mb <= 16 + 2 * 4 * seq * seq / 2**20, rank.constant_mb
     assert result.ok
     if result.device_num > 1:   # a parallel layout: MindSpore inserted its communication
         assert any(rank.collectives for rank in result.ranks)
@@ -227,6 +243,11 @@ def test_pipeline_with_optimizer_shard_compiles_on_every_stage():
     for rank in result.ranks:
         assert rank.collectives["Send"] and rank.collectives["Receive"]
         assert rank.collectives["ReduceScatter"]   # the parallel optimizer's gradients
+        # no weight-sized constants of ours: clearing the accumulated gradients with
+        # assign(zeros_like) or selecting them against zeros_like folded one per weight
+        # (1.7 MB in all here). What is left is MindSpore's own: one of the shared vocabulary
+        # table's slice (1024 x 128 float32) on a Depend of the pipeline's tied parameter
+        assert rank.constant_mb <= 0.5, rank.constant_mb
 
 
 def test_layout_differences_are_found():
@@ -311,8 +332,7 @@ PARITY_BASE = ["model.num_layers=2", "train.global_batch_size=8", "train.grad_cl
 # Layouts whose compiled steps run on CPU ranks (sub-group all-gathers and reduce-scatters
 # as all-reduces: cpu_collectives.as_all_reduces; Send/Receive through the mailbox; the reused
 # micro-step subgraphs inlined: cpu_ranks.inline_calls): (config, overrides)
-PARITY_LAYOUTS = {
-    "dp2mp2": (TINY, ["parallel.data_parallel=2", "parallel.model_parallel=2"]),
+PARITY_LAYOUTS = {   # dp2 x mp2: the Mixtral layout (and dp2, mp2 in the others)
     "mp2-sequence-parallel-optimizer-shard": (TINY, [
         "parallel.model_parallel=2", "parallel.sequence_parallel=true",
         "parallel.optimizer_shard=true"]),
@@ -371,6 +391,8 @@ def test_the_partitioned_step_gives_one_devices_numbers(layout, tmp_path):
         assert (int(found["collectives_as_all_reduces"]) > 0) == (layout not in SAME_ON_CPU)
     if "ep2" in layout:
         assert all(rank["collectives"].get("AllToAll") for rank in report["ranks"])
+    if layout == "mp2-sequence-parallel-optimizer-shard":
+        a_difference_is_found(config, overrides, tmp_path)
     if "optimizer-shard" in layout and ("pp2" in layout or "accumulation" in layout):
         # the time model's once-a-step weight gathers: MindSpore puts every AllGather of
         # the optimizer shard in the step's graph, none in the micro step it calls m times
@@ -391,27 +413,25 @@ def all_gathers(path) -> tuple:
             len(model.functions))
 
 
-def test_check_numbers_finds_a_difference(tmp_path):
-    """The comparison fails when a rank's numbers are not one device's: the outputs of a
-    real check with one moment slice and one loss changed by 1e-3."""
+def a_difference_is_found(config_path, overrides, work):
+    """The comparison fails when a rank's numbers are not one device's: the outputs of the
+    check just run in `work`, with one moment slice and one loss changed by 1e-3."""
     import numpy as np
     from model_zoo.dryrun import numbers
-    overrides = PARITY_BASE + ["parallel.model_parallel=2"]
-    _, found = numbers.check_numbers(TINY, overrides, 1, tmp_path, jobs=2, timeout=600)
-    assert found["ok"], found
-    config = load_config(TINY, overrides + numbers.numbers_overrides(
-        load_config(TINY, overrides, layout_checked=False)), layout_checked=False)
-    params = build_plan(config, TINY).recording.params
-    expected, after = numbers.one_device_steps(
-        config, [[np.load(tmp_path / "batch_0.npz")["arr_0"]]], str(tmp_path / "again.ckpt"))
-    assert numbers.compare(config, params, expected, after, tmp_path, 1)["ok"]
-    rank_file = tmp_path / "rank_1" / "cpu_step.npz"
+    overrides = PARITY_BASE + overrides
+    config = load_config(config_path, overrides + numbers.numbers_overrides(
+        load_config(config_path, overrides, layout_checked=False)), layout_checked=False)
+    params = build_plan(config, config_path).recording.params
+    batches = [[np.load(work / f"batch_{step}.npz")["arr_0"]] for step in range(2)]
+    expected, after = numbers.one_device_steps(config, batches, str(work / "again.ckpt"))
+    assert numbers.compare(config, params, expected, after, work, 2)["ok"]
+    rank_file = work / "rank_1" / "cpu_step.npz"
     values = dict(np.load(rank_file))
     moment = next(name for name in values if name.startswith("adam_v."))
     values[moment] = values[moment] + 1e-3
     values["loss_0"] = values["loss_0"] + 1e-3
     np.savez(rank_file, **values)
-    broken = numbers.compare(config, params, expected, after, tmp_path, 1)
+    broken = numbers.compare(config, params, expected, after, work, 2)
     assert not broken["ok"]
     assert broken["max_abs_diff"]["moments"] == pytest.approx(1e-3, rel=1e-3)
     assert any(moment in problem for problem in broken["problems"])

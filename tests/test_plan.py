@@ -189,13 +189,15 @@ def test_shipped_config_passes(relative):
     assert plan.fits and plan.ok, format_report(plan)
     config = plan.config
     name = os.path.basename(relative)
-    match = re.search(r"-d(\d+)m(\d+)p(\d+)(?:v(\d+))?(?:-910b)?\.yaml$", name)
+    match = re.search(r"-d(\d+)m(\d+)p(\d+)(?:v(\d+))?(?:e(\d+))?(?:-910b)?\.yaml$", name)
     short = re.search(r"-dp(\d+)(?:-mp(\d+))?\.yaml$", name)  # dp x mp layouts, no pipeline
-    assert match or short, f"{name}: name a layout ...-d<dp>m<mp>p<pp>.yaml or ...-dp<dp>-mp<mp>"
+    assert match or short, (f"{name}: name a layout ...-d<dp>m<mp>p<pp>[v<chunks>][e<ep>].yaml "
+                            f"or ...-dp<dp>-mp<mp>")
     dp, mp, pp = (map(int, match.groups()[:3]) if match
                   else (int(short.group(1)), int(short.group(2) or 1), 1))
-    # v<chunks>: an interleaved pipeline
+    # v<chunks>: an interleaved pipeline; e<ep>: experts over ep devices
     assert config.parallel.pipeline_interleave == int(match and match.group(4) or 1)
+    assert config.parallel.expert_parallel == int(match and match.group(5) or 1)
     # planned on the device the name says: the 910B for flash attention or bf16
     assert plan.profile.key == ("ascend910b" if name.endswith("-910b.yaml") else "ascend910")
     load_config(os.path.join(ROOT, relative))  # the trainer reads it as it is

@@ -119,14 +119,15 @@ def run_dryrun(config, config_path: str, overrides, ranks: List[int],
                output_dir: Optional[str] = None, jobs: int = 2,
                timeout: float = DEFAULT_TIMEOUT, progress=None, plan=None,
                load: Optional[str] = None, export: bool = False,
-               evaluation: bool = True, as_device: Optional[str] = None) -> DryRun:
+               evaluation=True, as_device: Optional[str] = None) -> DryRun:
     """Compile `ranks` of `config`'s layout, `jobs` processes at a time, and hold their
     parameter layouts against the plan's (`plan`, built here unless given: its recording
     patches MindSpore's primitives, so plans are built one at a time, never from two
     threads). `progress(message)` hears each rank finish. `load`: a checkpoint of whole
     values the compiled step starts from; `export`: write each rank's compiled step as
     `rank_<r>/step.mindir` under `output_dir` (what `tests/test_dryrun.py` runs on CPU
-    ranks); `evaluation`: also compile the held-out evaluation network; `as_device`:
+    ranks); `evaluation`: also compile the held-out evaluation network (True: on every
+    rank; or a collection of the ranks that do); `as_device`:
     build the step as that chip's run does ("ascend910": the float-status overflow check;
     "ascend910b": flash attention and bf16 allowed), ConfigError if the config asks what
     the chip cannot run."""
@@ -146,7 +147,9 @@ def run_dryrun(config, config_path: str, overrides, ranks: List[int],
     running = []
     try:
         pending = [(rank, _request(work, config_path, overrides, rank, load, export,
-                                   evaluation, as_device))
+                                   evaluation is True or (evaluation is not False
+                                                          and rank in evaluation),
+                                   as_device))
                    for rank in ranks]
         results = {}
         while pending or running:
