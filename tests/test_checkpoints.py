@@ -181,7 +181,8 @@ def _bad(case, trained, tmp_path):
     if case == "a truncated rank file":
         rank_3 = split_dir / "rank_3" / "checkpoint_3.ckpt"
         rank_3.write_bytes(rank_3.read_bytes()[:1000])
-        return (["merge", split_dir, "--output", tmp_path / "out"], "cannot be read")
+        return (["merge", split_dir, "--output", tmp_path / "out"],
+                f"{rank_3}: its SHA-256 differs from the one recorded")
     if case == "the strategy of another layout":
         other = tmp_path / "other"
         assert run_cli("checkpoint", "transform", split_dir, "--output-dir", other,
