@@ -227,12 +227,33 @@ def main(argv=None) -> int:
               f"(`model-zoo plan CONFIG` estimates what a layout needs)", file=sys.stderr)
         return 2
     except (Stopped, KeyboardInterrupt) as stop:
-        signum = getattr(stop, "signum", signal.SIGINT)
-        print(f"error: stopped by {signal.Signals(signum).name}; nothing was saved beyond "
-              f"what was already written (a dataset build resumes where it stopped)",
-              file=sys.stderr, flush=True)
-        # the cleanups ran on the way here; no interpreter shutdown after them: a signal
-        # that stopped an import of MindSpore leaves modules half made, whose exit hooks
-        # then fail (tracebacks, "Fatal Python error", SIGABRT)
-        sys.stdout.flush()
-        os._exit(128 + signum)
+        exit_stopped(getattr(stop, "signum", signal.SIGINT))
+    except Exception as err:   # noqa: BLE001 - a stop inside a C extension's import
+        stop = stop_behind(err)
+        if stop is None:
+            raise
+        exit_stopped(stop.signum)
+
+
+def stop_behind(err: BaseException) -> Optional[Stopped]:
+    """The Stopped an exception was raised from, if any: a signal while a C extension
+    module initialises (MindSpore's dataset engine) comes back as its ImportError."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, Stopped):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def exit_stopped(signum: int):
+    """The one line of a command stopped by a signal, then exit 128 + the signal at once:
+    the cleanups ran on the way here, and a signal that stopped an import of MindSpore
+    leaves modules half made, whose exit hooks would fail after the line (tracebacks,
+    "Fatal Python error", SIGABRT)."""
+    print(f"error: stopped by {signal.Signals(signum).name}; nothing was saved beyond "
+          f"what was already written (a dataset build resumes where it stopped)",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(128 + signum)

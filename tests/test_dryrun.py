@@ -57,12 +57,10 @@ def first_and_last_stage(config) -> list:
     return sorted({0, (parallel.pipeline_stage - 1) * parallel.devices_per_stage})
 
 
-DEEP_PIPELINE = 8
-
-
-def evaluated_ranks(config, ranks) -> list:
-    """The ranks whose evaluation network the shipped tier compiles (`shipped_dryruns`)."""
-    return ranks if config.parallel.pipeline_stage < DEEP_PIPELINE else ranks[-1:]
+def evaluated_ranks(ranks) -> list:
+    """The ranks whose evaluation network the shipped tier compiles (`shipped_dryruns`):
+    the last stage's (the loss's)."""
+    return ranks[-1:]
 
 
 def ranks_of(result) -> list:
@@ -74,9 +72,9 @@ def shipped_dryruns(request):
     """{config path: Future of its DryRun}, the selected configs compiled two at a time, each
     as the chip it is planned for builds it (`default_device`: the 910's float-status
     overflow check, or the 910B's flash attention and bf16). The held-out evaluation
-    network is compiled on both stages, but on pipelines of 8 stages and more on the last
-    one only (`DEEP_PIPELINE`: their stage-0 evaluation networks are the compile time the
-    suite's budget cannot hold; the stage-0 ones of 2 and 4 stages are compiled)."""
+    network is compiled on the last stage (`evaluated_ranks`: the first stage's would take
+    more compile time than the suite's budget holds; `model-zoo dryrun` compiles it on
+    every rank it is asked for)."""
     selected = [item.callspec.params["path"] for item in request.session.items
                 if item.originalname == "test_every_shipped_layout_compiles"]
     pool = ThreadPoolExecutor(max_workers=2)
@@ -87,7 +85,7 @@ def shipped_dryruns(request):
         ranks = first_and_last_stage(config)
         futures[path] = pool.submit(run_dryrun, config, path, overrides, ranks, jobs=1,
                                     timeout=900, plan=build_plan(config, path),
-                                    evaluation=evaluated_ranks(config, ranks),
+                                    evaluation=evaluated_ranks(ranks),
                                     as_device=default_device(config))
     yield futures
     pool.shutdown(cancel_futures=True)
@@ -106,7 +104,7 @@ def test_every_shipped_layout_compiles(path, shipped_dryruns):
         assert rank.eval_error is None, rank.eval_error
         config = load_config(path, layout_checked=False)
         assert (rank.eval_compile_s is not None) == (eval_network_compiles(
-            config.parallel) and rank.rank in evaluated_ranks(config, ranks_of(result)))
+            config.parallel) and rank.rank in evaluated_ranks(ranks_of(result)))
         # the 910's overflow check (NPUGetFloatStatusV2) is in the graph it compiles; the
         # 910B's default INFNAN mode needs none
         on_910 = default_device(load_config(path, layout_checked=False)) == "ascend910"
