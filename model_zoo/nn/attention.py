@@ -14,7 +14,8 @@ from mindspore import Tensor, nn, ops
 
 from model_zoo.errors import ConfigError
 from model_zoo.nn.backend import cpu_kernel, kernel_target
-from model_zoo.nn.layers import MASK_VALUE, Dropout, Linear, stream_dropout
+from model_zoo.nn.layers import (MASK_VALUE, Dropout, LayerNorm, Linear,
+                                 decodes_in_one_launch, stream_dropout)
 from model_zoo.parallel.config import ParallelConfig
 
 
@@ -445,6 +446,9 @@ class MultiHeadAttention(AttentionLayer):
         # a decoding step's attention in one launch, the caches written in place
         self.decode_kernel = None if cross or flash else cpu_kernel("decode_attention",
                                                                     dtype=compute_dtype)
+        # and with the norm before it, the projections and the residual addition
+        self.decode_block = None if cross or flash else cpu_kernel("decode_block", "attention",
+                                                                   dtype=compute_dtype)
         self.build_attention_parts(parallel_config, causal=causal and not cross,
                                    fused_qkv=not cross, max_seq_length=max_seq_length,
                                    attention_dropout=attention_dropout,
@@ -518,6 +522,16 @@ class MultiHeadAttention(AttentionLayer):
         q, k, v = self._heads(self.qkv(query), self.num_heads, 3)  # (batch, heads, 1, hd)
         cache_key, cache_value = self._write_caches(cache_key, cache_value, write_index, k, v)
         return self._output(self.core(q, cache_key, cache_value, None, step_bias))
+
+    def decode_residual(self, norm, x, cache_key, cache_value, write_index, step_bias):
+        """x + `decode_in_place`(norm(x), ...) for a pre-norm block's decoding step, x (batch,
+        1, hidden): in one launch on CPU after a LayerNorm (`cpu_kernels.decode_block`), else
+        through the layers."""
+        if decodes_in_one_launch(self, x) and isinstance(norm, LayerNorm):
+            return self.decode_block(x, norm.gamma, norm.beta, norm.eps, self.qkv.weight,
+                                     self.qkv.bias, self.output.weight, self.output.bias,
+                                     cache_key, cache_value, write_index)
+        return x + self.decode_in_place(norm(x), cache_key, cache_value, write_index, step_bias)
 
     def prefill(self, query, cache_key, cache_value, write_index):
         """Causal self attention over a decoder's first positions query (batch, P, hidden)

@@ -67,6 +67,8 @@ CPU_KERNELS = {
                                 needs_onednn=True),
     "kv_attention": CpuKernel(cpu_kernels.kv_attention, float32_only=True, needs_onednn=True),
     "decode_attention": CpuKernel(cpu_kernels.decode_attention, float32_only=True),
+    # a decoding step's block halves, norm to residual, one launch each
+    "decode_block": CpuKernel(cpu_kernels.decode_block, float32_only=True),
     "reorder_cache": CpuKernel(cpu_kernels.reorder_cache, float32_only=True),
     "cross_entropy": CpuKernel(cpu_kernels.cross_entropy),
     "log_softmax_top_k": CpuKernel(cpu_kernels.log_softmax_top_k),

@@ -260,6 +260,34 @@ struct KeyedMask {
   const float scale;   // 1 / keep, for the elements kept
 };
 
+// One row's layer norm: y = (x - mean) rstd gamma + beta over `hidden` features
+inline void layer_norm_row(const float *x, const float *gamma, const float *beta, float eps,
+                           int64_t hidden, float *y, float *mean, float *rstd) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < hidden; ++i) sum += x[i];
+  const float m = sum / hidden;
+  float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+  for (int64_t i = 0; i < hidden; ++i) squares += (x[i] - m) * (x[i] - m);
+  const float s = 1.f / std::sqrt(squares / hidden + eps);
+  for (int64_t i = 0; i < hidden; ++i) y[i] = (x[i] - m) * s * gamma[i] + beta[i];
+  *mean = m;
+  *rstd = s;
+}
+
+// One row's RMSNorm: y = x rstd weight, rstd = 1 / sqrt(mean(x^2) + eps); returns rstd
+inline float rms_norm_row(const float *x, const float *weight, float eps, int64_t hidden,
+                          float *y) {
+  float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+  for (int64_t i = 0; i < hidden; ++i) squares += x[i] * x[i];
+  const float s = 1.f / std::sqrt(squares / hidden + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < hidden; ++i) y[i] = x[i] * s * weight[i];
+  return s;
+}
+
 // LayerNorm over the last axis.
 // inputs: x (..., H), gamma (H), beta (H), eps (scalar)
 // outputs: y (..., H), mean (rows), rstd (rows)
@@ -272,19 +300,8 @@ extern "C" int LayerNormForward(AOT_ARGS) {
   const int64_t hidden = shapes[0][ndims[0] - 1], rows = rows_of(ndims[0], shapes[0]);
   parallel_for(rows, row_grain(hidden), [=](int64_t begin, int64_t end, int) {
     for (int64_t r = begin; r < end; ++r) {
-      const float *xr = x + r * hidden;
-      float *yr = y + r * hidden;
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t i = 0; i < hidden; ++i) sum += xr[i];
-      const float m = sum / hidden;
-      float squares = 0.f;
-#pragma omp simd reduction(+ : squares)
-      for (int64_t i = 0; i < hidden; ++i) squares += (xr[i] - m) * (xr[i] - m);
-      const float s = 1.f / std::sqrt(squares / hidden + eps);
-      for (int64_t i = 0; i < hidden; ++i) yr[i] = (xr[i] - m) * s * gamma[i] + beta[i];
-      mean[r] = m;
-      rstd[r] = s;
+      layer_norm_row(x + r * hidden, gamma, beta, eps, hidden, y + r * hidden, mean + r,
+                     rstd + r);
     }
   });
   return 0;
@@ -335,7 +352,7 @@ extern "C" int LayerNormBackward(AOT_ARGS) {
   return 0;
 }
 
-// RMSNorm over the last axis: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps).
+// RMSNorm over the last axis (`rms_norm_row`).
 // inputs: x (..., H), weight (H), eps (scalar); outputs: y (..., H), rstd (rows)
 extern "C" int RmsNormForward(AOT_ARGS) {
   if (nparam != 5 || !all_float32(nparam, dtypes)) return 1;
@@ -345,15 +362,7 @@ extern "C" int RmsNormForward(AOT_ARGS) {
   const int64_t hidden = shapes[0][ndims[0] - 1], rows = rows_of(ndims[0], shapes[0]);
   parallel_for(rows, row_grain(hidden), [=](int64_t begin, int64_t end, int) {
     for (int64_t r = begin; r < end; ++r) {
-      const float *xr = x + r * hidden;
-      float *yr = y + r * hidden;
-      float squares = 0.f;
-#pragma omp simd reduction(+ : squares)
-      for (int64_t i = 0; i < hidden; ++i) squares += xr[i] * xr[i];
-      const float s = 1.f / std::sqrt(squares / hidden + eps);
-#pragma omp simd
-      for (int64_t i = 0; i < hidden; ++i) yr[i] = xr[i] * s * weight[i];
-      rstd[r] = s;
+      rstd[r] = rms_norm_row(x + r * hidden, weight, eps, hidden, y + r * hidden);
     }
   });
   return 0;
@@ -670,18 +679,21 @@ extern "C" int CrossEntropyBackward(AOT_ARGS) {
 }
 
 // Few-rows matmul (decoding): y = x w^T for x (M, K) with M small and w (N, K). Each group
-// of 4 rows of w is read from memory once and dotted with every row of x (which stays in
+// of rows of w is read from memory once and dotted with every row of x (which stays in
 // L1), so the time is one pass over w at the memory bandwidth, split over the cores;
 // MindSpore's MatMul takes 2-3 times longer at these shapes (benchmarks/README.md).
 // Vectors are the machine's own width, and a tile takes as many rows of x as keep its
 // accumulators, x and a weight vector in registers: 16 floats and 4 rows with AVX-512's 32
 // registers, 8 floats and 2 rows with AVX2's 16 (16-float vectors there spill and halve the
-// bandwidth: GPT-2 small's weights at batch 1, 10 against 20 GB/s on one core).
+// bandwidth: GPT-2 small's weights at batch 1, 10 against 20 GB/s on one core). One row of
+// x (batch 1) is dotted with 8 rows of w at a time, 4 otherwise: 8 streams from memory at
+// once read GPT-2 small's weights at 31 against 27 GB/s on two cores of an AMD EPYC.
 #ifdef __AVX512F__
 constexpr int kLanes = 16, kTileRows = 4;
 #else
 constexpr int kLanes = 8, kTileRows = 2;
 #endif
+constexpr int kOneRowTile = 8;   // rows of w a tile takes with one row of x
 typedef float floatv __attribute__((vector_size(4 * kLanes)));
 
 inline floatv loadv(const float *p) {
@@ -696,43 +708,51 @@ inline float lane_sum(floatv v) {
   return total;
 }
 
-// y[q, r] = x[q] . w[r] (+ bias[r]) for Q rows of x and 4 rows of w (row strides K; y's
-// stride N; bias may be null)
-template <int Q>
-void dot_tile(const float *x, const float *w, const float *bias, float *y, int64_t n_stride,
-              int64_t k_size) {
-  floatv acc[Q][4] = {};
+// y[q, r] = x[q] . w[r] (+ bias[r]) (+ residual[q, r]) for Q rows of x and R rows of w (row
+// strides K; y's and the residual's stride N; bias and residual may be null)
+template <int Q, int R>
+void dot_tile(const float *x, const float *w, const float *bias, const float *residual,
+              float *y, int64_t n_stride, int64_t k_size) {
+  floatv acc[Q][R] = {};
   int64_t k = 0;
   for (; k + kLanes <= k_size; k += kLanes) {
     floatv xk[Q];
     for (int q = 0; q < Q; ++q) xk[q] = loadv(x + q * k_size + k);
-    for (int r = 0; r < 4; ++r) {   // each weight vector straight into its products
+    for (int r = 0; r < R; ++r) {   // each weight vector straight into its products
       const floatv wk = loadv(w + r * k_size + k);
       for (int q = 0; q < Q; ++q) acc[q][r] += xk[q] * wk;
     }
   }
   for (int q = 0; q < Q; ++q) {
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < R; ++r) {
       float total = (bias ? bias[r] : 0.f) + lane_sum(acc[q][r]);
       for (int64_t j = k; j < k_size; ++j) total += x[q * k_size + j] * w[r * k_size + j];
-      y[q * n_stride + r] = total;
+      y[q * n_stride + r] = total + (residual ? residual[q * n_stride + r] : 0.f);
     }
   }
 }
 
-// Columns [n_begin, n_end) of y = x w^T (+ bias)
-void skinny_columns(const float *x, const float *w, const float *bias, float *y, int64_t m_size,
-                    int64_t n_size, int64_t k_size, int64_t n_begin, int64_t n_end) {
+// Columns [n_begin, n_end) of y = x w^T (+ bias) (+ residual)
+void skinny_columns(const float *x, const float *w, const float *bias, const float *residual,
+                    float *y, int64_t m_size, int64_t n_size, int64_t k_size, int64_t n_begin,
+                    int64_t n_end) {
   int64_t n = n_begin;
+  if (m_size == 1) {
+    for (; n + kOneRowTile <= n_end; n += kOneRowTile) {
+      dot_tile<1, kOneRowTile>(x, w + n * k_size, bias ? bias + n : nullptr,
+                               residual ? residual + n : nullptr, y + n, n_size, k_size);
+    }
+  }
   for (; n + 4 <= n_end; n += 4) {
     for (int64_t m = 0; m < m_size; m += kTileRows) {
       const float *xs = x + m * k_size, *ws = w + n * k_size, *bs = bias ? bias + n : nullptr;
+      const float *rs = residual ? residual + m * n_size + n : nullptr;
       float *ys = y + m * n_size + n;
       switch (std::min<int64_t>(m_size - m, kTileRows)) {
-        case 1: dot_tile<1>(xs, ws, bs, ys, n_size, k_size); break;
-        case 2: dot_tile<2>(xs, ws, bs, ys, n_size, k_size); break;
-        case 3: dot_tile<3>(xs, ws, bs, ys, n_size, k_size); break;
-        default: dot_tile<4>(xs, ws, bs, ys, n_size, k_size); break;
+        case 1: dot_tile<1, 4>(xs, ws, bs, rs, ys, n_size, k_size); break;
+        case 2: dot_tile<2, 4>(xs, ws, bs, rs, ys, n_size, k_size); break;
+        case 3: dot_tile<3, 4>(xs, ws, bs, rs, ys, n_size, k_size); break;
+        default: dot_tile<4, 4>(xs, ws, bs, rs, ys, n_size, k_size); break;
       }
     }
   }
@@ -740,11 +760,22 @@ void skinny_columns(const float *x, const float *w, const float *bias, float *y,
     for (int64_t m = 0; m < m_size; ++m) {
       float total = bias ? bias[n] : 0.f;
       for (int64_t k = 0; k < k_size; ++k) total += x[m * k_size + k] * w[n * k_size + k];
-      y[m * n_size + n] = total;
+      y[m * n_size + n] = total + (residual ? residual[m * n_size + n] : 0.f);
     }
   }
 }
 
+// y (M, N) = x (M, K) w^T (+ bias (N)) (+ residual (M, N)) for few rows, the columns split
+// over the usable cores in parts of whole tiles of at least 256 columns (MindSpore's own
+// threads are idle while a kernel runs)
+void few_rows_product(const float *x, const float *w, const float *bias, const float *residual,
+                      float *y, int64_t m_size, int64_t n_size, int64_t k_size) {
+  const int64_t blocks = n_size / kOneRowTile;   // a multiple of every tile's width
+  parallel_for(blocks, 256 / kOneRowTile, [=](int64_t first, int64_t last, int) {
+    const int64_t end = last == blocks ? n_size : kOneRowTile * last;
+    skinny_columns(x, w, bias, residual, y, m_size, n_size, k_size, kOneRowTile * first, end);
+  });
+}
 
 // The bias gradient: sums (N) of the columns of dy (M, N), the columns split over the cores
 void column_sums(const float *dy, int64_t rows, int64_t columns, float *sums) {
@@ -1454,8 +1485,7 @@ extern "C" int MoeExpertsBackward(AOT_ARGS) {
 }
 #endif  // MODEL_ZOO_DNNL
 
-// inputs: x (M, K), w (N, K), optionally bias (N); outputs: y (M, N). Columns are split over
-// the usable cores in blocks of 4 (MindSpore's own threads are idle while a kernel runs).
+// inputs: x (M, K), w (N, K), optionally bias (N); outputs: y (M, N)
 extern "C" int SkinnyMatMul(AOT_ARGS) {
   if ((nparam != 3 && nparam != 4) || !all_float32(nparam, dtypes) || ndims[0] != 2 ||
       ndims[1] != 2) {
@@ -1463,15 +1493,9 @@ extern "C" int SkinnyMatMul(AOT_ARGS) {
   }
   const int64_t m_size = shapes[0][0], k_size = shapes[0][1], n_size = shapes[1][0];
   if (shapes[1][1] != k_size || (nparam == 4 && shapes[2][0] != n_size)) return 1;
-  const float *x = as_float(params[0]), *w = as_float(params[1]);
-  const float *bias = nparam == 4 ? as_float(params[2]) : nullptr;
-  float *y = as_float(params[nparam - 1]);
-  // parts of at least 64 blocks of 4 rows of w; the last part takes the leftover rows
-  const int64_t blocks = n_size / 4;
-  parallel_for(blocks, 64, [=](int64_t first, int64_t last, int) {
-    const int64_t end = last == blocks ? n_size : 4 * last;
-    skinny_columns(x, w, bias, y, m_size, n_size, k_size, 4 * first, end);
-  });
+  few_rows_product(as_float(params[0]), as_float(params[1]),
+                   nparam == 4 ? as_float(params[2]) : nullptr, nullptr,
+                   as_float(params[nparam - 1]), m_size, n_size, k_size);
   return 0;
 }
 
@@ -1515,65 +1539,300 @@ extern "C" int ReorderCache(AOT_ARGS) {
   return 0;
 }
 
-// One decoding step's self attention over key/value caches it writes in place: for every
-// (row, head), the newest position's key and value go into the caches at the step's
-// position, then its query attends over positions 0 .. position (later ones are not read).
-// One launch instead of a split, two scatters, a scale, two batched products, a mask and a
-// softmax (about 100 of a GPT-2 small step's 200 launches). inputs: qkv (B, 1, 3 H D) laid
-// out head by head, cache_key and cache_value (B, H, L, D), written in place, index int32
-// (B, H, 1, 3) (`cache_index`: the position is its last entry); outputs: context (B, 1, H D).
-extern "C" int DecodeAttention(AOT_ARGS) {
-  if (nparam != 5 || std::strcmp(dtypes[3], "int32") != 0 || ndims[0] != 3 || ndims[1] != 4 ||
-      ndims[2] != 4 || ndims[4] != 3 || !all_float32(3, dtypes) || !all_float32(1, dtypes + 4)) {
-    return 1;
-  }
-  const int64_t batch = shapes[1][0], heads = shapes[1][1], length = shapes[1][2],
-                depth = shapes[1][3];
-  if (shapes[0][0] != batch || shapes[0][1] != 1 || shapes[0][2] != 3 * heads * depth ||
-      std::memcmp(shapes[1], shapes[2], 4 * sizeof(int64_t)) != 0 || ndims[3] != 4 ||
-      shapes[3][3] != 3 || shapes[4][0] != batch || shapes[4][1] != 1 ||
-      shapes[4][2] != heads * depth) {
-    return 1;
-  }
-  const float *qkv = as_float(params[0]);
-  float *keys = as_float(params[1]), *values = as_float(params[2]);
-  const int32_t position = static_cast<const int32_t *>(params[3])[2];
-  float *context = as_float(params[4]);
-  if (position < 0 || position >= length) return 1;
-  const float scale = 1.f / std::sqrt(static_cast<float>(depth));
-  const int64_t seen = position + 1;
-  std::vector<float> scratch(parts_for(batch * heads, 1) * seen);
+// One decoding step's attention over key/value caches it writes in place, for B rows, H
+// query heads and G key/value heads (G divides H; each serves H / G query heads in turn).
+// Strides in floats: the query of (row b, head h) is at q + b q_row + h q_head (D floats),
+// the newest key of (b, g) at kv + b kv_row + g kv_head and its value D floats after it;
+// the caches are (B, G, L, D) and the context (B, H D).
+struct StepAttention {
+  const float *q;
+  int64_t q_row, q_head;
+  const float *kv;
+  int64_t kv_row, kv_head;
+  float *keys, *values, *context;
+  int64_t batch, heads, groups, length, depth;
+};
+
+// For every (row, key/value head): the newest key and value written into the caches at
+// `position`, then each of its query heads attending over positions 0 .. position (later
+// ones are not read). false when the position is outside the caches.
+bool attend_step(const StepAttention &a, int64_t position) {
+  if (position < 0 || position >= a.length) return false;
+  const float scale = 1.f / std::sqrt(static_cast<float>(a.depth));
+  const int64_t seen = position + 1, per_group = a.heads / a.groups, depth = a.depth;
+  std::vector<float> scratch(parts_for(a.batch * a.groups, 1) * seen);
   float *const scratch_base = scratch.data();
-  parallel_for(batch * heads, 1, [=](int64_t begin, int64_t end, int part) {
+  parallel_for(a.batch * a.groups, 1, [=](int64_t begin, int64_t end, int part) {
     float *const scores = scratch_base + part * seen;
     for (int64_t pair = begin; pair < end; ++pair) {
-      const int64_t b = pair / heads, h = pair % heads;
-      const float *q = qkv + b * 3 * heads * depth + h * 3 * depth;
-      float *k = keys + pair * length * depth, *v = values + pair * length * depth;
-      std::memcpy(k + position * depth, q + depth, depth * sizeof(float));
-      std::memcpy(v + position * depth, q + 2 * depth, depth * sizeof(float));
-      float peak = -INFINITY;
-      for (int64_t j = 0; j < seen; ++j) {
-        float dot = 0.f;
+      const int64_t b = pair / a.groups, g = pair % a.groups;
+      const float *fresh = a.kv + b * a.kv_row + g * a.kv_head;
+      float *k = a.keys + pair * a.length * depth, *v = a.values + pair * a.length * depth;
+      std::memcpy(k + position * depth, fresh, depth * sizeof(float));
+      std::memcpy(v + position * depth, fresh + depth, depth * sizeof(float));
+      for (int64_t h = g * per_group; h < (g + 1) * per_group; ++h) {
+        const float *q = a.q + b * a.q_row + h * a.q_head;
+        float peak = -INFINITY;
+        for (int64_t j = 0; j < seen; ++j) {
+          float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t i = 0; i < depth; ++i) dot += q[i] * k[j * depth + i];
-        scores[j] = dot * scale;
-        peak = std::max(peak, scores[j]);
-      }
-      float total = 0.f;
-      for (int64_t j = 0; j < seen; ++j) {
-        scores[j] = exp_approx(scores[j] - peak);
-        total += scores[j];
-      }
-      float *out = context + b * heads * depth + h * depth;
-      std::fill(out, out + depth, 0.f);
-      for (int64_t j = 0; j < seen; ++j) {
-        const float weight = scores[j] / total;
+          for (int64_t i = 0; i < depth; ++i) dot += q[i] * k[j * depth + i];
+          scores[j] = dot * scale;
+          peak = std::max(peak, scores[j]);
+        }
+        float total = 0.f;
+        for (int64_t j = 0; j < seen; ++j) {
+          scores[j] = exp_approx(scores[j] - peak);
+          total += scores[j];
+        }
+        float *out = a.context + b * a.heads * depth + h * depth;
+        std::fill(out, out + depth, 0.f);
+        for (int64_t j = 0; j < seen; ++j) {
+          const float weight = scores[j] / total;
 #pragma omp simd
-        for (int64_t i = 0; i < depth; ++i) out[i] += weight * v[j * depth + i];
+          for (int64_t i = 0; i < depth; ++i) out[i] += weight * v[j * depth + i];
+        }
       }
     }
   });
+  return true;
+}
+
+// Whether inputs c and c + 1 are float32 caches (B, G, L, D) of one shape and input c + 2
+// their index, int32 (B, G, 1, 3)
+bool cache_inputs(int c, int *ndims, int64_t **shapes, const char **dtypes) {
+  return ndims[c] == 4 && ndims[c + 1] == 4 && ndims[c + 2] == 4 &&
+         std::memcmp(shapes[c], shapes[c + 1], 4 * sizeof(int64_t)) == 0 &&
+         all_float32(2, dtypes + c) && std::strcmp(dtypes[c + 2], "int32") == 0 &&
+         shapes[c + 2][0] == shapes[c][0] && shapes[c + 2][3] == 3;
+}
+
+// The step's position: the last entry of the first (row, head, position) triple of the index
+int64_t step_position(void *index) { return static_cast<const int32_t *>(index)[2]; }
+
+// A decoding step's self attention in one launch instead of a split, two scatters, a
+// scale, two batched products, a mask and a softmax (`attend_step`, H = G). inputs: qkv
+// (B, 1, 3 H D) laid out head by head, cache_key and cache_value (B, H, L, D), written in
+// place, index int32 (B, H, 1, 3) (`cache_index`: the position is its last entry);
+// outputs: context (B, 1, H D).
+extern "C" int DecodeAttention(AOT_ARGS) {
+  if (nparam != 5 || ndims[0] != 3 || ndims[4] != 3 || !all_float32(1, dtypes) ||
+      !all_float32(1, dtypes + 4) || !cache_inputs(1, ndims, shapes, dtypes)) {
+    return 1;
+  }
+  const int64_t batch = shapes[1][0], heads = shapes[1][1], depth = shapes[1][3];
+  if (shapes[0][0] != batch || shapes[0][1] != 1 || shapes[0][2] != 3 * heads * depth ||
+      shapes[4][0] != batch || shapes[4][1] != 1 || shapes[4][2] != heads * depth) {
+    return 1;
+  }
+  const float *qkv = as_float(params[0]);
+  const StepAttention a{qkv, 3 * heads * depth, 3 * depth, qkv + depth, 3 * heads * depth,
+                        3 * depth, as_float(params[1]), as_float(params[2]),
+                        as_float(params[4]), batch, heads, heads, shapes[1][2], depth};
+  return attend_step(a, step_position(params[3])) ? 0 : 1;
+}
+
+// Decoding blocks: one launch for each half of a pre-norm decoder block at a decoding
+// step's few rows (B <= SKINNY_ROWS), y = x + f(norm(x)), where MindSpore's executor would
+// run five to eight launches (norm, products, attention or activation, residual addition).
+// x and y are (B, 1, W); the scratch vectors hold the few rows between the parts.
+
+// Whether inputs [first, first + count) are float32 vectors of `size` floats
+bool vectors_of(int first, int count, int64_t size, int *ndims, int64_t **shapes,
+                const char **dtypes) {
+  for (int i = first; i < first + count; ++i) {
+    if (ndims[i] != 1 || shapes[i][0] != size || !all_float32(1, dtypes + i)) return false;
+  }
+  return true;
+}
+
+// Whether input i is a float32 matrix (rows, columns)
+bool matrix_of(int i, int64_t rows, int64_t columns, int *ndims, int64_t **shapes,
+               const char **dtypes) {
+  return ndims[i] == 2 && shapes[i][0] == rows && shapes[i][1] == columns &&
+         all_float32(1, dtypes + i);
+}
+
+constexpr int64_t kFewRows = 16;   // the most rows of a decoding block (SKINNY_ROWS)
+
+// Whether input i and the output (the last parameter) are float32 (B, 1, W), B <= kFewRows
+bool step_rows(int i, int nparam, int *ndims, int64_t **shapes, const char **dtypes) {
+  return ndims[i] == 3 && shapes[i][1] == 1 && shapes[i][0] <= kFewRows &&
+         ndims[nparam - 1] == 3 &&
+         std::memcmp(shapes[i], shapes[nparam - 1], 3 * sizeof(int64_t)) == 0 &&
+         all_float32(1, dtypes + i) && all_float32(1, dtypes + nparam - 1);
+}
+
+// Self attention's half of a pre-LayerNorm block (GPT-2): x + out(attention(qkv(LN(x)))),
+// the newest keys and values written into the caches in place (`attend_step`, H = G).
+// inputs: x (B, 1, W), gamma, beta (W), eps (scalar), w_qkv (3 H D, W) laid out head by
+// head, b_qkv (3 H D), w_out (W, H D), b_out (W), cache_key, cache_value (B, H, L, D),
+// index int32 (B, H, 1, 3); outputs: y (B, 1, W)
+extern "C" int DecodeAttentionBlock(AOT_ARGS) {
+  if (nparam != 12 || !step_rows(0, nparam, ndims, shapes, dtypes) ||
+      !cache_inputs(8, ndims, shapes, dtypes) || !all_float32(1, dtypes + 3)) {
+    return 1;
+  }
+  const int64_t batch = shapes[0][0], width = shapes[0][2], heads = shapes[8][1],
+                depth = shapes[8][3], inner = heads * depth;
+  if (shapes[8][0] != batch || !vectors_of(1, 2, width, ndims, shapes, dtypes) ||
+      !matrix_of(4, 3 * inner, width, ndims, shapes, dtypes) ||
+      !vectors_of(5, 1, 3 * inner, ndims, shapes, dtypes) ||
+      !matrix_of(6, width, inner, ndims, shapes, dtypes) ||
+      !vectors_of(7, 1, width, ndims, shapes, dtypes)) {
+    return 1;
+  }
+  const float *x = as_float(params[0]);
+  std::vector<float> scratch(batch * (width + 4 * inner));
+  float *normed = scratch.data(), *qkv = normed + batch * width, *context = qkv + 3 * batch * inner;
+  for (int64_t b = 0; b < batch; ++b) {
+    float mean, rstd;
+    layer_norm_row(x + b * width, as_float(params[1]), as_float(params[2]), *as_float(params[3]),
+                   width, normed + b * width, &mean, &rstd);
+  }
+  few_rows_product(normed, as_float(params[4]), as_float(params[5]), nullptr, qkv, batch,
+                   3 * inner, width);
+  const StepAttention a{qkv, 3 * inner, 3 * depth, qkv + depth, 3 * inner, 3 * depth,
+                        as_float(params[8]), as_float(params[9]), context, batch, heads, heads,
+                        shapes[8][2], depth};
+  if (!attend_step(a, step_position(params[10]))) return 1;
+  few_rows_product(context, as_float(params[6]), as_float(params[7]), x, as_float(params[11]),
+                   batch, width, inner);
+  return 0;
+}
+
+// One rotary rotation in place (the half-split layout of `rotary`): v's D features by the
+// position's cos and sin rows
+inline void rotate_in_place(float *v, const float *cosine, const float *sine, int64_t d) {
+  const int64_t half = d / 2;
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    const float first = v[i], second = v[i + half];
+    v[i] = first * cosine[i] - second * sine[i];
+    v[i + half] = second * cosine[i + half] + first * sine[i + half];
+  }
+}
+
+// Grouped-query attention's half of a pre-RMSNorm block with rotary positions (LLaMA):
+// x + out(attention(rotary(q(n)), rotary(k(n)), v(n))), n = RMSNorm(x), the newest keys and
+// values written into the caches in place (`attend_step`).
+// inputs: x (B, 1, W), weight (W), eps (scalar), w_q (H D, W), [b_q (H D)], w_kv (G 2 D, W)
+// laid out key/value head by head, [b_kv (G 2 D)], w_out (W, H D), cos, sin (1, D) (the
+// position's rows of the rotary tables), cache_key, cache_value (B, G, L, D), index int32
+// (B, G, 1, 3); outputs: y (B, 1, W). The two biases come together or not at all.
+extern "C" int DecodeGroupedAttentionBlock(AOT_ARGS) {
+  const bool biased = nparam == 14;
+  if ((nparam != 12 && !biased) || !step_rows(0, nparam, ndims, shapes, dtypes) ||
+      !all_float32(1, dtypes + 2)) {
+    return 1;
+  }
+  const int w_kv = biased ? 5 : 4, w_out = w_kv + (biased ? 2 : 1), cos_at = w_out + 1,
+            caches = cos_at + 2;
+  if (!cache_inputs(caches, ndims, shapes, dtypes)) return 1;
+  const int64_t batch = shapes[0][0], width = shapes[0][2], groups = shapes[caches][1],
+                depth = shapes[caches][3], q_width = shapes[3][0], kv_width = 2 * groups * depth;
+  const int64_t heads = q_width / depth;
+  if (shapes[caches][0] != batch || depth % 2 || q_width % depth || heads % groups ||
+      !vectors_of(1, 1, width, ndims, shapes, dtypes) ||
+      !matrix_of(3, q_width, width, ndims, shapes, dtypes) ||
+      !matrix_of(w_kv, kv_width, width, ndims, shapes, dtypes) ||
+      (biased && (!vectors_of(4, 1, q_width, ndims, shapes, dtypes) ||
+                  !vectors_of(w_kv + 1, 1, kv_width, ndims, shapes, dtypes))) ||
+      !matrix_of(w_out, width, q_width, ndims, shapes, dtypes) ||
+      !matrix_of(cos_at, 1, depth, ndims, shapes, dtypes) ||
+      !matrix_of(cos_at + 1, 1, depth, ndims, shapes, dtypes)) {
+    return 1;
+  }
+  const float *x = as_float(params[0]);
+  std::vector<float> scratch(batch * (width + 2 * q_width + kv_width));
+  float *normed = scratch.data(), *q = normed + batch * width, *kv = q + batch * q_width,
+        *context = kv + batch * kv_width;
+  for (int64_t b = 0; b < batch; ++b) {
+    rms_norm_row(x + b * width, as_float(params[1]), *as_float(params[2]), width,
+                 normed + b * width);
+  }
+  few_rows_product(normed, as_float(params[3]), biased ? as_float(params[4]) : nullptr, nullptr,
+                   q, batch, q_width, width);
+  few_rows_product(normed, as_float(params[w_kv]), biased ? as_float(params[w_kv + 1]) : nullptr,
+                   nullptr, kv, batch, kv_width, width);
+  const float *cosine = as_float(params[cos_at]), *sine = as_float(params[cos_at + 1]);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) rotate_in_place(q + b * q_width + h * depth, cosine, sine, depth);
+    for (int64_t g = 0; g < groups; ++g) {
+      rotate_in_place(kv + b * kv_width + 2 * g * depth, cosine, sine, depth);
+    }
+  }
+  const StepAttention a{q, q_width, depth, kv, kv_width, 2 * depth, as_float(params[caches]),
+                        as_float(params[caches + 1]), context, batch, heads, groups,
+                        shapes[caches][2], depth};
+  if (!attend_step(a, step_position(params[caches + 2]))) return 1;
+  few_rows_product(context, as_float(params[w_out]), nullptr, x, as_float(params[nparam - 1]),
+                   batch, width, q_width);
+  return 0;
+}
+
+// The feed-forward half of a pre-LayerNorm block (GPT-2): x + proj(gelu(fc(LN(x)))), GELU's
+// tanh form. inputs: x (B, 1, W), gamma, beta (W), eps (scalar), w_fc (F, W), b_fc (F),
+// w_proj (W, F), b_proj (W); outputs: y (B, 1, W)
+extern "C" int DecodeFeedForwardBlock(AOT_ARGS) {
+  if (nparam != 9 || !step_rows(0, nparam, ndims, shapes, dtypes) ||
+      !all_float32(1, dtypes + 3) || ndims[4] != 2) {
+    return 1;
+  }
+  const int64_t batch = shapes[0][0], width = shapes[0][2], inner = shapes[4][0];
+  if (!vectors_of(1, 2, width, ndims, shapes, dtypes) ||
+      !matrix_of(4, inner, width, ndims, shapes, dtypes) ||
+      !vectors_of(5, 1, inner, ndims, shapes, dtypes) ||
+      !matrix_of(6, width, inner, ndims, shapes, dtypes) ||
+      !vectors_of(7, 1, width, ndims, shapes, dtypes)) {
+    return 1;
+  }
+  const float *x = as_float(params[0]);
+  std::vector<float> scratch(batch * (width + inner));
+  float *normed = scratch.data(), *hidden = normed + batch * width;
+  for (int64_t b = 0; b < batch; ++b) {
+    float mean, rstd;
+    layer_norm_row(x + b * width, as_float(params[1]), as_float(params[2]), *as_float(params[3]),
+                   width, normed + b * width, &mean, &rstd);
+  }
+  few_rows_product(normed, as_float(params[4]), as_float(params[5]), nullptr, hidden, batch,
+                   inner, width);
+#pragma omp simd
+  for (int64_t i = 0; i < batch * inner; ++i) hidden[i] = gelu_tanh(hidden[i]);
+  few_rows_product(hidden, as_float(params[6]), as_float(params[7]), x, as_float(params[8]),
+                   batch, width, inner);
+  return 0;
+}
+
+// The feed-forward half of a pre-RMSNorm block (LLaMA): x + down(silu(g) u) for
+// [g_0, u_0, g_1, u_1, ...] = gate_up(RMSNorm(x)). inputs: x (B, 1, W), weight (W), eps
+// (scalar), w_gate_up (2 F, W) interleaved, w_down (W, F); outputs: y (B, 1, W)
+extern "C" int DecodeGatedFeedForwardBlock(AOT_ARGS) {
+  if (nparam != 6 || !step_rows(0, nparam, ndims, shapes, dtypes) ||
+      !all_float32(1, dtypes + 2) || ndims[3] != 2) {
+    return 1;
+  }
+  const int64_t batch = shapes[0][0], width = shapes[0][2], inner = shapes[3][0] / 2;
+  if (!vectors_of(1, 1, width, ndims, shapes, dtypes) ||
+      !matrix_of(3, 2 * inner, width, ndims, shapes, dtypes) ||
+      !matrix_of(4, width, inner, ndims, shapes, dtypes)) {
+    return 1;
+  }
+  const float *x = as_float(params[0]);
+  std::vector<float> scratch(batch * (width + 3 * inner));
+  float *normed = scratch.data(), *pairs = normed + batch * width, *gated = pairs + 2 * batch * inner;
+  for (int64_t b = 0; b < batch; ++b) {
+    rms_norm_row(x + b * width, as_float(params[1]), *as_float(params[2]), width,
+                 normed + b * width);
+  }
+  few_rows_product(normed, as_float(params[3]), nullptr, nullptr, pairs, batch, 2 * inner, width);
+#pragma omp simd
+  for (int64_t i = 0; i < batch * inner; ++i) {
+    const float g = pairs[2 * i], u = pairs[2 * i + 1];
+    gated[i] = g * sigmoid_approx(g) * u;
+  }
+  few_rows_product(gated, as_float(params[4]), nullptr, x, as_float(params[5]), batch, width,
+                   inner);
   return 0;
 }
 

@@ -324,6 +324,29 @@ def decode_attention():
     return attend
 
 
+def decode_block(half: str):
+    """Custom op of one half of a pre-norm decoder block at a decoding step's few rows
+    (B <= SKINNY_ROWS), x (B, 1, W) -> x + f(norm(x)) (B, 1, W), float32, in one launch where
+    MindSpore's executor runs five to eight. `half` and its inputs after x:
+        "attention": gamma, beta, eps (LayerNorm), w_qkv, b_qkv (laid out head by head),
+            w_out, b_out, cache_key, cache_value (B, H, L, D), write_index int32 (B, H, 1, 3);
+        "grouped_attention": weight, eps (RMSNorm), w_q[, b_q], w_kv[, b_kv] (laid out kv
+            head by kv head), w_out, cos, sin (1, D) (the position's rotary rows), cache_key,
+            cache_value (B, G, L, D), write_index int32 (B, G, 1, 3);
+        "feed_forward": gamma, beta, eps (LayerNorm), w_fc, b_fc, w_proj, b_proj (GELU, tanh
+            form);
+        "gated_feed_forward": weight, eps (RMSNorm), w_gate_up (interleaved), w_down.
+    The attention halves write the newest keys and values into the caches in place
+    (`side_effect_mem`, as `decode_attention`). No backward."""
+    name = {"attention": "DecodeAttentionBlock", "grouped_attention": "DecodeGroupedAttentionBlock",
+            "feed_forward": "DecodeFeedForwardBlock",
+            "gated_feed_forward": "DecodeGatedFeedForwardBlock"}[half]
+    block = _custom(name, lambda x, *rest: x, lambda x, *rest: x)
+    if half.endswith("attention"):
+        block.add_prim_attr("side_effect_mem", True)
+    return block
+
+
 def bias_add():
     """Custom op (x (..., C), bias (C,)) -> x + bias, float32, with its backward pass (the
     input's gradient passes through; the bias's is the column sum)."""
@@ -362,7 +385,8 @@ SKINNY_ROWS = 16   # up to this many rows, a matmul reads its weight once (`skin
 
 def skinny_matmul(with_bias: bool):
     """Custom op (x (M, K), w (N, K)[, bias (N,)]) -> x w^T (+ bias) (M, N), float32, for
-    few rows (M <= SKINNY_ROWS, e.g. a decoding step): one pass over w split over the cores.
+    few rows (M <= SKINNY_ROWS, e.g. a decoding step): one pass over w split over the cores
+    (the decoding blocks' products too).
     Its backward pass is MindSpore's MatMul."""
     def bprop(x, w, out, dout):
         return ops.matmul(dout, w), ops.matmul(dout.T, x)

@@ -10,7 +10,7 @@ from mindspore import nn, ops
 from model_zoo.errors import ConfigError
 from model_zoo.nn.attention import AttentionLayer
 from model_zoo.nn.backend import cpu_kernel
-from model_zoo.nn.layers import Linear
+from model_zoo.nn.layers import Linear, RMSNorm, decodes_in_one_launch
 from model_zoo.parallel.config import ParallelConfig
 
 
@@ -127,6 +127,9 @@ class GroupedQueryAttention(AttentionLayer):
         # (the queries' kernel is self.rotary's)
         self.rotate_keys = cpu_kernel("rotary", 2, dtype=compute_dtype) \
             if self.fused is not None else None
+        # a decoding step from the norm before it to the residual addition in one launch
+        self.decode_block = None if flash else cpu_kernel("decode_block", "grouped_attention",
+                                                          dtype=compute_dtype)
 
     def _project(self, x, cos, sin):
         """Queries (batch, heads, seq, hd), keys and values (batch, kv_heads, seq, hd) of x,
@@ -150,6 +153,24 @@ class GroupedQueryAttention(AttentionLayer):
         q, k, v = self._project(x, cos, sin)
         cache_key, cache_value = self._write_caches(cache_key, cache_value, write_index, k, v)
         return self._output(self.core(q, cache_key, cache_value, None, step_bias))
+
+    def decode_residual(self, norm, x, cos, sin, cache_key, cache_value, write_index,
+                        step_bias):
+        """x + `decode_step`(norm(x), ...) for a pre-norm block's decoding step, x (batch, 1,
+        hidden): in one launch on CPU after an RMSNorm (`cpu_kernels.decode_block`: rotary
+        positions, the key/value heads each read by their group of query heads in place of
+        a repeat, the caches written in place), else through the layers."""
+        if decodes_in_one_launch(self, x) and isinstance(norm, RMSNorm):
+            q, kv = self.query, self.key_value
+            if q.has_bias:
+                return self.decode_block(x, norm.weight, norm.eps, q.weight, q.bias, kv.weight,
+                                         kv.bias, self.output.weight, cos, sin, cache_key,
+                                         cache_value, write_index)
+            return self.decode_block(x, norm.weight, norm.eps, q.weight, kv.weight,
+                                     self.output.weight, cos, sin, cache_key, cache_value,
+                                     write_index)
+        return x + self.decode_step(norm(x), cos, sin, cache_key, cache_value, write_index,
+                                    step_bias)
 
     def prefill(self, x, cos, sin, cache_key, cache_value, write_index):
         """Causal attention over the first positions x (batch, P, hidden) in one pass, their

@@ -70,6 +70,14 @@ def uses_few_rows(layer, x) -> bool:
         x.shape[0] <= cpu_kernels.SKINNY_ROWS
 
 
+def decodes_in_one_launch(layer, x) -> bool:
+    """Whether `layer` takes a decoding step's x (batch, 1, hidden) through its `decode_block`
+    kernel (`cpu_kernels.decode_block`): it has one, it is in eval mode and the rows are few.
+    The caller checks the norm before it is the one the kernel computes."""
+    return layer.decode_block is not None and not layer.training and x.shape[1] == 1 and \
+        x.shape[0] <= cpu_kernels.SKINNY_ROWS
+
+
 def stream_strategy(parallel_config: ParallelConfig) -> tuple:
     """Strategy of the residual stream's token-wise operators (layer norm, hidden dropout,
     residual add): (dp, 1, 1) on (batch, seq, hidden); with `parallel.sequence_parallel`
@@ -501,9 +509,19 @@ class FeedForward(nn.Cell):
                               parallel_config=parallel_config, compute_dtype=compute_dtype,
                               init_std=output_init_std or init_std)
         self.dropout = stream_dropout(hidden_dropout, parallel_config)
+        self.decode_block = cpu_kernel("decode_block", "feed_forward", dtype=compute_dtype) \
+            if activation == "gelu" else None
 
     def construct(self, x):
         return self.dropout(ops.cast(self.project(self.expand(x)), ms.float32))
+
+    def decode_residual(self, norm, x):
+        """x + self(norm(x)) at a decoding step, x (batch, 1, hidden): in one launch on CPU
+        after a LayerNorm (`cpu_kernels.decode_block`), else through the layers."""
+        if decodes_in_one_launch(self, x) and isinstance(norm, LayerNorm):
+            return self.decode_block(x, norm.gamma, norm.beta, norm.eps, self.expand.weight,
+                                     self.expand.bias, self.project.weight, self.project.bias)
+        return x + self(norm(x))
 
 
 class GatedFeedForward(nn.Cell):
@@ -538,6 +556,15 @@ class GatedFeedForward(nn.Cell):
         self.silu = SiLU().shard(((dp, 1, mp),))
         self.gated = ops.Mul().shard(((dp, 1, mp), (dp, 1, mp)))
         self.kernel = cpu_kernel("swiglu", dtype=compute_dtype)
+        self.decode_block = cpu_kernel("decode_block", "gated_feed_forward", dtype=compute_dtype)
+
+    def decode_residual(self, norm, x):
+        """x + self(norm(x)) at a decoding step, x (batch, 1, hidden): in one launch on CPU
+        after an RMSNorm (`cpu_kernels.decode_block`), else through the layers."""
+        if decodes_in_one_launch(self, x) and isinstance(norm, RMSNorm):
+            return self.decode_block(x, norm.weight, norm.eps, self.gate_up.weight,
+                                     self.down.weight)
+        return x + self(norm(x))
 
     def construct(self, x):
         if self.kernel is not None:

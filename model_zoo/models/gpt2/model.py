@@ -77,11 +77,11 @@ class GPT2Block(nn.Cell):
 
     def decode_step(self, x, cache_key, cache_value, write_index, step_bias):
         """`construct` for the newest position x (batch, 1, hidden) only, its attention over
-        the key/value caches, which it writes in place (`MultiHeadAttention.decode_in_place`)."""
-        x = self.residual_1(x, self.attention.decode_in_place(self.ln_1(x), cache_key,
-                                                              cache_value, write_index,
-                                                              step_bias))
-        return self.residual_2(x, self.mlp(self.ln_2(x)))
+        the key/value caches, which it writes in place (`MultiHeadAttention.decode_residual`;
+        on CPU one launch for each half of the block)."""
+        x = self.attention.decode_residual(self.ln_1, x, cache_key, cache_value, write_index,
+                                           step_bias)
+        return self.mlp.decode_residual(self.ln_2, x)
 
     def prefill(self, x, cache_key, cache_value, write_index):
         """`construct` for the first positions x (batch, P, hidden), writing their keys and

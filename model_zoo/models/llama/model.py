@@ -99,11 +99,12 @@ class LlamaBlock(nn.Cell):
         return self.residual_2(x, self.mlp(self.post_attention_norm(x)))
 
     def decode_step(self, x, cos, sin, cache_key, cache_value, write_index, step_bias):
-        """`construct` for the newest position x (batch, 1, hidden) over the key/value caches
-        (`GroupedQueryAttention.decode_step`)."""
-        x = self.residual_1(x, self.attention.decode_step(
-            self.input_norm(x), cos, sin, cache_key, cache_value, write_index, step_bias))
-        return self.residual_2(x, self.mlp(self.post_attention_norm(x)))
+        """`construct` for the newest position x (batch, 1, hidden) over the key/value caches,
+        which it writes in place (`GroupedQueryAttention.decode_residual`; on CPU one launch
+        for each half of the block)."""
+        x = self.attention.decode_residual(self.input_norm, x, cos, sin, cache_key, cache_value,
+                                           write_index, step_bias)
+        return self.mlp.decode_residual(self.post_attention_norm, x)
 
     def prefill(self, x, cos, sin, cache_key, cache_value, write_index):
         """`construct` for the first positions x (batch, P, hidden), writing their keys and

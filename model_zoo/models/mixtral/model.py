@@ -186,10 +186,11 @@ class MixtralBlock(nn.Cell):
         return self.residual_2(x, mixed), statistics
 
     def decode_step(self, x, cos, sin, cache_key, cache_value, write_index, step_bias):
-        """`construct` for the newest position x (batch, 1, hidden) over the key/value caches
-        (`GroupedQueryAttention.decode_step`)."""
-        x = self.residual_1(x, self.attention.decode_step(
-            self.input_norm(x), cos, sin, cache_key, cache_value, write_index, step_bias))
+        """`construct` for the newest position x (batch, 1, hidden) over the key/value caches,
+        which it writes in place (`GroupedQueryAttention.decode_residual`: on CPU the
+        attention's half of the block is one launch)."""
+        x = self.attention.decode_residual(self.input_norm, x, cos, sin, cache_key, cache_value,
+                                           write_index, step_bias)
         return self.residual_2(x, self.feed_forward(self.post_attention_norm(x))[0])
 
     def prefill(self, x, cos, sin, cache_key, cache_value, write_index):
