@@ -6,6 +6,10 @@ greedy (no end-of-sequence id, so every row makes all 128); batch 1 and 8. Ours:
 `CachedGenerator` (prefill, then one-token steps over key/value caches written in place,
 graph mode); the reference: `transformers.GPT2LMHeadModel.generate` on torch.
 
+LLaMA: a LLaMA of the same size (12 layers, hidden 768, 12 query heads over 4 key/value
+heads, SwiGLU width 2,048 by LLaMA's rule, an output head of its own over the same
+vocabulary), the same prompts and steps; the reference: `transformers.LlamaForCausalLM`.
+
 Beam search: the tiny Transformer config's dimensions (3 + 3 layers, hidden 256, 4 heads,
 feed-forward 1024, vocabulary 8,000) with random weights; 64 source sentences of 20 random
 tokens + eos, batches of 32, beam 4, length penalty 0.6, 71 target positions (the source
@@ -24,9 +28,10 @@ same length. Per token (per sentence) is the difference of two commands, so that
 loading and compilation cancel: the input (one batch of prompts; 32 lines) once and four
 times, so that the difference is three batches of the shapes the first one compiled.
 
-The weight floor beside the batch-1 figure: at batch 1 a token costs one read of every
-weight, so weight bytes / the read bandwidth measured here (numpy's matrix-vector product
-over 512 MB) is the fastest a token can be made without smaller weights.
+The weight floor beside each model: at batch 1 a token costs one read of every weight a
+step uses (the products' weights and the output head; one row of each embedding table), so
+those bytes / the read bandwidth measured here (numpy's matrix-vector product over 512 MB)
+is the fastest a token can be made without smaller weights.
 
     python benchmarks/generate_throughput.py
     python benchmarks/generate_throughput.py --part gpt2 --batch-sizes 1 --rounds 2 --cli
@@ -44,33 +49,58 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPE = dict(num_layers=12, hidden_size=768, num_heads=12, seq_length=1024, vocab_size=50257)
+# the LLaMA of GPT-2 small's size: its `model` keys beside SHAPE's
+LLAMA = dict(num_kv_heads=4, ffn_hidden_size=2048, tie_word_embeddings=False)
+CONFIGS = {name: os.path.join(ROOT, "model_zoo", "models", name, "configs", "tiny.yaml")
+           for name in ("gpt2", "llama")}
+MODEL_KEYS = {"gpt2": dict(SHAPE, dropout=0.0, attention_dropout=0.0), "llama": dict(SHAPE, **LLAMA)}
+
+
+def weight_bytes(model: str) -> int:
+    """float32 bytes of the weights a batch-1 step reads: every product's and the head's."""
+    hidden, layers, vocab = SHAPE["hidden_size"], SHAPE["num_layers"], SHAPE["vocab_size"]
+    if model == "gpt2":   # qkv, output, 4x feed-forward; the head is the tied embedding table
+        return 4 * (layers * 12 * hidden ** 2 + vocab * hidden)
+    kv_width = 2 * LLAMA["num_kv_heads"] * hidden // SHAPE["num_heads"]
+    block = 2 * hidden ** 2 + kv_width * hidden + 3 * hidden * LLAMA["ffn_hidden_size"]
+    return 4 * (layers * block + vocab * hidden)
 
 
 def prompts(batch: int, length: int) -> np.ndarray:
     return np.random.default_rng(batch).integers(0, SHAPE["vocab_size"], (batch, length))
 
 
-def ours(batch: int, length: int, new_tokens: int, rounds: int) -> float:
+def ours(model: str, batch: int, length: int, new_tokens: int, rounds: int) -> float:
     import mindspore as ms
     from model_zoo.causal_lm.generate import CachedGenerator
-    from model_zoo.models.gpt2.model import GPT2Config, GPT2LMHeadModel
+    from model_zoo.config import import_model, load_config
     from model_zoo.parallel.context import set_run_context
     set_run_context("CPU")   # as the commands set it
     ms.set_seed(0)
-    lm = GPT2LMHeadModel(GPT2Config(dropout=0.0, attention_dropout=0.0, **SHAPE))
+    config = load_config(CONFIGS[model], [f"model.{key}={value}"
+                                          for key, value in MODEL_KEYS[model].items()])
+    lm = import_model(model).build_train_network(config, ms.float32).lm
     generator = CachedGenerator(lm)
     rows = prompts(batch, length).tolist()
     return _best(lambda: generator.generate(rows, new_tokens), batch, new_tokens, rounds)
 
 
-def reference(batch: int, length: int, new_tokens: int, rounds: int) -> float:
+def reference(model: str, batch: int, length: int, new_tokens: int, rounds: int) -> float:
     import torch
     import transformers
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=SHAPE["num_layers"], n_embd=SHAPE["hidden_size"],
-                                     n_head=SHAPE["num_heads"], n_positions=SHAPE["seq_length"],
-                                     vocab_size=SHAPE["vocab_size"])
-    model = transformers.GPT2LMHeadModel(config).eval()
+    if model == "gpt2":
+        config = transformers.GPT2Config(
+            n_layer=SHAPE["num_layers"], n_embd=SHAPE["hidden_size"], n_head=SHAPE["num_heads"],
+            n_positions=SHAPE["seq_length"], vocab_size=SHAPE["vocab_size"])
+        model = transformers.GPT2LMHeadModel(config).eval()
+    else:
+        config = transformers.LlamaConfig(
+            num_hidden_layers=SHAPE["num_layers"], hidden_size=SHAPE["hidden_size"],
+            num_attention_heads=SHAPE["num_heads"], num_key_value_heads=LLAMA["num_kv_heads"],
+            intermediate_size=LLAMA["ffn_hidden_size"], max_position_embeddings=SHAPE["seq_length"],
+            vocab_size=SHAPE["vocab_size"], tie_word_embeddings=LLAMA["tie_word_embeddings"])
+        model = transformers.LlamaForCausalLM(config).eval()
     ids = torch.from_numpy(prompts(batch, length))
 
     def run():
@@ -148,9 +178,6 @@ def beam_reference(rounds: int) -> float:
     return _best(run, len(rows), 1, rounds)
 
 
-GPT2_TINY = os.path.join(ROOT, "model_zoo", "models", "gpt2", "configs", "tiny.yaml")
-
-
 def _timed_command(arguments: list) -> float:
     """Seconds `model-zoo ARGUMENTS` takes as a user runs it (its own process)."""
     started = time.perf_counter()
@@ -183,17 +210,17 @@ def _random_checkpoint(config, path: str, seed: int = 0) -> str:
     return path
 
 
-def cli_generate(batch: int, length: int, new_tokens: int, rounds: int) -> float:
-    """Tokens/s of `model-zoo generate` at GPT-2 small's shape, as the library side runs it
+def cli_generate(model: str, batch: int, length: int, new_tokens: int, rounds: int) -> float:
+    """Tokens/s of `model-zoo generate` at the model's shape, as the library side runs it
     (`batch` prompts a batch, new_tokens each): 3 x batch x new_tokens / the difference
     between the fastest runs over the prompts four times and once (four batches and one;
     the later batches compile nothing)."""
     from model_zoo.config import load_config
     with tempfile.TemporaryDirectory() as workdir:
-        overrides = [f"model.{key}={value}" for key, value in SHAPE.items()] + [
+        overrides = [f"model.{key}={value}" for key, value in MODEL_KEYS[model].items()] + [
             f"data.dataset_dir={workdir}/no-dataset"]   # no tokenizer: ids only
-        config = load_config(GPT2_TINY, overrides)
-        ckpt = _random_checkpoint(config, os.path.join(workdir, "gpt2.ckpt"))
+        config = load_config(CONFIGS[model], overrides)
+        ckpt = _random_checkpoint(config, os.path.join(workdir, f"{model}.ckpt"))
         sets = [flag for override in overrides for flag in ("--set", override)]
         rows = [" ".join(map(str, row)) + "\n" for row in prompts(batch, length)]
 
@@ -201,7 +228,7 @@ def cli_generate(batch: int, length: int, new_tokens: int, rounds: int) -> float
             ids_file = os.path.join(workdir, f"prompts{copies}.txt")
             with open(ids_file, "w", encoding="utf-8") as handle:
                 handle.writelines(rows * copies)
-            return min(_timed_command(["generate", GPT2_TINY, *sets, "--ckpt", ckpt,
+            return min(_timed_command(["generate", CONFIGS[model], *sets, "--ckpt", ckpt,
                                        "--prompt-ids-file", ids_file, "--batch-size",
                                        str(batch), "--max-new-tokens", str(new_tokens),
                                        "--greedy"]) for _ in range(rounds))
@@ -252,12 +279,9 @@ def beam_cli(rounds: int) -> list:
         return [3 * len(lines) / _difference(fastest(4), fastest(1)), library]
 
 
-def weight_floor_ms() -> float:
-    """GPT-2 small's weight bytes / this machine's read bandwidth (numpy's matrix-vector
-    product over a 512 MB matrix, the fastest of 5): the least time a batch-1 token can
-    take."""
-    weights = 4 * (SHAPE["num_layers"] * 12 * SHAPE["hidden_size"] ** 2
-                   + SHAPE["vocab_size"] * SHAPE["hidden_size"])
+def read_bandwidth() -> float:
+    """Bytes a second this machine reads weights at: numpy's matrix-vector product over a
+    512 MB matrix, the fastest of 5."""
     matrix = np.ones((128, 2 ** 20), np.float32)
     vector = np.ones(2 ** 20, np.float32)
     best = float("inf")
@@ -265,10 +289,12 @@ def weight_floor_ms() -> float:
         started = time.perf_counter()
         matrix @ vector
         best = min(best, time.perf_counter() - started)
-    return 1000 * weights / (matrix.nbytes / best)
+    return matrix.nbytes / best
 
 
-SIDES = {"gpt2": (ours, reference, cli_generate), "beam": (beam_ours, beam_reference, beam_cli)}
+SIDES = {"gpt2": (ours, reference, cli_generate), "llama": (ours, reference, cli_generate),
+         "beam": (beam_ours, beam_reference, beam_cli)}
+TITLES = {"gpt2": "GPT-2 small shape", "llama": "LLaMA of GPT-2 small's size (4 key/value heads)"}
 SIDE_INDEX = {"ours": 0, "reference": 1, "cli": 2}
 
 
@@ -286,7 +312,7 @@ def run_side(part: str, side: str, args, batch: int = None) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("gpt2", "beam", "both"), default="both")
+    parser.add_argument("--part", choices=("gpt2", "llama", "beam", "all"), default="all")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -299,9 +325,9 @@ def main():
     args = parser.parse_args()
     if args.side:   # one side in this process: print its figure
         function = SIDES[args.part][SIDE_INDEX[args.side]]
-        if args.part == "gpt2":
-            print(json.dumps(function(args.batch, args.prompt_tokens, args.new_tokens,
-                                      args.rounds)))
+        if args.part in TITLES:
+            print(json.dumps(function(args.part, args.batch, args.prompt_tokens,
+                                      args.new_tokens, args.rounds)))
         else:
             print(json.dumps(function(args.rounds)))
         return
@@ -311,21 +337,26 @@ def main():
     def cli_columns(figures):
         return f" {figures[2]:>9.1f} {figures[2] / figures[0]:>9.2f}x" if args.cli else ""
 
-    if args.part in ("gpt2", "both"):
-        floor = weight_floor_ms()
-        print(f"GPT-2 small shape, prompt {args.prompt_tokens} tokens, {args.new_tokens} new "
-              f"tokens, greedy, best of {args.rounds} rounds; weight floor at batch 1: "
-              f"{floor:.1f} ms a token ({1000 / floor:.1f} tokens/s)")
+    bandwidth = read_bandwidth() if any(part in (args.part, "all") for part in TITLES) else 0
+    for part, title in TITLES.items():
+        if args.part not in (part, "all"):
+            continue
+        floor = 1000 * weight_bytes(part) / bandwidth
+        print(f"{title}, prompt {args.prompt_tokens} tokens, {args.new_tokens} new tokens, "
+              f"greedy, best of {args.rounds} rounds; weight floor at batch 1: "
+              f"{weight_bytes(part) / 1e6:.0f} MB at {bandwidth / 1e9:.1f} GB/s, {floor:.1f} ms "
+              f"a token ({1000 / floor:.1f} tokens/s)")
         # ms a token: the command's with --cli, else the library's
         print(f"{'batch':>5} {'ours tokens/s':>14} {'Hugging Face':>13} {'ours / HF':>10}"
-              f"{cli_heading} {'ms a token':>10}")
+              f"{cli_heading} {'ms a token':>10} {'/ floor':>8}")
         for batch in args.batch_sizes:
-            figures = [run_side("gpt2", side, args, batch) for side in sides]
+            figures = [run_side(part, side, args, batch) for side in sides]
             mine, theirs = figures[:2]
+            per_token = 1000 * batch / figures[-1 if args.cli else 0]
             print(f"{batch:>5} {mine:>14.1f} {theirs:>13.1f} {mine / theirs:>9.2f}x"
-                  f"{cli_columns(figures)} {1000 * batch / figures[-1 if args.cli else 0]:>10.1f}",
-                  flush=True)
-    if args.part in ("beam", "both"):
+                  f"{cli_columns(figures)} {per_token:>10.1f} "
+                  f"{per_token / floor if batch == 1 else float('nan'):>7.2f}x", flush=True)
+    if args.part in ("beam", "all"):
         print(f"beam search, tiny Transformer dimensions, {BEAM['sentences']} sentences of "
               f"{BEAM['source_tokens']} tokens in batches of {BEAM['batch']}, beam "
               f"{BEAM['beam']}, best of {args.rounds} rounds", flush=True)

@@ -682,44 +682,51 @@ extern "C" int CrossEntropyBackward(AOT_ARGS) {
 // of rows of w is read from memory once and dotted with every row of x (which stays in
 // L1), so the time is one pass over w at the memory bandwidth, split over the cores;
 // MindSpore's MatMul takes 2-3 times longer at these shapes (benchmarks/README.md).
-// Vectors are the machine's own width, and a tile takes as many rows of x as keep its
-// accumulators, x and a weight vector in registers: 16 floats and 4 rows with AVX-512's 32
-// registers, 8 floats and 2 rows with AVX2's 16 (16-float vectors there spill and halve the
-// bandwidth: GPT-2 small's weights at batch 1, 10 against 20 GB/s on one core). One row of
-// x (batch 1) is dotted with 8 rows of w at a time, 4 otherwise: 8 streams from memory at
-// once read GPT-2 small's weights at 31 against 27 GB/s on two cores of an AMD EPYC.
+// A tile takes as many rows of x as keep its accumulators, x and a weight vector in
+// registers: 16-float vectors and 4 rows with AVX-512's 32 registers, 8 floats and 2 rows
+// with AVX2's 16 (16-float vectors there spill and halve the bandwidth: GPT-2 small's
+// weights at batch 1, 10 against 20 GB/s on one core). One row of x (batch 1) is dotted
+// with 8 rows of w at a time in 8-float vectors on either kind of machine: on two cores of
+// an AMD EPYC with AVX-512, GPT-2 small's weights read at 30 GB/s so, against 26.5 with
+// 16-float vectors and 26 with 4 rows of w (numpy's matrix-vector product: 32).
+typedef float float8v __attribute__((vector_size(32)));
 #ifdef __AVX512F__
-constexpr int kLanes = 16, kTileRows = 4;
+typedef float float16v __attribute__((vector_size(64)));
+typedef float16v FewRowsVector;
+constexpr int kTileRows = 4;
 #else
-constexpr int kLanes = 8, kTileRows = 2;
+typedef float8v FewRowsVector;
+constexpr int kTileRows = 2;
 #endif
 constexpr int kOneRowTile = 8;   // rows of w a tile takes with one row of x
-typedef float floatv __attribute__((vector_size(4 * kLanes)));
 
-inline floatv loadv(const float *p) {
-  floatv v;
+template <typename V>
+inline V loadv(const float *p) {
+  V v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
-inline float lane_sum(floatv v) {
+template <typename V>
+inline float lane_sum(V v) {
   float total = 0.f;
-  for (int i = 0; i < kLanes; ++i) total += v[i];
+  for (size_t i = 0; i < sizeof(V) / sizeof(float); ++i) total += v[i];
   return total;
 }
 
 // y[q, r] = x[q] . w[r] (+ bias[r]) (+ residual[q, r]) for Q rows of x and R rows of w (row
-// strides K; y's and the residual's stride N; bias and residual may be null)
-template <int Q, int R>
+// strides K; y's and the residual's stride N; bias and residual may be null), in vectors V
+template <typename V, int Q, int R>
 void dot_tile(const float *x, const float *w, const float *bias, const float *residual,
               float *y, int64_t n_stride, int64_t k_size) {
-  floatv acc[Q][R] = {};
+  constexpr int64_t lanes = sizeof(V) / sizeof(float);
+  V acc[Q][R] = {};
   int64_t k = 0;
-  for (; k + kLanes <= k_size; k += kLanes) {
-    floatv xk[Q];
-    for (int q = 0; q < Q; ++q) xk[q] = loadv(x + q * k_size + k);
+  for (; k + lanes <= k_size; k += lanes) {
+    V xk[Q];
+    for (int q = 0; q < Q; ++q) xk[q] = loadv<V>(x + q * k_size + k);
     for (int r = 0; r < R; ++r) {   // each weight vector straight into its products
-      const floatv wk = loadv(w + r * k_size + k);
+      const V wk = loadv<V>(w + r * k_size + k);
       for (int q = 0; q < Q; ++q) acc[q][r] += xk[q] * wk;
     }
   }
@@ -739,8 +746,9 @@ void skinny_columns(const float *x, const float *w, const float *bias, const flo
   int64_t n = n_begin;
   if (m_size == 1) {
     for (; n + kOneRowTile <= n_end; n += kOneRowTile) {
-      dot_tile<1, kOneRowTile>(x, w + n * k_size, bias ? bias + n : nullptr,
-                               residual ? residual + n : nullptr, y + n, n_size, k_size);
+      dot_tile<float8v, 1, kOneRowTile>(x, w + n * k_size, bias ? bias + n : nullptr,
+                                        residual ? residual + n : nullptr, y + n, n_size,
+                                        k_size);
     }
   }
   for (; n + 4 <= n_end; n += 4) {
@@ -749,10 +757,10 @@ void skinny_columns(const float *x, const float *w, const float *bias, const flo
       const float *rs = residual ? residual + m * n_size + n : nullptr;
       float *ys = y + m * n_size + n;
       switch (std::min<int64_t>(m_size - m, kTileRows)) {
-        case 1: dot_tile<1, 4>(xs, ws, bs, rs, ys, n_size, k_size); break;
-        case 2: dot_tile<2, 4>(xs, ws, bs, rs, ys, n_size, k_size); break;
-        case 3: dot_tile<3, 4>(xs, ws, bs, rs, ys, n_size, k_size); break;
-        default: dot_tile<4, 4>(xs, ws, bs, rs, ys, n_size, k_size); break;
+        case 1: dot_tile<FewRowsVector, 1, 4>(xs, ws, bs, rs, ys, n_size, k_size); break;
+        case 2: dot_tile<FewRowsVector, 2, 4>(xs, ws, bs, rs, ys, n_size, k_size); break;
+        case 3: dot_tile<FewRowsVector, 3, 4>(xs, ws, bs, rs, ys, n_size, k_size); break;
+        default: dot_tile<FewRowsVector, 4, 4>(xs, ws, bs, rs, ys, n_size, k_size); break;
       }
     }
   }
