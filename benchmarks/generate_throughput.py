@@ -353,9 +353,9 @@ def main():
             figures = [run_side(part, side, args, batch) for side in sides]
             mine, theirs = figures[:2]
             per_token = 1000 * batch / figures[-1 if args.cli else 0]
+            to_floor = f"{per_token / floor:>7.2f}x" if batch == 1 else f"{'-':>8}"
             print(f"{batch:>5} {mine:>14.1f} {theirs:>13.1f} {mine / theirs:>9.2f}x"
-                  f"{cli_columns(figures)} {per_token:>10.1f} "
-                  f"{per_token / floor if batch == 1 else float('nan'):>7.2f}x", flush=True)
+                  f"{cli_columns(figures)} {per_token:>10.1f} {to_floor}", flush=True)
     if args.part in ("beam", "all"):
         print(f"beam search, tiny Transformer dimensions, {BEAM['sentences']} sentences of "
               f"{BEAM['source_tokens']} tokens in batches of {BEAM['batch']}, beam "

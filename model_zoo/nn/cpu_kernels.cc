@@ -23,6 +23,7 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -224,6 +225,80 @@ int64_t row_grain(int64_t width) {
   return std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, width));
 }
 
+// An opt-in clock for profiles (benchmarks/decode_profile.py): with MODEL_ZOO_KERNEL_CLOCK
+// set when the library loads, each kernel that declares a `Clocked` adds its wall time and
+// one call under its name; KernelClockRead lists them, KernelClockReset clears them. Off, a
+// kernel pays one branch.
+class KernelClock {
+ public:
+  static KernelClock &get() {
+    static KernelClock *clock = new KernelClock(std::getenv("MODEL_ZOO_KERNEL_CLOCK") != nullptr);
+    return *clock;
+  }
+  bool on() const { return on_; }
+  void add(const char *name, double seconds) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Entry &entry : entries_) {
+      if (entry.name == name) {
+        entry.seconds += seconds;
+        ++entry.calls;
+        return;
+      }
+    }
+    entries_.push_back({name, seconds, 1});
+  }
+  int read(char *text, int size) {   // "name seconds calls" lines; the length it needs
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::string all;
+    for (const Entry &entry : entries_) {
+      all += std::string(entry.name) + " " + std::to_string(entry.seconds) + " " +
+             std::to_string(entry.calls) + "\n";
+    }
+    if (size > 0) {
+      const size_t copied = std::min<size_t>(all.size(), size - 1);
+      std::memcpy(text, all.data(), copied);
+      text[copied] = '\0';
+    }
+    return static_cast<int>(all.size()) + 1;
+  }
+  void reset() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    entries_.clear();
+  }
+
+ private:
+  struct Entry {
+    const char *name;
+    double seconds;
+    int64_t calls;
+  };
+  explicit KernelClock(bool on) : on_(on) {}
+  const bool on_;
+  std::mutex mutex_;
+  std::vector<Entry> entries_;
+};
+
+// Times the scope it is declared in, when the clock is on
+class Clocked {
+ public:
+  explicit Clocked(const char *name) : name_(KernelClock::get().on() ? name : nullptr) {
+    if (name_) started_ = std::chrono::steady_clock::now();
+  }
+  ~Clocked() {
+    if (name_) {
+      KernelClock::get().add(name_, std::chrono::duration<double>(
+                                        std::chrono::steady_clock::now() - started_).count());
+    }
+  }
+
+ private:
+  const char *name_;
+  std::chrono::steady_clock::time_point started_;
+};
+
+extern "C" int KernelClockRead(char *text, int size) { return KernelClock::get().read(text, size); }
+extern "C" void KernelClockReset() { KernelClock::get().reset(); }
+
 // Dropout whose mask is a function of a key and the element's index alone (SplitMix64 of
 // both): the same key gives the same mask on any machine, in any run, and the backward pass
 // regenerates it instead of storing it.
@@ -292,6 +367,7 @@ inline float rms_norm_row(const float *x, const float *weight, float eps, int64_
 // inputs: x (..., H), gamma (H), beta (H), eps (scalar)
 // outputs: y (..., H), mean (rows), rstd (rows)
 extern "C" int LayerNormForward(AOT_ARGS) {
+  Clocked clocked("LayerNormForward");
   if (nparam != 7 || !all_float32(nparam, dtypes)) return 1;
   const float *x = as_float(params[0]), *gamma = as_float(params[1]);
   const float *beta = as_float(params[2]);
@@ -355,6 +431,7 @@ extern "C" int LayerNormBackward(AOT_ARGS) {
 // RMSNorm over the last axis (`rms_norm_row`).
 // inputs: x (..., H), weight (H), eps (scalar); outputs: y (..., H), rstd (rows)
 extern "C" int RmsNormForward(AOT_ARGS) {
+  Clocked clocked("RmsNormForward");
   if (nparam != 5 || !all_float32(nparam, dtypes)) return 1;
   const float *x = as_float(params[0]), *weight = as_float(params[1]);
   const float eps = *as_float(params[2]);
@@ -618,6 +695,7 @@ extern "C" int CrossEntropyForward(AOT_ARGS) {
 // pass for the log-sum-exp and one for the k best (kept sorted by insertion; an equal
 // logit keeps the lower id first). inputs: logits (N, V); outputs: values (N, k), ids (N, k)
 extern "C" int LogSoftmaxTopK(AOT_ARGS) {
+  Clocked clocked("LogSoftmaxTopK");
   if (nparam != 3 || std::strcmp(dtypes[2], "int32") != 0) return 1;
   const float *logits = as_float(params[0]);
   float *values = as_float(params[1]);
@@ -921,6 +999,7 @@ bool small_sgemm(char trans_a, char trans_b, int64_t m, int64_t n, int64_t k, fl
 
 // y = x w^T (+ bias). inputs: x (M, K), w (N, K), optionally bias (N); outputs: y (M, N)
 extern "C" int DenseForward(AOT_ARGS) {
+  Clocked clocked("DenseForward");
   if ((nparam != 3 && nparam != 4) || !all_float32(nparam, dtypes) || ndims[0] != 2 ||
       ndims[1] != 2 || shapes[0][1] != shapes[1][1]) {
     return 1;
@@ -1495,6 +1574,7 @@ extern "C" int MoeExpertsBackward(AOT_ARGS) {
 
 // inputs: x (M, K), w (N, K), optionally bias (N); outputs: y (M, N)
 extern "C" int SkinnyMatMul(AOT_ARGS) {
+  Clocked clocked("SkinnyMatMul");
   if ((nparam != 3 && nparam != 4) || !all_float32(nparam, dtypes) || ndims[0] != 2 ||
       ndims[1] != 2) {
     return 1;
@@ -1519,6 +1599,7 @@ extern "C" int SkinnyMatMulBias(AOT_ARGS) {
 // parents int32 (R), index int32 (R, H, 1, 3) (cache_index: the position is its last
 // entry), new (R, H, 1, D); outputs: out (R, H, L, D). float32.
 extern "C" int ReorderCache(AOT_ARGS) {
+  Clocked clocked("ReorderCache");
   if (nparam != 5 || std::strcmp(dtypes[1], "int32") != 0 ||
       std::strcmp(dtypes[2], "int32") != 0 || ndims[0] != 4) {
     return 1;
@@ -1611,8 +1692,9 @@ bool attend_step(const StepAttention &a, int64_t position) {
 bool cache_inputs(int c, int *ndims, int64_t **shapes, const char **dtypes) {
   return ndims[c] == 4 && ndims[c + 1] == 4 && ndims[c + 2] == 4 &&
          std::memcmp(shapes[c], shapes[c + 1], 4 * sizeof(int64_t)) == 0 &&
-         all_float32(2, dtypes + c) && std::strcmp(dtypes[c + 2], "int32") == 0 &&
-         shapes[c + 2][0] == shapes[c][0] && shapes[c + 2][3] == 3;
+         elements(4, shapes[c]) > 0 && all_float32(2, dtypes + c) &&
+         std::strcmp(dtypes[c + 2], "int32") == 0 && shapes[c + 2][0] == shapes[c][0] &&
+         shapes[c + 2][1] == shapes[c][1] && shapes[c + 2][2] == 1 && shapes[c + 2][3] == 3;
 }
 
 // The step's position: the last entry of the first (row, head, position) triple of the index
@@ -1624,6 +1706,7 @@ int64_t step_position(void *index) { return static_cast<const int32_t *>(index)[
 // place, index int32 (B, H, 1, 3) (`cache_index`: the position is its last entry);
 // outputs: context (B, 1, H D).
 extern "C" int DecodeAttention(AOT_ARGS) {
+  Clocked clocked("DecodeAttention");
   if (nparam != 5 || ndims[0] != 3 || ndims[4] != 3 || !all_float32(1, dtypes) ||
       !all_float32(1, dtypes + 4) || !cache_inputs(1, ndims, shapes, dtypes)) {
     return 1;
@@ -1665,7 +1748,7 @@ constexpr int64_t kFewRows = 16;   // the most rows of a decoding block (SKINNY_
 
 // Whether input i and the output (the last parameter) are float32 (B, 1, W), B <= kFewRows
 bool step_rows(int i, int nparam, int *ndims, int64_t **shapes, const char **dtypes) {
-  return ndims[i] == 3 && shapes[i][1] == 1 && shapes[i][0] <= kFewRows &&
+  return ndims[i] == 3 && shapes[i][1] == 1 && shapes[i][0] >= 1 && shapes[i][0] <= kFewRows &&
          ndims[nparam - 1] == 3 &&
          std::memcmp(shapes[i], shapes[nparam - 1], 3 * sizeof(int64_t)) == 0 &&
          all_float32(1, dtypes + i) && all_float32(1, dtypes + nparam - 1);
@@ -1677,6 +1760,7 @@ bool step_rows(int i, int nparam, int *ndims, int64_t **shapes, const char **dty
 // head, b_qkv (3 H D), w_out (W, H D), b_out (W), cache_key, cache_value (B, H, L, D),
 // index int32 (B, H, 1, 3); outputs: y (B, 1, W)
 extern "C" int DecodeAttentionBlock(AOT_ARGS) {
+  Clocked clocked("DecodeAttentionBlock");
   if (nparam != 12 || !step_rows(0, nparam, ndims, shapes, dtypes) ||
       !cache_inputs(8, ndims, shapes, dtypes) || !all_float32(1, dtypes + 3)) {
     return 1;
@@ -1729,9 +1813,10 @@ inline void rotate_in_place(float *v, const float *cosine, const float *sine, in
 // position's rows of the rotary tables), cache_key, cache_value (B, G, L, D), index int32
 // (B, G, 1, 3); outputs: y (B, 1, W). The two biases come together or not at all.
 extern "C" int DecodeGroupedAttentionBlock(AOT_ARGS) {
+  Clocked clocked("DecodeGroupedAttentionBlock");
   const bool biased = nparam == 14;
   if ((nparam != 12 && !biased) || !step_rows(0, nparam, ndims, shapes, dtypes) ||
-      !all_float32(1, dtypes + 2)) {
+      !all_float32(1, dtypes + 2) || ndims[3] != 2) {
     return 1;
   }
   const int w_kv = biased ? 5 : 4, w_out = w_kv + (biased ? 2 : 1), cos_at = w_out + 1,
@@ -1783,6 +1868,7 @@ extern "C" int DecodeGroupedAttentionBlock(AOT_ARGS) {
 // tanh form. inputs: x (B, 1, W), gamma, beta (W), eps (scalar), w_fc (F, W), b_fc (F),
 // w_proj (W, F), b_proj (W); outputs: y (B, 1, W)
 extern "C" int DecodeFeedForwardBlock(AOT_ARGS) {
+  Clocked clocked("DecodeFeedForwardBlock");
   if (nparam != 9 || !step_rows(0, nparam, ndims, shapes, dtypes) ||
       !all_float32(1, dtypes + 3) || ndims[4] != 2) {
     return 1;
@@ -1816,6 +1902,7 @@ extern "C" int DecodeFeedForwardBlock(AOT_ARGS) {
 // [g_0, u_0, g_1, u_1, ...] = gate_up(RMSNorm(x)). inputs: x (B, 1, W), weight (W), eps
 // (scalar), w_gate_up (2 F, W) interleaved, w_down (W, F); outputs: y (B, 1, W)
 extern "C" int DecodeGatedFeedForwardBlock(AOT_ARGS) {
+  Clocked clocked("DecodeGatedFeedForwardBlock");
   if (nparam != 6 || !step_rows(0, nparam, ndims, shapes, dtypes) ||
       !all_float32(1, dtypes + 2) || ndims[3] != 2) {
     return 1;
@@ -1885,6 +1972,7 @@ extern "C" int BiasAddForward(AOT_ARGS) {
 
 // z = x + y for two tensors of one size. inputs: x, y; outputs: z
 extern "C" int AddForward(AOT_ARGS) {
+  Clocked clocked("AddForward");
   if (nparam != 3 || !all_float32(nparam, dtypes)) return 1;
   const int64_t count = elements(ndims[0], shapes[0]);
   if (elements(ndims[1], shapes[1]) != count) return 1;
