@@ -53,7 +53,8 @@ SHAPE = dict(num_layers=12, hidden_size=768, num_heads=12, seq_length=1024, voca
 LLAMA = dict(num_kv_heads=4, ffn_hidden_size=2048, tie_word_embeddings=False)
 CONFIGS = {name: os.path.join(ROOT, "model_zoo", "models", name, "configs", "tiny.yaml")
            for name in ("gpt2", "llama")}
-MODEL_KEYS = {"gpt2": dict(SHAPE, dropout=0.0, attention_dropout=0.0), "llama": dict(SHAPE, **LLAMA)}
+MODEL_KEYS = {"gpt2": dict(SHAPE, dropout=0.0, attention_dropout=0.0),
+              "llama": dict(SHAPE, **LLAMA)}
 
 
 def weight_bytes(model: str) -> int:
