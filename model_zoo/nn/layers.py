@@ -73,7 +73,7 @@ def uses_few_rows(layer, x) -> bool:
 def decodes_in_one_launch(layer, x) -> bool:
     """Whether `layer` takes a decoding step's x (batch, 1, hidden) through its `decode_block`
     kernel (`cpu_kernels.decode_block`): it has one, it is in eval mode and the rows are few.
-    The caller checks the norm before it is the one the kernel computes."""
+    The caller also checks that the norm before the layer is the one the kernel computes."""
     return layer.decode_block is not None and not layer.training and x.shape[1] == 1 and \
         x.shape[0] <= cpu_kernels.SKINNY_ROWS
 
