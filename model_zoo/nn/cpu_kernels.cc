@@ -1744,6 +1744,24 @@ bool matrix_of(int i, int64_t rows, int64_t columns, int *ndims, int64_t **shape
          all_float32(1, dtypes + i);
 }
 
+// A decoding block's norm of its B rows x (input 0, (B, 1, W)) into y (B, W): LayerNorm
+// with gamma, beta, eps as inputs 1-3, or RMSNorm with weight, eps as inputs 1-2
+void layer_norm_step(void **params, int64_t batch, int64_t width, float *y) {
+  const float *x = as_float(params[0]);
+  for (int64_t b = 0; b < batch; ++b) {
+    float mean, rstd;
+    layer_norm_row(x + b * width, as_float(params[1]), as_float(params[2]), *as_float(params[3]),
+                   width, y + b * width, &mean, &rstd);
+  }
+}
+
+void rms_norm_step(void **params, int64_t batch, int64_t width, float *y) {
+  const float *x = as_float(params[0]);
+  for (int64_t b = 0; b < batch; ++b) {
+    rms_norm_row(x + b * width, as_float(params[1]), *as_float(params[2]), width, y + b * width);
+  }
+}
+
 constexpr int64_t kFewRows = 16;   // the most rows of a decoding block (SKINNY_ROWS)
 
 // Whether input i and the output (the last parameter) are float32 (B, 1, W), B <= kFewRows
@@ -1777,11 +1795,7 @@ extern "C" int DecodeAttentionBlock(AOT_ARGS) {
   const float *x = as_float(params[0]);
   std::vector<float> scratch(batch * (width + 4 * inner));
   float *normed = scratch.data(), *qkv = normed + batch * width, *context = qkv + 3 * batch * inner;
-  for (int64_t b = 0; b < batch; ++b) {
-    float mean, rstd;
-    layer_norm_row(x + b * width, as_float(params[1]), as_float(params[2]), *as_float(params[3]),
-                   width, normed + b * width, &mean, &rstd);
-  }
+  layer_norm_step(params, batch, width, normed);
   few_rows_product(normed, as_float(params[4]), as_float(params[5]), nullptr, qkv, batch,
                    3 * inner, width);
   const StepAttention a{qkv, 3 * inner, 3 * depth, qkv + depth, 3 * inner, 3 * depth,
@@ -1840,10 +1854,7 @@ extern "C" int DecodeGroupedAttentionBlock(AOT_ARGS) {
   std::vector<float> scratch(batch * (width + 2 * q_width + kv_width));
   float *normed = scratch.data(), *q = normed + batch * width, *kv = q + batch * q_width,
         *context = kv + batch * kv_width;
-  for (int64_t b = 0; b < batch; ++b) {
-    rms_norm_row(x + b * width, as_float(params[1]), *as_float(params[2]), width,
-                 normed + b * width);
-  }
+  rms_norm_step(params, batch, width, normed);
   few_rows_product(normed, as_float(params[3]), biased ? as_float(params[4]) : nullptr, nullptr,
                    q, batch, q_width, width);
   few_rows_product(normed, as_float(params[w_kv]), biased ? as_float(params[w_kv + 1]) : nullptr,
@@ -1884,11 +1895,7 @@ extern "C" int DecodeFeedForwardBlock(AOT_ARGS) {
   const float *x = as_float(params[0]);
   std::vector<float> scratch(batch * (width + inner));
   float *normed = scratch.data(), *hidden = normed + batch * width;
-  for (int64_t b = 0; b < batch; ++b) {
-    float mean, rstd;
-    layer_norm_row(x + b * width, as_float(params[1]), as_float(params[2]), *as_float(params[3]),
-                   width, normed + b * width, &mean, &rstd);
-  }
+  layer_norm_step(params, batch, width, normed);
   few_rows_product(normed, as_float(params[4]), as_float(params[5]), nullptr, hidden, batch,
                    inner, width);
 #pragma omp simd
@@ -1916,10 +1923,7 @@ extern "C" int DecodeGatedFeedForwardBlock(AOT_ARGS) {
   const float *x = as_float(params[0]);
   std::vector<float> scratch(batch * (width + 3 * inner));
   float *normed = scratch.data(), *pairs = normed + batch * width, *gated = pairs + 2 * batch * inner;
-  for (int64_t b = 0; b < batch; ++b) {
-    rms_norm_row(x + b * width, as_float(params[1]), *as_float(params[2]), width,
-                 normed + b * width);
-  }
+  rms_norm_step(params, batch, width, normed);
   few_rows_product(normed, as_float(params[3]), nullptr, nullptr, pairs, batch, 2 * inner, width);
 #pragma omp simd
   for (int64_t i = 0; i < batch * inner; ++i) {
