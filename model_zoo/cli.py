@@ -22,7 +22,7 @@ from model_zoo.launch.rank_table import add_rank_table_arguments, run_rank_table
 from model_zoo.checkpoint.command import add_checkpoint_arguments
 from model_zoo.dryrun.command import add_dryrun_arguments
 from model_zoo.plan.command import add_advise_arguments, add_plan_arguments
-from model_zoo.train.interrupt import Stopped, stop_at_once
+from model_zoo.train.interrupt import Stopped, raise_dropped_stop, stop_at_once
 
 MODEL_SUBCOMMANDS = {"data": "build a model's dataset from text files",
                      "convert": "import a Hugging Face checkpoint"}
@@ -218,7 +218,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     stop_at_once()   # until the training loop installs its own handlers
     try:
-        return run(args)
+        status = run(args)
+        raise_dropped_stop()
+        return status
     except UserInputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -81,11 +81,37 @@ def _raise_stopped(signum, frame):
     raise Stopped(signum)
 
 
+_dropped_stop = None   # the signal of a Stopped that Python could not raise
+
+
+def _keep_dropped_stop(unraisable):
+    """sys.unraisablehook: a Stopped raised where Python cannot raise it (in a weakref
+    callback, as the import machinery's module locks have, or a `__del__`) would be printed
+    as "Exception ignored" and lost, the command going on; it is kept for
+    `raise_dropped_stop` instead. (Sending the signal again from here would raise it here,
+    where it is dropped again.)"""
+    global _dropped_stop
+    if isinstance(unraisable.exc_value, Stopped):
+        _dropped_stop = unraisable.exc_value.signum
+    else:
+        sys.__unraisablehook__(unraisable)
+
+
+def raise_dropped_stop():
+    """Raise the Stopped that Python dropped, if any: the command's next safe point (the
+    training loop before its first step, the end of any command) stops as the signal asked."""
+    if _dropped_stop is not None:
+        raise Stopped(_dropped_stop)
+
+
 def stop_at_once():
     """Make SIGINT, SIGTERM and SIGHUP raise Stopped (MindSpore's own handlers end the process
     without a word); the training loop's StopRequests replaces them while it runs."""
+    global _dropped_stop
+    _dropped_stop = None
     for signum in STOP_SIGNALS:
         signal.signal(signum, _raise_stopped)
+    sys.unraisablehook = _keep_dropped_stop
 
 
 class StopRequests:
@@ -135,6 +161,7 @@ class StopRequests:
             self._previous.setdefault(signum, previous)
 
     def __enter__(self):
+        raise_dropped_stop()   # before the first step: nothing to save yet
         self.install()
         return self
 
