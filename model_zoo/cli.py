@@ -4,8 +4,8 @@ convert, and the verbs the model folders add (generate, fill-mask, translate).
 Commands that take a config are served by the model folder the config names: `model-zoo
 eval CONFIG` runs that folder's `evaluate`, `model-zoo generate CONFIG` its
 `run_generate`, so a copied folder brings its commands with it (model_zoo/models/base.py).
-Building the parser imports only the folders' light `__init__` and `commands` modules; a
-model's code, MindSpore and the plan are imported when a command that needs them runs, so
+Building the parser imports only the folders' light `commands` modules; a model's code,
+MindSpore and the plan are imported when a command that needs them runs, so
 `model-zoo rank-table ...` (run by the launch scripts on every server) starts at once.
 """
 
@@ -16,7 +16,8 @@ import signal
 import sys
 from typing import Optional
 
-from model_zoo.config import add_overrides_argument, available_models, import_model, load_config
+from model_zoo.config import (add_overrides_argument, available_models, import_model,
+                              import_model_commands, load_config)
 from model_zoo.errors import UserInputError
 from model_zoo.launch.rank_table import add_rank_table_arguments, run_rank_table_command
 from model_zoo.checkpoint.command import add_checkpoint_arguments
@@ -33,15 +34,18 @@ class Commands:
 
     def __init__(self, subparsers):
         self.subparsers = subparsers
-        self.verbs = set()
+        self.verbs = {}   # name -> run(folder, config, args)
 
-    def verb(self, name: str, help_text: str) -> Optional[argparse.ArgumentParser]:
-        """`model-zoo NAME CONFIG ...`, served by `run_<name>` of the config's model folder
-        (dashes become underscores). None when another folder added it already: folders
-        that share a verb (a copied folder and its original) take the same arguments."""
+    def verb(self, name: str, help_text: str, run) -> Optional[argparse.ArgumentParser]:
+        """`model-zoo NAME CONFIG ...`: for a config of this folder it prints `run(folder,
+        config, args)`, `folder` being the folder's hooks (its tasks.py) and `run` calling
+        the one it needs by name, e.g. `folder.run_generate(config, args.ckpt, args)`.
+        Returns the parser to add the verb's arguments to, or None when another folder added
+        the verb already: folders that share a verb (a copied folder and its original) take
+        the same arguments."""
         if name in self.verbs:
             return None
-        self.verbs.add(name)
+        self.verbs[name] = run
         parser = self.subparsers.add_parser(name, help=help_text)
         add_config_arguments(parser)
         return parser
@@ -83,20 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "several graphs writes <output stem>_<graph>.mindir each")
 
     registry = Commands(commands)
-    models = {}
-    for name in available_models():
+    subcommands = {}   # model -> the MODEL_SUBCOMMANDS its folder serves
+    for model in available_models():
         try:   # a half-edited folder must not break the other commands (rank-table, plan)
-            module = import_model(name)
-            module.add_commands(registry)
+            folder = import_model_commands(model)
+            folder.add_commands(registry)
+            subcommands[model] = folder.SUBCOMMANDS
         except Exception as err:  # noqa: BLE001 - reported, then the folder is skipped
-            print(f"warning: model folder {name!r} is skipped: {type(err).__name__}: {err}",
+            print(f"warning: model folder {model!r} is skipped: {type(err).__name__}: {err}",
                   file=sys.stderr)
-            continue
-        models[name] = module
 
     for name, help_text in MODEL_SUBCOMMANDS.items():
-        serving = [model for model, module in models.items()
-                   if f"run_{name}_command" in dir(module)]
+        serving = [model for model, served in subcommands.items() if name in served]
         command = commands.add_parser(
             name, help=help_text,
             description=f"{help_text}; `model-zoo {name} MODEL --help` lists the model's "
@@ -128,28 +130,31 @@ def add_config_arguments(parser):
     add_overrides_argument(parser)
 
 
-def model_command(module, name: str, command: str):
-    if name not in dir(module):
-        raise UserInputError(f"model {module.__name__.split('.')[-1]!r} has no `{command}` "
-                             f"command")
-    return getattr(module, name)
+def folder_verbs(model: str) -> dict:
+    """The verbs model folder `model` adds: name -> run (`Commands.verb`)."""
+    registry = Commands(argparse.ArgumentParser().add_subparsers())
+    import_model_commands(model).add_commands(registry)
+    return registry.verbs
 
 
 def run_model_subcommand(command: str, model: str, arguments) -> int:
     """`model-zoo data|convert MODEL ...`: the model folder parses its own arguments."""
-    module = import_model(model)
+    folder = import_model(model)
     parser = argparse.ArgumentParser(prog=f"model-zoo {command} {model}",
                                      description=MODEL_SUBCOMMANDS[command])
-    model_command(module, f"add_{command}_arguments", command)(parser)
+    if command == "convert":
+        folder.add_convert_arguments(parser)
+        folder.run_convert_command(parser.parse_args(arguments))
+        return 0
+    folder.add_data_arguments(parser)
     parsed = parser.parse_args(arguments)
-    run_command = model_command(module, f"run_{command}_command", command)
-    if command == "data" and getattr(parsed, "output_dir", None):
+    if getattr(parsed, "output_dir", None):
         # one build per directory at a time, as training's own builds
         from model_zoo.data.manifest import building
         with building(parsed.output_dir):
-            run_command(parsed)
+            folder.run_data_command(parsed)
     else:
-        run_command(parsed)
+        folder.run_data_command(parsed)
     return 0
 
 
@@ -171,7 +176,6 @@ def run(args) -> int:
     if args.command in MODEL_SUBCOMMANDS:
         return run_model_subcommand(args.command, args.model, args.arguments)
     config = load_config(args.config, args.overrides)
-    module = import_model(config.model.name)
     if args.command != "train":   # training sets it with its parallel context
         from model_zoo.parallel.context import set_run_context
         set_run_context(config.train.device_target)
@@ -208,9 +212,12 @@ def run(args) -> int:
     elif args.command == "eval":
         from model_zoo.checkpoint.files import evaluate_checkpoint
         print(json.dumps(evaluate_checkpoint(config, args.ckpt)))
-    else:
-        hook = "run_" + args.command.replace("-", "_")
-        print(model_command(module, hook, args.command)(config, args.ckpt, args))
+    else:   # a verb of the model folders: run by the config's folder
+        verbs = folder_verbs(config.model.name)
+        if args.command not in verbs:
+            raise UserInputError(f"model {config.model.name!r} has no `{args.command}` "
+                                 f"command")
+        print(verbs[args.command](import_model(config.model.name), config, args))
     return 0
 
 

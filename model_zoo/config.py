@@ -198,12 +198,18 @@ def available_models() -> List[str]:
 
 
 def import_model(name: str):
-    """Import the model folder `model_zoo/models/<name>`; ConfigError if there is none."""
+    """The hooks of the model folder `model_zoo/models/<name>`: its `tasks` module
+    (models/base.py); ConfigError if there is no such folder."""
     known = available_models()
     if name not in known:
         raise ConfigError(f"model.name={name!r} is not a model folder under model_zoo/models/ "
                           f"(found: {', '.join(known) or 'none'})")
-    return importlib.import_module(f"model_zoo.models.{name}")
+    return importlib.import_module(f"model_zoo.models.{name}.tasks")
+
+
+def import_model_commands(name: str):
+    """The model folder `name`'s part of the command line: its light `commands` module."""
+    return importlib.import_module(f"model_zoo.models.{name}.commands")
 
 
 def load_config(path: str, overrides: Optional[List[str]] = None,

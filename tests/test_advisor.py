@@ -63,16 +63,16 @@ def test_layouts_of_a_model_with_experts_search_expert_parallel(mixtral_config):
 
 
 @pytest.mark.parametrize("model, layout", [
-    ("gpt2", advisor.Layout(4, 2, 1, 2, False, True, False)),
-    ("gpt2", advisor.Layout(2, 2, 2, 4, True, False, True)),
-    ("gpt2", advisor.Layout(1, 4, 2, 2, True, False, False)),
-    ("gpt2", advisor.Layout(2, 1, 4, 4, False, True, False)),
-    ("bert", advisor.Layout(2, 4, 1, 1, True, False, True)),
-    ("bert", advisor.Layout(2, 2, 2, 8, False, True, False)),
-    ("gpt2", advisor.Layout(2, 2, 2, 4, "selective", False, False)),
-    ("bert", advisor.Layout(4, 2, 1, 2, "selective", True, True)),
-    ("mixtral", advisor.Layout(4, 2, 1, 2, True, True, False, ep=4)),
-    ("mixtral", advisor.Layout(2, 2, 2, 4, False, False, True, ep=2)),
+    ("gpt2", advisor.Candidate(4, 2, 1, 2, False, True, False)),
+    ("gpt2", advisor.Candidate(2, 2, 2, 4, True, False, True)),
+    ("gpt2", advisor.Candidate(1, 4, 2, 2, True, False, False)),
+    ("gpt2", advisor.Candidate(2, 1, 4, 4, False, True, False)),
+    ("bert", advisor.Candidate(2, 4, 1, 1, True, False, True)),
+    ("bert", advisor.Candidate(2, 2, 2, 8, False, True, False)),
+    ("gpt2", advisor.Candidate(2, 2, 2, 4, "selective", False, False)),
+    ("bert", advisor.Candidate(4, 2, 1, 2, "selective", True, True)),
+    ("mixtral", advisor.Candidate(4, 2, 1, 2, True, True, False, ep=4)),
+    ("mixtral", advisor.Candidate(2, 2, 2, 4, False, False, True, ep=2)),
 ], ids=lambda value: value if isinstance(value, str) else value.describe())
 def test_the_advisor_scores_a_layout_as_its_full_plan_does(config, bert_config, mixtral_config,
                                                            model, layout):
@@ -91,10 +91,10 @@ def test_the_advisor_scores_a_layout_as_its_full_plan_does(config, bert_config, 
 
 
 def test_a_layout_without_recompute_is_the_same_graph_without_checkpoints(config):
-    with_it = advisor.Layout(2, 2, 2, 2, True, False, False)
+    with_it = advisor.Candidate(2, 2, 2, 2, True, False, False)
     plan = build_plan(with_it.apply(config), device="a100")
     cleared = advisor.without_recompute(plan.recording)
-    direct = build_plan(advisor.Layout(2, 2, 2, 2, False, False, False).apply(config),
+    direct = build_plan(advisor.Candidate(2, 2, 2, 2, False, False, False).apply(config),
                         device="a100")
     parallel = direct.config.parallel
     for ours, theirs in zip(memory.estimate_memory(cleared, parallel), direct.memory):
@@ -149,7 +149,7 @@ def test_on_an_ascend_910b_flash_attention_is_a_layout_option():
     found = advisor.layouts(config, 8, flash_attention=True)
     assert {layout.flash_attention for layout in found} == {False, True}
     assert not any(layout.flash_attention for layout in advisor.layouts(config, 8))
-    layout = advisor.Layout(2, 2, 2, 4, True, False, False, flash_attention=True)
+    layout = advisor.Candidate(2, 2, 2, 4, True, False, False, flash_attention=True)
     scored = advisor.Advisor(config, "ascend910b").score(layout)
     plan = build_plan(layout.apply(config), device="ascend910b")
     assert not plan.violations
@@ -161,7 +161,7 @@ def test_on_an_ascend_910b_flash_attention_is_a_layout_option():
                                                  "model.attention_dropout=0.1"],
                                           layout_checked=False),
                               "ascend910b")
-    assert dropout.score(advisor.Layout(8, 1, 1, 1, False, False, False, True)) is None
+    assert dropout.score(advisor.Candidate(8, 1, 1, 1, False, False, False, True)) is None
 
 
 def test_the_advisor_scores_an_interleaved_pipeline_near_its_full_plan(config):
@@ -169,7 +169,7 @@ def test_the_advisor_scores_an_interleaved_pipeline_near_its_full_plan(config):
     flight) and bubble are the full plan's, its sends (every stage border crossed twice)
     close to the plan's, which records the chunks (the last stage's sends back to the
     first are not in the recordings)."""
-    layout = advisor.Layout(2, 1, 2, 4, False, False, False, False, 2)
+    layout = advisor.Candidate(2, 1, 2, 4, False, False, False, False, 2)
     assert "parallel.pipeline_interleave=2" in layout.overrides()
     assert layout in advisor.layouts(config, 4)
     scored = advisor.Advisor(config, "a100").score(layout)
@@ -182,10 +182,10 @@ def test_the_advisor_scores_an_interleaved_pipeline_near_its_full_plan(config):
 
 
 @pytest.mark.parametrize("layout", [
-    advisor.Layout(2, 1, 2, 4, True, False, False, stage_blocks=(1, 3),
+    advisor.Candidate(2, 1, 2, 4, True, False, False, stage_blocks=(1, 3),
                    recompute_blocks=(1, 2)),
-    advisor.Layout(2, 2, 2, 4, True, False, True, recompute_blocks=(1, 0)),
-    advisor.Layout(8, 1, 1, 4, True, True, False, recompute_blocks=(2,)),
+    advisor.Candidate(2, 2, 2, 4, True, False, True, recompute_blocks=(1, 0)),
+    advisor.Candidate(8, 1, 1, 4, True, True, False, recompute_blocks=(2,)),
 ], ids=lambda layout: layout.describe())
 def test_per_stage_blocks_and_recompute_score_as_the_full_plan(config, layout):
     """Stage k through its own blocks, its first r_k recomputed: each stage interpolated
@@ -207,7 +207,7 @@ def test_tailoring_recomputes_only_what_a_stage_needs():
     config = load_config(TINY, ["model.num_layers=8", "model.num_heads=4",   # activations
                                 "model.hidden_size=64", "model.seq_length=256",   # lead
                                 "train.global_batch_size=64"], layout_checked=False)
-    full = advisor.Layout(1, 1, 4, 8, True, False, False)
+    full = advisor.Candidate(1, 1, 4, 8, True, False, False)
     probe = advisor.Advisor(config, "a100")
     with_all = probe.score(full).memory
     without = probe.score(dataclasses.replace(full, recompute=False)).memory

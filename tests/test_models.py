@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from model_zoo.cli import Commands
-from model_zoo.config import available_models, import_model
-from model_zoo.models.base import REQUIRED_HOOKS, ModelFolder
+from model_zoo.cli import MODEL_SUBCOMMANDS, folder_verbs
+from model_zoo.config import available_models, import_model, import_model_commands
+from model_zoo.models.base import REQUIRED_HOOKS, FolderCommands, ModelFolder
 
 MODELS = available_models()
 
@@ -24,15 +24,16 @@ def test_the_three_models_are_found():
 def test_folder_provides_every_required_hook(name):
     module = import_model(name)
     for hook in REQUIRED_HOOKS:
-        assert hook in dir(module), f"{name} lacks {hook}"
+        assert hasattr(module, hook), f"{name} lacks {hook}"
         value = getattr(module, hook)
         if hook in ("ModelConfig", "DataConfig"):
             assert inspect.isclass(value), hook
             continue
         check_signature(name, hook, value, getattr(ModelFolder, hook))
     assert module.ModelConfig().name == name
-    for hook in dir(module):  # every name the folder lists resolves
-        assert getattr(module, hook) is not None, hook
+    commands = import_model_commands(name)
+    check_signature(name, "add_commands", commands.add_commands, FolderCommands.add_commands)
+    assert set(commands.SUBCOMMANDS) <= set(MODEL_SUBCOMMANDS), (name, commands.SUBCOMMANDS)
 
 
 def check_signature(folder, hook, value, reference):
@@ -46,44 +47,35 @@ def check_signature(folder, hook, value, reference):
     assert not extra, f"{folder}.{hook}: parameters without defaults beyond the contract: {extra}"
 
 
+class HookNames:
+    """A stand-in for a folder's tasks.py whose every hook returns its own name."""
+
+    def __getattr__(self, hook):
+        return lambda config, ckpt, args: hook
+
+
+def verb_hook(run) -> str:
+    """The name of the folder's hook that a verb's run (`cli.Commands.verb`) calls."""
+    return run(HookNames(), None, argparse.Namespace(ckpt=None))
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_every_verb_and_subcommand_has_its_hook(name):
+    """Each verb runs a hook the folder defines, of the verbs' signature, and each of
+    `model-zoo data|convert` the folder serves has both of its hooks."""
     module = import_model(name)
-    parser = argparse.ArgumentParser()
-    registry = Commands(parser.add_subparsers())
-    module.add_commands(registry)
-    for verb in registry.verbs:
-        hook = "run_" + verb.replace("-", "_")
-        assert hook in dir(module), (name, verb)
+    for verb, run in folder_verbs(name).items():
+        hook = verb_hook(run)
+        assert hasattr(module, hook), (name, verb, hook)
         check_signature(name, hook, getattr(module, hook), ["config", "ckpt", "args"])
-    for command in ("data", "convert"):
-        arguments, run = f"add_{command}_arguments", f"run_{command}_command"
-        assert (arguments in dir(module)) == (run in dir(module)), (name, command)
-        if run in dir(module):
+    served = import_model_commands(name).SUBCOMMANDS
+    for command, arguments, run in (("data", "add_data_arguments", "run_data_command"),
+                                    ("convert", "add_convert_arguments", "run_convert_command")):
+        assert hasattr(module, arguments) == hasattr(module, run) == (command in served), \
+            (name, command)
+        if command in served:
             check_signature(name, arguments, getattr(module, arguments), ["parser"])
             check_signature(name, run, getattr(module, run), ["args"])
-
-
-def test_a_folder_lists_the_hooks_it_declares_and_imports_them_on_use(tmp_path, monkeypatch):
-    """lazy_hooks lists exactly the declared names without importing anything; a hook that
-    its submodule re-exports from elsewhere resolves; an undeclared one does not exist."""
-    folder = tmp_path / "sketch"
-    folder.mkdir()
-    (folder / "__init__.py").write_text(
-        "from model_zoo.models.base import lazy_hooks\n"
-        "__getattr__, __dir__ = lazy_hooks(__name__, {'ModelConfig': 'model:Config',\n"
-        "                                             'evaluate': 'tasks'})\n")
-    (folder / "model.py").write_text("class Config:\n    pass\n")
-    (folder / "shared.py").write_text("def evaluate(config, network):\n    return {}\n")
-    (folder / "tasks.py").write_text("from sketch.shared import evaluate  # noqa: F401\n"
-                                     "def run_data_command(args):\n    pass\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    module = importlib.import_module("sketch")
-    assert dir(module) == ["ModelConfig", "evaluate"]
-    assert "sketch.tasks" not in sys.modules and "sketch.model" not in sys.modules
-    assert module.evaluate(None, None) == {} and module.ModelConfig.__name__ == "Config"
-    with pytest.raises(AttributeError):
-        module.run_data_command   # defined in tasks.py, but not declared
 
 
 def test_command_line_and_launch_import_no_mindspore():
@@ -93,7 +85,8 @@ def test_command_line_and_launch_import_no_mindspore():
               "import model_zoo.launch.rank_table\n"
               "from model_zoo.cli import build_parser\n"
               "help_text = build_parser().format_help()\n"
-              "heavy = [m for m in sys.modules if m == 'mindspore' or m.endswith('.model')]\n"
+              "heavy = [m for m in sys.modules if m == 'mindspore'\n"
+              "         or m.endswith(('.model', '.tasks'))]\n"
               "print(heavy)\n"
               "print(help_text)\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -116,13 +109,11 @@ def _verb_arguments():
                       "evaluate_checkpoint"))
         cases.append((["export", config, "--ckpt", "x.ckpt"], "model_zoo.train.export",
                       "export_checkpoint"))
-        registry = Commands(argparse.ArgumentParser().add_subparsers())
-        import_model(name).add_commands(registry)
         required = {"generate": ["--prompt-ids", "1 2"], "fill-mask": ["--ids", "4 5"],
                     "translate": ["--input", "x.txt"]}
-        for verb in sorted(registry.verbs):
+        for verb, run in sorted(folder_verbs(name).items()):
             cases.append(([verb, config, "--ckpt", "x.ckpt"] + required[verb],
-                          f"model_zoo.models.{name}", "run_" + verb.replace("-", "_")))
+                          f"model_zoo.models.{name}.tasks", verb_hook(run)))
     return cases
 
 

@@ -19,7 +19,7 @@ from model_zoo.config import load_config
 from model_zoo.errors import ConfigError
 from model_zoo.models.gpt2.model import GPT2Block, GPT2Config, GPT2ForTraining
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.parallel.context import (check_layout, data_shard, detect_device_target,
+from model_zoo.parallel.context import (check_fits_launch, data_shard, detect_device_target,
                                         launched_ranks)
 from model_zoo.nn.attention import MultiHeadAttention
 from model_zoo.nn.backend import kernels_for
@@ -220,7 +220,7 @@ def test_model_parallel_group_reads_different_shards(dp, mp, pp):
 def test_cpu_refuses_model_and_pipeline_parallel(mp, pp):
     parallel = layout(1, mp, pp)
     with pytest.raises(ConfigError) as info:
-        check_layout(parallel, "CPU", parallel.device_num)
+        check_fits_launch(parallel, "CPU", parallel.device_num)
     message = str(info.value)
     assert "no CPU backend" in message and "model-zoo plan" in message
     assert f"parallel.model_parallel={mp}" in message
@@ -229,19 +229,19 @@ def test_cpu_refuses_model_and_pipeline_parallel(mp, pp):
 
 def test_layout_device_count_mismatch():
     with pytest.raises(ConfigError) as info:
-        check_layout(layout(4, 1, 1), "CPU", 2)
+        check_fits_launch(layout(4, 1, 1), "CPU", 2)
     message = str(info.value)
     assert "needs 4 devices" in message and "but 2 were launched" in message
     with pytest.raises(ConfigError) as info:
-        check_layout(layout(2, 2, 2), "Ascend", 16)
+        check_fits_launch(layout(2, 2, 2), "Ascend", 16)
     assert "8" in str(info.value) and "16" in str(info.value)
 
 
 def test_layouts_that_fit():
-    check_layout(layout(1, 1, 1), "CPU", 1)
-    check_layout(layout(4, 1, 1), "CPU", 4)
-    check_layout(layout(2, 2, 2), "Ascend", 8)
-    check_layout(layout(1, 8, 1), "Ascend", 8)
+    check_fits_launch(layout(1, 1, 1), "CPU", 1)
+    check_fits_launch(layout(4, 1, 1), "CPU", 4)
+    check_fits_launch(layout(2, 2, 2), "Ascend", 8)
+    check_fits_launch(layout(1, 8, 1), "Ascend", 8)
 
 
 def test_detect_device_target(monkeypatch):

@@ -66,7 +66,7 @@ def rss(field):
 import mindspore as ms
 from mindspore import Tensor
 from model_zoo.config import config_from_dict
-from model_zoo.models.gpt2 import build_train_network
+from model_zoo.models.gpt2.tasks import build_train_network
 from model_zoo.nn.layers import dtype_of
 from model_zoo.train.step import build_optimizer
 

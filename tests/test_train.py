@@ -10,10 +10,11 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from model_zoo.config import TrainConfig, load_config
 from model_zoo.models.gpt2.model import GPT2Config, GPT2ForTraining
+from model_zoo.checkpoint.contents import saved_in_checkpoints
 from model_zoo.checkpoint.files import list_checkpoints, read_checkpoint
 from model_zoo.train.metrics import read_metrics
 from model_zoo.train.schedule import WarmupCosineSchedule
-from model_zoo.train.step import TrainStep, build_optimizer, saved_in_checkpoints
+from model_zoo.train.step import TrainStep, build_optimizer
 from model_zoo.train.trainer import train
 
 

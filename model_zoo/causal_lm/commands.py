@@ -2,8 +2,10 @@
 
 
 def add_commands(commands):
-    """`model-zoo generate CONFIG --ckpt FILE`, served by `run_generate`."""
-    generate = commands.verb("generate", "continue a prompt (language models)")
+    """`model-zoo generate CONFIG --ckpt FILE`, served by the folder's `run_generate`."""
+    generate = commands.verb(
+        "generate", "continue a prompt (language models)",
+        lambda folder, config, args: folder.run_generate(config, args.ckpt, args))
     if generate is None:
         return
     generate.add_argument("--ckpt", required=True, help="checkpoint file")

@@ -2,7 +2,7 @@
 
 A training checkpoint holds every parameter of the train step (the model, the optimizer
 moments, the loss scale and the step) but the buffers that are zeros between steps
-(`step.saved_in_checkpoints`), so `--resume` restarts exactly where a run stopped.
+(`contents.saved_in_checkpoints`), so `--resume` restarts exactly where a run stopped.
 """
 
 import contextlib
@@ -15,10 +15,11 @@ import shutil
 import mindspore as ms
 
 from model_zoo.config import import_model
+from model_zoo.checkpoint.contents import (STEP_COUNTER, needed_from_checkpoints,
+                                           saved_in_checkpoints)
 from model_zoo.errors import CheckpointError, DataError, DiskError
 from model_zoo.files import check_file
 from model_zoo.nn.layers import dtype_of
-from model_zoo.train.step import STEP_COUNTER, needed_from_checkpoints, saved_in_checkpoints
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)\.(ckpt|safetensors)$")
 

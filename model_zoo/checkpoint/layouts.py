@@ -42,9 +42,9 @@ SLICES_FILE = "slices.json"
 
 
 @dataclasses.dataclass
-class Layout:
-    """A config's layout as the plan derives it: the parallel section and, per parameter,
-    its shape, split and stage (the plan's ParamInfo)."""
+class SlicedLayout:
+    """How a config's layout slices its checkpoints, as the plan derives it: the parallel
+    section and, per parameter, its shape, split and stage (the plan's ParamInfo)."""
 
     config: object
     params: dict
@@ -75,10 +75,10 @@ class Layout:
         return device_piece(dataclasses.replace(param, stage=stage), self.parallel, rank)
 
 
-def plan_layout(config) -> Layout:
+def plan_layout(config) -> SlicedLayout:
     """The plan's layout of `config`; UserInputError naming the first rule it breaks."""
     from model_zoo.layout.network import usable_parameters
-    return Layout(config, usable_parameters(config, "model-zoo checkpoint"))
+    return SlicedLayout(config, usable_parameters(config, "model-zoo checkpoint"))
 
 
 def layout_config(path: str, overrides=()):
@@ -134,7 +134,7 @@ def as_ckpt_file(path: str, ckpt_path: str) -> str:
     return ckpt_path
 
 
-def check_full_checkpoint(shapes: dict, layout: Layout, path: str):
+def check_full_checkpoint(shapes: dict, layout: SlicedLayout, path: str):
     """CheckpointError unless the full checkpoint (`shapes`: its {name: shape}) holds every
     parameter of the layout's model with its shape."""
     for name, param in layout.params.items():
@@ -147,7 +147,7 @@ def check_full_checkpoint(shapes: dict, layout: Layout, path: str):
                                   f"{tuple(param.shape)}")
 
 
-def check_sliced(directory: str, layout: Layout) -> tuple:
+def check_sliced(directory: str, layout: SlicedLayout) -> tuple:
     """Check a sliced directory against its layout before MindSpore reads it: a file for
     every rank, each readable, each slice of the shape the layout gives that rank. Returns
     the rank files and the names of every entry they hold (in rank order)."""
@@ -188,7 +188,8 @@ def staged_output(path: str):
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def write_sliced(source_dir: str, source_strategy, layout: Layout, names, output_dir: str):
+def write_sliced(source_dir: str, source_strategy, layout: SlicedLayout, names,
+                 output_dir: str):
     """Slice the checkpoints of `source_dir` (rank folders; `source_strategy` None for one
     full checkpoint in rank_0) for `layout` into a new sliced directory `output_dir`."""
     import mindspore as ms
@@ -200,7 +201,7 @@ def write_sliced(source_dir: str, source_strategy, layout: Layout, names, output
         record_slices(staging, layout.device_num)
 
 
-def split(config, ckpt: str, output_dir: str) -> Layout:
+def split(config, ckpt: str, output_dir: str) -> SlicedLayout:
     """`model-zoo checkpoint split`: a full checkpoint -> per-rank slices for config's layout."""
     layout = plan_layout(config)
     shapes = read_shapes(ckpt)
@@ -214,7 +215,7 @@ def split(config, ckpt: str, output_dir: str) -> Layout:
     return layout
 
 
-def sliced_layout(directory: str) -> Layout:
+def sliced_layout(directory: str) -> SlicedLayout:
     """The layout of a sliced directory (its config.yaml), its strategy file checked."""
     for needed in (CONFIG_FILE, STRATEGY_FILE):
         if not os.path.isfile(os.path.join(directory, needed)):
@@ -227,7 +228,7 @@ def sliced_layout(directory: str) -> Layout:
     return layout
 
 
-def check_strategy_file(path: str, layout: Layout):
+def check_strategy_file(path: str, layout: SlicedLayout):
     """CheckpointError unless the strategy file at `path` is the one the layout gives for
     the entries it lists (a strategy of another model or layout would mis-slice)."""
     recorded = read_strategy(path)
@@ -252,7 +253,7 @@ def transform(directory: str, output_dir: str, overrides=()) -> tuple:
     return source, target
 
 
-def merge(directory: str, output: str) -> Layout:
+def merge(directory: str, output: str) -> SlicedLayout:
     """`model-zoo checkpoint merge`: a sliced directory -> one full checkpoint `output`."""
     import mindspore as ms
     layout = sliced_layout(directory)
@@ -266,7 +267,7 @@ def merge(directory: str, output: str) -> Layout:
     return layout
 
 
-def collect(run_dir: str, output_dir: str, step: int = 0, config=None) -> Layout:
+def collect(run_dir: str, output_dir: str, step: int = 0, config=None) -> SlicedLayout:
     """`model-zoo checkpoint collect`: a sliced directory from a sharded training run's
     folders (`RUN/rank_<i>/checkpoints/step_N.ckpt`, the newest common step unless `step`):
     the run's config (`config`, or the one in rank_0), the strategy MindSpore saved there

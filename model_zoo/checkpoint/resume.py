@@ -34,13 +34,17 @@ import mindspore as ms
 
 from model_zoo.errors import CheckpointError, UserInputError
 from model_zoo.checkpoint import layouts
+from model_zoo.checkpoint.contents import needed_from_checkpoints
 from model_zoo.checkpoint.files import (list_checkpoints, load_weights, read_checkpoint,
                                         remove_partial_checkpoints, saved_step)
-from model_zoo.train.loop import log
-from model_zoo.train.step import needed_from_checkpoints
 
 SNAPSHOTS = "earlier_layouts"
 RESUME_CANDIDATES = 64   # newest checkpoint steps each rank tells the others it holds
+
+
+def log(message: str):
+    """A line of this rank's log (every rank has its own, as in the training loop)."""
+    print(message, flush=True)
 
 
 @dataclasses.dataclass
@@ -60,7 +64,7 @@ def layout_tag(parallel) -> str:
             f"{parallel.device_num}ranks")
 
 
-def same_layout(a: layouts.Layout, b: layouts.Layout) -> bool:
+def same_layout(a: layouts.SlicedLayout, b: layouts.SlicedLayout) -> bool:
     """True when both layouts give every parameter the same slices on the same ranks."""
     from model_zoo.parallel.strategy_file import strategy_map
     names = sorted(set(a.params) | set(b.params))

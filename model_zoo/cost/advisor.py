@@ -39,12 +39,13 @@ from model_zoo.cost.devices import load_profile
 from model_zoo.cost.memory import backward_working_sets, estimate_memory
 from model_zoo.cost.timing import StepTime, estimate_time
 from model_zoo.layout.network import ascend_training_network, record_training_network
-from model_zoo.layout.rules import check_layout, check_recording
+from model_zoo.layout.rules import check_parallel_section, check_recording
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
-    """One candidate: the parallel section and the gradient accumulation it sets."""
+class Candidate:
+    """One layout the advisor scores: the parallel section and the gradient accumulation
+    it sets."""
 
     dp: int
     mp: int
@@ -126,7 +127,7 @@ def _override(blocks: Optional[tuple]) -> str:
 
 @dataclasses.dataclass
 class Scored:
-    layout: Layout
+    layout: Candidate
     memory: float                   # worst stage, bytes per device
     time: StepTime
     confirmed: Optional[bool] = None   # planned in full: every rule holds and it fits
@@ -141,7 +142,7 @@ def _divisors(n: int) -> List[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layouts(config, device_num: int, flash_attention: bool = False) -> List[Layout]:
+def layouts(config, device_num: int, flash_attention: bool = False) -> List[Candidate]:
     """Every layout of the module docstring for `device_num` devices; with
     `flash_attention` (an Ascend 910B) each also with it on."""
     model, global_batch = config.model, config.train.global_batch_size
@@ -161,8 +162,9 @@ def layouts(config, device_num: int, flash_attention: bool = False) -> List[Layo
                         for sequence in ((False, True) if mp > 1 else (False,)):
                             # flash attention keeps no (seq x seq) tensor: selective
                             # recompute would mark nothing
-                            found.extend(Layout(dp, mp, pp, micro, recompute, shard, sequence,
-                                                on, interleave, ep=ep) for on in flash
+                            found.extend(Candidate(dp, mp, pp, micro, recompute, shard,
+                                                   sequence, on, interleave, ep=ep)
+                                         for on in flash
                                          for interleave in interleaves(model, pp, micro)
                                          for ep in expert_parallels(model, dp)
                                          if not (on and recompute == "selective"))
@@ -205,7 +207,7 @@ class Advisor:
         # and tailoring ask for them with several stage blocks
         self.corners: Dict[tuple, dict] = {}
 
-    def recording(self, layout: Layout, micro_batch: int, blocks: int, recompute):
+    def recording(self, layout: Candidate, micro_batch: int, blocks: int, recompute):
         """The recording of `micro_batch` sequences per device through `blocks` blocks per
         pipeline stage, with recompute as `recompute` says (off: a recording with its
         checkpoints cleared), and the violations its strategies have; cached by what shapes
@@ -237,7 +239,7 @@ class Advisor:
         rec, cleared, violations = self.recordings[key]
         return (rec if recompute else cleared), violations
 
-    def unit_batch(self, layout: Layout, micro_batch: int) -> Optional[int]:
+    def unit_batch(self, layout: Candidate, micro_batch: int) -> Optional[int]:
         """The smallest power of two dividing `micro_batch` at which the layout's operators
         keep every rule, or None when none does (then `micro_batch` breaks one too). The
         rules on shapes are divisibility: what holds at u holds at every multiple of u, so
@@ -250,7 +252,7 @@ class Advisor:
             unit *= 2
         return None
 
-    def fix_backward_working(self, memory, layout: Layout, unit: int, x: float, recompute):
+    def fix_backward_working(self, memory, layout: Candidate, unit: int, x: float, recompute):
         """Set each stage's backward working set W_k, the largest of its calls' (each affine
         in the micro batch, but their largest is not: a weight's gradient can lead at a
         small batch and an activation's at a large one), from the calls of the one-block
@@ -264,14 +266,14 @@ class Advisor:
             stage.backward_working = working.get(stage.stage, 0.0)
             stage.add_up_activations()
 
-    def score(self, layout: Layout) -> Optional[Scored]:
+    def score(self, layout: Candidate) -> Optional[Scored]:
         """The layout's worst-stage memory and predicted time, or None when it breaks a
         rule (of the layout, or of its operators' strategies)."""
         config = layout.apply(self.config)
         parallel, train = config.parallel, config.train
-        if check_layout(parallel, parallel.device_num, config.model.pipeline_blocks,
-                        train.global_batch_size, train.grad_accumulation,
-                        config.model.seq_length):
+        if check_parallel_section(parallel, parallel.device_num, config.model.pipeline_blocks,
+                                  train.global_batch_size, train.grad_accumulation,
+                                  config.model.seq_length):
             return None
         micro_batch = train.global_batch_size // (layout.dp * layout.micro_steps)
         unit = self.unit_batch(layout, micro_batch)
@@ -296,7 +298,7 @@ class Advisor:
                              self.profile, layout.micro_steps)
         return Scored(layout, max(m.total for m in memory), step)
 
-    def estimates(self, layout: Layout, config, unit: int, blocks: List[int], recompute):
+    def estimates(self, layout: Candidate, config, unit: int, blocks: List[int], recompute):
         """(memory, communication, compute) per stage, stage k through blocks[k] blocks,
         interpolated from the recordings of u and 2u sequences through 1 and 2 blocks a
         stage (module docstring), recomputed as `recompute` says."""
@@ -322,7 +324,7 @@ class Advisor:
         self.fix_backward_working(found[0], layout, unit, micro_batch / unit, recompute)
         return found
 
-    def tailor(self, layout: Layout) -> Optional[Layout]:
+    def tailor(self, layout: Candidate) -> Optional[Candidate]:
         """A fully recomputed layout with each stage's recomputed blocks cut to what its
         memory needs (an early 1F1B stage holds more micro batches in flight than a late
         one) and, on a pipeline of one chunk a device, blocks moved between stages while

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional
 
 from model_zoo.errors import ConfigError, UserInputError
 from model_zoo.layout.recording import ParamInfo, PlanError, Recording
-from model_zoo.layout.rules import Violation, check_layout, check_recording
+from model_zoo.layout.rules import Violation, check_parallel_section, check_recording
 from model_zoo.layout.trace import record
 
 
@@ -63,9 +63,9 @@ def layout_violations(config, device_num: Optional[int] = None) -> List[Violatio
     """The rules the parallel section itself breaks for `device_num` devices (default
     dp x mp x pp): sizes, device number, stages, micro batches, batch, sequence split."""
     parallel, train = config.parallel, config.train
-    return check_layout(parallel, device_num or parallel.device_num,
-                        config.model.pipeline_blocks, train.global_batch_size,
-                        train.grad_accumulation, config.model.seq_length)
+    return check_parallel_section(parallel, device_num or parallel.device_num,
+                                  config.model.pipeline_blocks, train.global_batch_size,
+                                  train.grad_accumulation, config.model.seq_length)
 
 
 def has_bad_sizes(violations: List[Violation]) -> bool:

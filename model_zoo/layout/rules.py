@@ -169,10 +169,11 @@ def check_recording(rec: "Recording", parallel: ParallelConfig, device_num: int)
     return found
 
 
-def check_layout(parallel: ParallelConfig, device_num: int, blocks: int,
-                 global_batch_size: int, accumulation: int,
-                 seq_length: int) -> List[Violation]:
-    """The layout's own rules: device number (G10), product, stages, micro batches, batch."""
+def check_parallel_section(parallel: ParallelConfig, device_num: int, blocks: int,
+                           global_batch_size: int, accumulation: int,
+                           seq_length: int) -> List[Violation]:
+    """The rules the parallel section itself breaks: device number (G10), product, stages,
+    micro batches, batch, sequence split (the operators' strategies: `check_recording`)."""
     found = []
 
     def violation(rule, message):

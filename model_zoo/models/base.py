@@ -1,23 +1,40 @@
-"""The model-folder contract: what `model_zoo/models/<name>/__init__.py` provides.
+"""The model-folder contract: what `model_zoo/models/<name>/` provides.
 
-The trainer, the plan and the command line reach a model only through these names, so a
-copy of a folder under a new name is a new model, with nothing to register. A folder's
-`__init__.py` imports nothing heavy: its `HOOKS` dict maps each name to the submodule that
-defines it (`lazy_hooks`), so `model-zoo --help` lists every folder's commands without importing
-MindSpore, and a model's code is imported when one of its commands runs.
-
-Required hooks are the members of `ModelFolder`; `OPTIONAL_HOOKS` are used when present.
-`tests/test_models.py` checks every folder against both.
+The trainer, the plan and the command line reach a model through two modules of its folder,
+found by the folder's name, so a copy of a folder under a new name is a new model, with
+nothing to register:
+- `commands.py`, the folder's part of the command line (`FolderCommands`): argument
+  definitions only, imported to build the parser, so `model-zoo --help` imports neither
+  MindSpore nor a model's code;
+- `tasks.py`, its hooks (`ModelFolder`, and `OPTIONAL_HOOKS` when present): plain names,
+  defined there or bound there from shared code (`evaluate = tasks.evaluate`), imported
+  when a command needs the model (`config.import_model`), and called by name
+  (`folder.build_train_network(...)`, `folder.run_generate(...)`).
+The folder's `__init__.py` holds only its docstring. `tests/test_models.py` checks every
+folder against the contract.
 """
 
-import importlib
 import inspect
-import sys
 from typing import Protocol
 
 
+class FolderCommands(Protocol):
+    """A folder's `commands.py`: what it adds to the command line."""
+
+    # which of `model-zoo data <name>` ("data": the hooks add_data_arguments and
+    # run_data_command) and `model-zoo convert <name>` ("convert": add_convert_arguments and
+    # run_convert_command) the folder serves
+    SUBCOMMANDS: tuple
+
+    def add_commands(self, commands) -> None:
+        """Add the folder's verbs, the commands that take a config, to `commands` (a
+        cli.Commands): `commands.verb(name, help, run)`, whose `run(folder, config, args)`
+        calls the folder's hook by name, e.g. `folder.run_generate(config, args.ckpt,
+        args)`, and returns the text to print."""
+
+
 class ModelFolder(Protocol):
-    """The hooks every model folder provides (`REQUIRED_HOOKS`)."""
+    """The hooks every model folder's `tasks.py` provides (`REQUIRED_HOOKS`)."""
 
     ModelConfig: type   # the `model` section: a model_zoo.config.ModelConfig subclass
     DataConfig: type    # the `data` section: a model_zoo.config.DataConfig subclass
@@ -43,12 +60,6 @@ class ModelFolder(Protocol):
         """The training network's inputs for one micro batch as [(shape, dtype), ...], for
         `model-zoo plan`."""
 
-    def add_commands(self, commands) -> None:
-        """Add the folder's command-line verbs to `commands` (a cli.Commands): shared verbs
-        that take a config (served by `run_<verb>`), and `model-zoo data|convert <name>`
-        (served by `run_data_command` / `run_convert_command`). Argument definitions only:
-        the module must import nothing heavy."""
-
 
 REQUIRED_HOOKS = ("ModelConfig", "DataConfig") + tuple(
     name for name, value in vars(ModelFolder).items()
@@ -66,42 +77,15 @@ OPTIONAL_HOOKS = {
     "random_batch": "random_batch(config, batch_size, rng) -> [numpy arrays]: a valid batch "
                     "of random values in plan_inputs' columns, for `model-zoo dryrun "
                     "--check-numbers`",
+    "add_data_arguments": "add_data_arguments(parser): the arguments of `model-zoo data "
+                          "<name>`, when commands.SUBCOMMANDS has \"data\"",
     "run_data_command": "run_data_command(args): `model-zoo data <name>`",
+    "add_convert_arguments": "add_convert_arguments(parser): the arguments of `model-zoo "
+                             "convert <name>`, when commands.SUBCOMMANDS has \"convert\"",
     "run_convert_command": "run_convert_command(args): `model-zoo convert <name>`",
-    "run_<verb>": "run_<verb>(config, ckpt, args) -> str: each shared verb add_commands adds",
+    "run_<verb>": "run_<verb>(config, ckpt, args) -> str: what a verb of add_commands calls "
+                  "(run_generate, run_fill_mask, run_translate)",
 }
-
-
-# The user paths a folder keeps in its tasks.py: its HOOKS may declare them all at once as
-# `dict.fromkeys(TASK_HOOKS, "tasks")`
-TASK_HOOKS = ("build_train_network", "create_train_dataset", "prepare_data", "dataset_ready",
-              "evaluate", "plan_inputs", "sample_text", "inference_graphs",
-              "create_heldout_dataset", "random_batch")
-
-
-def lazy_hooks(package: str, hooks: dict):
-    """`__getattr__` and `__dir__` for a model folder's `__init__.py` (PEP 562).
-
-    `hooks` declares every hook the folder provides: name -> "submodule" (the same name
-    there) or "submodule:attribute", relative to `package`; the submodule is imported on the
-    name's first use. Nothing is read or imported to list them, so a hook may be defined
-    anywhere its submodule imports it from.
-    """
-    hooks = dict(hooks)
-
-    def __getattr__(name):
-        target = hooks.get(name)
-        if target is None:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        module, _, attribute = target.partition(":")
-        value = getattr(importlib.import_module(f".{module}", package), attribute or name)
-        setattr(sys.modules[package], name, value)   # later uses skip __getattr__
-        return value
-
-    def __dir__():
-        return sorted(hooks)
-
-    return __getattr__, __dir__
 
 
 def folder_name(module_name: str) -> str:

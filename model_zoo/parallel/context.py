@@ -172,8 +172,9 @@ def wait_for_every_rank(device_num: int):
     gathered_rows([0.0], device_num)
 
 
-def check_layout(parallel: ParallelConfig, device_target: str, device_num: int):
-    """Refuse layouts this run cannot execute, before anything is built."""
+def check_fits_launch(parallel: ParallelConfig, device_target: str, device_num: int):
+    """Refuse a layout the launched run cannot execute, before anything is built: model or
+    pipeline parallel on CPU, or another device count than the ranks launched."""
     if device_target == "CPU" and (parallel.model_parallel > 1 or parallel.pipeline_stage > 1):
         raise ConfigError(
             f"parallel.model_parallel={parallel.model_parallel} and parallel.pipeline_stage="
@@ -197,7 +198,7 @@ def init_parallel(parallel: ParallelConfig, requested_target: str = "auto") -> R
     """
     target = detect_device_target(requested_target)
     ranks = launched_ranks()
-    check_layout(parallel, target, ranks)
+    check_fits_launch(parallel, target, ranks)
     set_run_context(target)
     if ranks == 1:
         return RunContext(target)

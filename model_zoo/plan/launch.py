@@ -13,26 +13,34 @@ ends in one `error:` line and exit status 2.
 import argparse
 import sys
 
+from model_zoo.config import add_overrides_argument, load_config
 from model_zoo.errors import UserInputError
+
+
+def train_overrides(train_args) -> list:
+    """The `--set` overrides among the arguments of `model-zoo train`; the others are the
+    ranks' own to read."""
+    parser = argparse.ArgumentParser(prog="model-zoo train", add_help=False,
+                                     allow_abbrev=False)
+    add_overrides_argument(parser)
+    return parser.parse_known_args(train_args)[0].overrides
 
 
 def launch_overrides(config_path: str, train_args, device_num: int, target: str) -> list:
     """The `--set` arguments that lay `config_path` (with the user's `train_args`) out over
     `device_num` devices; on Ascend the layout is checked with `model-zoo plan` first.
     UserInputError (exit 2) naming what does not fit."""
-    from model_zoo.cli import build_parser
-    from model_zoo.config import load_config
     from model_zoo.cost.build import build_plan
     from model_zoo.plan.report import failure_reasons
 
-    args = build_parser().parse_args(["train", config_path, *train_args])
-    config = load_config(config_path, args.overrides, layout_checked=False)
+    overrides = train_overrides(train_args)
+    config = load_config(config_path, overrides, layout_checked=False)
     config.parallel.validate()
     data_parallel = config.parallel.data_parallel_for(device_num)
     added = ([] if data_parallel == config.parallel.data_parallel
              else [f"parallel.data_parallel={data_parallel}"])
     if added:
-        config = load_config(config_path, args.overrides + added, layout_checked=False)
+        config = load_config(config_path, overrides + added, layout_checked=False)
     parallel = config.parallel
     layout = (f"data_parallel {parallel.data_parallel} x model_parallel "
               f"{parallel.model_parallel} x pipeline_stage {parallel.pipeline_stage}")
@@ -45,7 +53,7 @@ def launch_overrides(config_path: str, train_args, device_num: int, target: str)
                 f"the layout {layout} on {device_num} devices does not pass the plan: "
                 + "; ".join(failure_reasons(plan, first + more))
                 + f"; see `model-zoo plan {config_path} --device-num {device_num}"
-                + "".join(f" --set {override}" for override in args.overrides + added) + "`")
+                + "".join(f" --set {override}" for override in overrides + added) + "`")
     print(f"layout: {layout} on {device_num} devices"
           + (f" (the launch adds --set {added[0]})" if added else ""), file=sys.stderr)
     return [part for override in added for part in ("--set", override)]

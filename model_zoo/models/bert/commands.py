@@ -1,9 +1,13 @@
-"""BERT's verbs on the command line (argument definitions only: imported for `--help`)."""
+"""BERT's part of the command line (argument definitions only: imported for `--help`)."""
+
+SUBCOMMANDS = ("data", "convert")   # `model-zoo data|convert bert`, served by tasks.py
 
 
 def add_commands(commands):
-    """`model-zoo fill-mask CONFIG --ckpt FILE`, served by `run_fill_mask`."""
-    fill_mask = commands.verb("fill-mask", "predict masked tokens (masked LMs)")
+    """`model-zoo fill-mask CONFIG --ckpt FILE`, served by the folder's `run_fill_mask`."""
+    fill_mask = commands.verb(
+        "fill-mask", "predict masked tokens (masked LMs)",
+        lambda folder, config, args: folder.run_fill_mask(config, args.ckpt, args))
     if fill_mask is None:
         return
     fill_mask.add_argument("--ckpt", required=True, help="checkpoint file")

@@ -1,9 +1,9 @@
-"""BERT's user paths: data, the training networks, evaluation and fill-mask.
+"""BERT's hooks (the model-folder contract, model_zoo/models/base.py): data, the training
+networks, evaluation, fill-mask, conversion.
 
 `model.task` picks the path: "pretrain" (masked LM + next sentence prediction on raw text)
 or "classify" (fine-tuning on the docstring-topic task; see data.py for why that task).
-The trainer and the command line reach the model only through the names exported by this
-folder's `__init__.py`.
+The trainer and the command line reach the model only through the names of this module.
 """
 
 import os
@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import List
 
 
-from model_zoo.config import Config, DataConfig
+import model_zoo.config
+from model_zoo.config import Config
 from model_zoo.data import (BUILTIN_PYTHON_DOCS, HFTokenizer, create_dataset, load_tokenizer,
                             parse_token_ids, read_manifest, split_paths)
 from model_zoo.data.streaming import BuildOptions
@@ -19,17 +20,18 @@ from model_zoo.data.manifest import check_sources_to_build
 from model_zoo.errors import ConfigError, DataError, UserInputError
 from model_zoo.checkpoint.files import load_network
 
+from . import convert, data_command
 from .classification import (CLASSIFICATION_COLUMNS, CLASSIFICATION_FILES,
                              build_classification_dataset, classification_dataset_ready)
 from .data import (PRETRAINING_COLUMNS, PRETRAINING_FILES, TOKENIZER_FILE,
                    build_pretraining_dataset, encode_text, load_bert_tokenizer,
                    pretraining_dataset_ready)
 from .fill_mask import fill_mask, format_fill_mask
-from .model import LogitsCell, build_bert_network
+from .model import BertConfig, LogitsCell, build_bert_network
 
 
 @dataclass
-class BertDataConfig(DataConfig):
+class BertDataConfig(model_zoo.config.DataConfig):
     """BERT's `data` section.
 
     Pretraining: `sources` (text files or `builtin:python-docs`) are turned into masked
@@ -46,6 +48,14 @@ class BertDataConfig(DataConfig):
     dupe_factor: int = 2
     heldout_fraction: float = 0.05
     seed: int = 1
+
+
+ModelConfig = BertConfig
+DataConfig = BertDataConfig
+add_data_arguments = data_command.add_data_arguments
+run_data_command = data_command.run_data_command
+add_convert_arguments = convert.add_convert_arguments
+run_convert_command = convert.run_convert_command
 
 
 def _pretraining(config: Config) -> bool:

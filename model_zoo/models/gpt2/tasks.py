@@ -1,7 +1,8 @@
-"""GPT-2's user paths: the data section, data preparation, the training network, evaluation,
-generation. Everything but the training network is what decoder-only folders share
-(`model_zoo.causal_lm`), bound here by name: the trainer and the command line reach a model
-only through the names its folder's `__init__.py` exports, so a copy of this folder is a new
+"""GPT-2's hooks (the model-folder contract, model_zoo/models/base.py): the model and data
+sections, data preparation, the training network, evaluation, generation, conversion.
+Everything but the model, the training network and the converter is what decoder-only
+folders share (`model_zoo.causal_lm`), bound here by name: the trainer and the command line
+reach a model only through the names of this module, so a copy of this folder is a new
 model.
 """
 
@@ -10,7 +11,8 @@ from dataclasses import dataclass
 from model_zoo.causal_lm import data, tasks
 from model_zoo.config import Config
 
-from .model import GPT2ForTraining
+from . import convert
+from .model import GPT2Config, GPT2ForTraining
 
 
 @dataclass
@@ -18,6 +20,10 @@ class GPT2DataConfig(tasks.CausalLMDataConfig):
     """GPT-2's `data` section (`CausalLMDataConfig`)."""
 
     dataset_dir: str = "datasets/gpt2"
+
+
+ModelConfig = GPT2Config
+DataConfig = GPT2DataConfig
 
 
 def build_train_network(config: Config, compute_dtype):
@@ -37,3 +43,5 @@ sample_text = tasks.sample_text
 run_generate = tasks.run_generate
 add_data_arguments = data.add_data_arguments
 run_data_command = data.run_data_command
+add_convert_arguments = convert.add_convert_arguments
+run_convert_command = convert.run_convert_command

@@ -1,13 +1,15 @@
-"""Mixtral's user paths: the data section, data preparation, the training network, evaluation,
-generation. Everything but the training network is what decoder-only folders share
-(`model_zoo.causal_lm`), bound here by name."""
+"""Mixtral's hooks (the model-folder contract, model_zoo/models/base.py): the model and data
+sections, data preparation, the training network, evaluation, generation, conversion.
+Everything but the model, the training network and the converter is what decoder-only
+folders share (`model_zoo.causal_lm`), bound here by name."""
 
 from dataclasses import dataclass
 
 from model_zoo.causal_lm import data, tasks
 from model_zoo.config import Config
 
-from .model import MixtralForTraining
+from . import convert
+from .model import MixtralConfig, MixtralForTraining
 
 
 @dataclass
@@ -15,6 +17,10 @@ class MixtralDataConfig(tasks.CausalLMDataConfig):
     """Mixtral's `data` section (`CausalLMDataConfig`)."""
 
     dataset_dir: str = "datasets/mixtral"
+
+
+ModelConfig = MixtralConfig
+DataConfig = MixtralDataConfig
 
 
 def build_train_network(config: Config, compute_dtype):
@@ -34,3 +40,5 @@ sample_text = tasks.sample_text
 run_generate = tasks.run_generate
 add_data_arguments = data.add_data_arguments
 run_data_command = data.run_data_command
+add_convert_arguments = convert.add_convert_arguments
+run_convert_command = convert.run_convert_command

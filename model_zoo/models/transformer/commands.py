@@ -1,10 +1,14 @@
-"""The Transformer's verbs on the command line (argument definitions only: imported for
+"""The Transformer's part of the command line (argument definitions only: imported for
 `--help`)."""
+
+SUBCOMMANDS = ("data",)   # `model-zoo data transformer`, served by tasks.py
 
 
 def add_commands(commands):
-    """`model-zoo translate CONFIG --ckpt FILE`, served by `run_translate`."""
-    translate = commands.verb("translate", "translate lines of text")
+    """`model-zoo translate CONFIG --ckpt FILE`, served by the folder's `run_translate`."""
+    translate = commands.verb(
+        "translate", "translate lines of text",
+        lambda folder, config, args: folder.run_translate(config, args.ckpt, args))
     if translate is None:
         return
     translate.add_argument("--ckpt", required=True, help="checkpoint file")

@@ -1,7 +1,7 @@
-"""The Transformer's user paths: data, the training network, sacreBLEU evaluation, translation.
+"""The Transformer's hooks (the model-folder contract, model_zoo/models/base.py): data, the
+training network, sacreBLEU evaluation, translation.
 
-The trainer and the command line reach the model only through the names exported by this
-folder's `__init__.py`.
+The trainer and the command line reach the model only through the names of this module.
 """
 
 import os
@@ -13,24 +13,26 @@ import mindspore as ms
 import numpy as np
 from mindspore import ops
 
-from model_zoo.config import Config, DataConfig
+import model_zoo.config
+from model_zoo.config import Config
 from model_zoo.data import Tokenizer
 from model_zoo.data.manifest import check_sources_to_build
 from model_zoo.errors import DataError, UserInputError
 from model_zoo.files import read_text_lines
 from model_zoo.checkpoint.files import load_network
 
+from . import data as translation_data
 from .data import (BUILTIN_LOCALE_DE, TOKENIZER_FILE, build_translation_dataset,
                    create_translation_dataset, read_examples, reference_file,
                    translation_dataset_ready)
 from .decode import Translator
-from .model import FlatDecoderStep, TransformerForTraining
+from .model import FlatDecoderStep, TransformerConfig, TransformerForTraining
 
 EVAL_BATCH = 32
 
 
 @dataclass
-class TransformerDataConfig(DataConfig):
+class TransformerDataConfig(model_zoo.config.DataConfig):
     """The Transformer's `data` section.
 
     sources: `builtin:locale-de` (English-German pairs of the system's message catalogs),
@@ -45,6 +47,12 @@ class TransformerDataConfig(DataConfig):
     dev_size: int = 1000
     test_size: int = 1000
     seed: int = 1
+
+
+ModelConfig = TransformerConfig
+DataConfig = TransformerDataConfig
+add_data_arguments = translation_data.add_data_arguments
+run_data_command = translation_data.run_data_command
 
 
 def dataset_ready(config: Config) -> bool:
