@@ -12,7 +12,7 @@ from mindspore import Tensor, nn
 
 from model_zoo.nn import cpu_kernels
 from model_zoo.parallel.config import ParallelConfig
-from model_zoo.nn.attention import MultiHeadAttention
+from model_zoo.nn.attention import DotProductAttention, FusedCpuAttention, MultiHeadAttention
 from model_zoo.nn.backend import kernels_for
 from model_zoo.nn.layers import (GatedFeedForward, LayerNorm, Linear, PositionEmbedding,
                                   ResidualAdd, RMSNorm)
@@ -106,7 +106,7 @@ def test_rotary_matches_the_operators_and_hugging_face():
     """The rotary kernel against the same cell built from MindSpore's operators (forward and
     gradient) and against Hugging Face's apply_rotary_pos_emb."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-    from model_zoo.nn.grouped_attention import RotaryEmbedding, rotary_tables
+    from model_zoo.nn.rotary import RotaryEmbedding, rotary_tables
     x = RNG.normal(size=(3, 4, 7, 16)).astype(np.float32)
     weights = RNG.normal(size=x.shape).astype(np.float32)
     cos, sin = rotary_tables(16, 7, 500000.0)
@@ -261,9 +261,9 @@ class WeightedAttention(nn.Cell):
 def train_with_random_weights(attention, fused: bool, rng):
     """`attention` in training mode with random weights (scale 0.3) from `rng`, on its fused
     CPU kernel, or on MindSpore's operators unless `fused`."""
-    assert attention.fused is not None
-    if not fused:
-        attention.fused = None
+    assert isinstance(attention.core, FusedCpuAttention)
+    if not fused:   # the same core on MindSpore's operators (its dropout, its tables)
+        attention.core.__class__ = DotProductAttention
     attention.set_train(True)
     for parameter in attention.trainable_params():
         parameter.set_data(Tensor(rng.normal(size=parameter.shape).astype(np.float32) * 0.3))
@@ -317,13 +317,13 @@ def test_fused_attention_matches_the_layers_it_replaces(kind, seq, rate):
 class WeightedGrouped(nn.Cell):
     def __init__(self, attention, weights, seq):
         super().__init__()
-        from model_zoo.nn.grouped_attention import rotary_tables
+        from model_zoo.nn.rotary import rotary_tables
         self.attention, self.weights = attention, Tensor(weights)
         self.cos, self.sin = (Tensor(table) for table in rotary_tables(
             attention.head_dim, seq, 10000.0))
 
     def construct(self, x):
-        return (self.attention(x, self.cos, self.sin) * self.weights).sum()
+        return (self.attention(x, (self.cos, self.sin)) * self.weights).sum()
 
 
 def grouped_attention_loss_and_grads(kv_heads, seq, rate, fused):
@@ -404,7 +404,7 @@ def test_few_rows_matmul_matches_torch(rows, has_bias):
 
 
 def test_reorder_cache_matches_gather_and_write():
-    from model_zoo.nn.attention import cache_index
+    from model_zoo.nn.cache import cache_index
     rows, heads, length, depth, position = 6, 3, 10, 8, 4
     cache = RNG.normal(size=(rows, heads, length, depth)).astype(np.float32)
     new = RNG.normal(size=(rows, heads, 1, depth)).astype(np.float32)
@@ -494,7 +494,7 @@ def test_without_onednn_the_other_kernels_are_built_and_used(monkeypatch, capsys
         assert "cannot link MindSpore's oneDNN" in capsys.readouterr().err
         layer = Linear(8, 6, parallel_config=ParallelConfig())
         attention = MultiHeadAttention(8, 2, parallel_config=ParallelConfig())
-        assert layer.dense is None and attention.fused is None
+        assert layer.dense is None and not isinstance(attention.core, FusedCpuAttention)
         assert not isinstance(layer.bias_add, ms.ops.Add)   # the fused bias kernel
         x = RNG.normal(size=(5, 8)).astype(np.float32)
         expected = torch.nn.functional.linear(torch.tensor(x), torch.tensor(

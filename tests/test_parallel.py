@@ -348,7 +348,7 @@ def test_attention_strategies(mp):
         assert strategy(attention.core.context) == (heads, heads)
         assert strategy(attention.core.softmax) == (heads,)
         assert strategy(attention.core.scale) == (heads, ())
-        assert strategy(attention.split_heads) == ((1, 1, mp, 1),)
+        assert strategy(attention.core.split_heads) == ((1, 1, mp, 1),)
         assert strategy(attention.core.merge_heads) == (heads,)
 
 
@@ -405,7 +405,7 @@ def test_layer_norm_strategies(mp):
 # whole on purpose: constant slices, and the decoding cache's write and beam reordering
 # (decoding runs on one device)
 NOT_ACTIVATIONS = {("PositionEmbedding", "slice"), ("DotProductAttention", "slice_causal"),
-                   ("MultiHeadAttention", "cache_write"), ("MultiHeadAttention", "gather_rows")}
+                   ("MultiHeadAttention", "gather_rows")}
 
 
 def test_data_parallel_splits_every_activation_by_batch():
@@ -501,7 +501,7 @@ def test_strategies_fit_real_shapes(pynative, dp, mp):
     assert np.isfinite(loss)
     calls = [(call.path, call.prim, call.args) for call in recording.calls if call.path in owners]
     not_run = owners - {owner for owner, _, _ in calls}
-    idle = (".add_bias", ".cache_write", ".gather_rows", ".split_qkv")  # padding bias, decoding
+    idle = (".add_bias", ".gather_rows", ".split_qkv")  # padding bias, decoding
     assert all(owner.endswith(idle) for owner in not_run), not_run
     for owner, prim, args in calls:
         strat = strategy(prim)

@@ -539,7 +539,7 @@ def test_flash_attention_rules():
     """Only on 910B; BNSD inputs split on batch and heads only."""
     plan = build_plan(flash_config(True), device="ascend910")
     assert "runs on Ascend 910B (Atlas A2) only" in str(only(plan, "flash_attention")[0])
-    flash = "lm.transformer.blocks.0.attention.flash.score"
+    flash = "lm.transformer.blocks.0.attention.core.score"
     plan = build_plan(flash_config(True), device="ascend910b",
                       customize=reshard(flash, ((2, 1, 2, 1),) * 3 + ((1, 1),)))
     violation = only(plan, "FlashAttentionScore")[0]

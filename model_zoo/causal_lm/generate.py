@@ -1,6 +1,6 @@
 """Autoregressive decoding: batched, through the attention's key/value caches.
 
-`CachedGenerator` runs the positions every prompt has in one pass (`Prefill`), then feeds
+`CachedGenerator` runs the positions every prompt has in one pass (prefill), then feeds
 every row one token a step to a compiled step cell (`DecodeStep`) that attends over
 key/value caches it updates in place, so a step costs the same at position 500 as at
 position 1 and the cell compiles once per batch size and cache length. All prompts share
@@ -21,9 +21,9 @@ What a language model (`lm`, e.g. GPT2LMHeadModel, LlamaForCausalLM) offers the 
     position_tables()          numpy tables (positions, ...) whose rows [p, p + n) are the
                                position inputs of positions p .. p + n - 1 (GPT-2: its
                                learned embeddings; LLaMA: rotary cos and sin);
-    decode_step(ids (batch, 1), positions, keys, values, write_index, step_bias) and
-    prefill(ids (batch, P), positions, keys, values, write_index): logits (batch, vocab) of
-                               the last position, the caches written in place.
+    lm(ids (batch, n), cache)  the call that trains, given a decoding cache (`nn.cache`):
+                               logits (batch, vocab) of the last position, the caches
+                               written in place.
 """
 
 import sys
@@ -31,9 +31,10 @@ import time
 
 import numpy as np
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn
+from mindspore import Tensor, nn
 
-from model_zoo.nn.attention import cache_index, step_inputs
+from model_zoo.nn import cache as kv_cache
+from model_zoo.nn.cache import cache_index, step_inputs
 
 PROGRESS_SECONDS = 10.0   # the window path prints its progress this often
 
@@ -99,16 +100,17 @@ KEPT_STEPS = 4      # compiled step cells (and their caches) a generator keeps
 
 
 class DecodeStep(nn.Cell):
-    """One position of a language model for `batch` rows over key/value caches of `length`
+    """Positions of a language model for `batch` rows over key/value caches of `length`
     positions, which the cell holds as Parameters and the attention writes in place (no
-    cache is copied or allocated per step).
+    cache is copied or allocated per step): a step (one position) or prefill (the first P).
 
     Inputs:
-        ids: int32 (batch, 1), the token at the step's position in every row.
-        positions: the lm's position inputs of that position (rows of `position_tables`).
-        write_index, step_bias: `attention.step_inputs` of the position.
+        ids: int32 (batch, n), the tokens at the call's positions in every row.
+        positions: the lm's position inputs of those positions (rows of `position_tables`).
+        write_index: `cache.cache_index` of the positions.
+        bias: a step's `cache.step_bias` (prefill reads only its own positions: any).
     Outputs:
-        float32 logits (batch, vocab) for the next position.
+        float32 logits (batch, vocab) for the position after the last.
     """
 
     def __init__(self, lm, batch: int, length: int):
@@ -117,35 +119,11 @@ class DecodeStep(nn.Cell):
         # BatchMatMul takes q and the cached k in one dtype: the attention's compute dtype
         layers, heads, head_dim, dtype = lm.cache_layout()
         shape = (batch, heads, length, head_dim)
+        self.keys = kv_cache.zeros(layers, shape, dtype, "decode_keys")
+        self.values = kv_cache.zeros(layers, shape, dtype, "decode_values")
 
-        def caches(kind):
-            return ms.ParameterTuple(
-                Parameter(Tensor(np.zeros(shape, np.float32), dtype),
-                          name=f"decode_{kind}_{index}", requires_grad=False)
-                for index in range(layers))
-        self.keys, self.values = caches("keys"), caches("values")
-
-    def construct(self, ids, positions, write_index, step_bias):
-        return self.lm.decode_step(ids, positions, self.keys, self.values, write_index,
-                                   step_bias)
-
-
-class Prefill(nn.Cell):
-    """The first P positions of every row in one pass, into the caches of a DecodeStep.
-
-    Inputs:
-        ids: int32 (batch, P); positions: the lm's position inputs of positions 0 .. P - 1;
-        write_index: `attention.cache_index(0, P, batch, cache heads)`.
-    Outputs:
-        float32 logits (batch, vocab) of position P - 1 (they choose the token at P).
-    """
-
-    def __init__(self, step: DecodeStep):
-        super().__init__(auto_prefix=False)
-        self.lm, self.keys, self.values = step.lm, step.keys, step.values
-
-    def construct(self, ids, positions, write_index):
-        return self.lm.prefill(ids, positions, self.keys, self.values, write_index)
+    def construct(self, ids, positions, write_index, bias):
+        return self.lm(ids, kv_cache.make(self.keys, self.values, write_index, bias, positions))
 
 
 class CachedGenerator:
@@ -167,13 +145,12 @@ class CachedGenerator:
         return ms.mutable(tuple(Tensor(table[start:start + count]) for table in self.tables))
 
     def step_cells(self, batch: int, length: int):
-        """The step and prefill cells for `batch` rows and caches of `length` positions."""
+        """The decoding cell for `batch` rows and caches of `length` positions."""
         key = (batch, length)
         if key not in self.steps:
             if len(self.steps) == KEPT_STEPS:
                 del self.steps[next(iter(self.steps))]   # the oldest
-            step = DecodeStep(self.lm, batch, length)
-            self.steps[key] = (step, Prefill(step))
+            self.steps[key] = DecodeStep(self.lm, batch, length)
         return self.steps[key]
 
     def generate(self, prompts, max_new_tokens: int, *, greedy: bool = True, top_k: int = 0,
@@ -201,7 +178,7 @@ class CachedGenerator:
         # lengths share a compiled step: attention then spans those positions only. Their
         # old contents need no clearing: position p is written before any step reads it.
         length = min(self.seq_length, -(-longest // CACHE_STEP) * CACHE_STEP)
-        step, prefill = self.step_cells(batch, length)
+        step = self.step_cells(batch, length)
         tokens = [list(p) for p in prompts]          # prompt + generated, per row
         new_ids = [[] for _ in prompts]
         done = [False] * batch
@@ -211,8 +188,9 @@ class CachedGenerator:
         logits = None
         if position:
             ids = np.array([row[:position] for row in tokens], np.int32)
-            logits = prefill(Tensor(ids), self.positions(0, position),
-                             cache_index(0, position, batch, self.heads)).asnumpy()
+            logits = step(Tensor(ids), self.positions(0, position),
+                          cache_index(0, position, batch, self.heads),
+                          kv_cache.step_bias(position - 1, length)).asnumpy()
         while True:
             if logits is not None:   # the logits of position - 1 choose the token at position
                 for row in range(batch):

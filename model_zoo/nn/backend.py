@@ -91,3 +91,24 @@ def cpu_kernel(block: str, *args, dtype=None):
     if kernel.needs_onednn and not cpu_kernels.has_dense():
         return None
     return kernel.make(*args)
+
+
+# The parts a layer asks for by name: what runs on MindSpore's operators (every device, and
+# the strategies semi-auto parallel reads) or, on CPU, on the fused kernels.
+
+def attention_core_name(*, flash: bool, fused_qkv: bool, num_heads: int,
+                        compute_dtype) -> str:
+    """The attention core (`attention.ATTENTION_CORES`) of a layer built now: "flash" when
+    the config asks for it (Ascend 910B), "cpu_fused" where the CPU kernels run it, else
+    "dot_product" (MindSpore's operators)."""
+    if flash:
+        return "flash"
+    kernel = cpu_kernel("self_attention" if fused_qkv else "kv_attention", num_heads,
+                        dtype=compute_dtype)
+    return "dot_product" if kernel is None else "cpu_fused"
+
+
+def decode_block(half: str, compute_dtype):
+    """The kernel that runs one half of a pre-norm block at a decoding step in one launch
+    (`cpu_kernels.decode_block`), or None where the layers run it."""
+    return cpu_kernel("decode_block", half, dtype=compute_dtype)

@@ -42,7 +42,7 @@ from mindspore.ops.auto_generate import SiLU
 
 from model_zoo.errors import ConfigError
 from model_zoo.nn import cpu_kernels
-from model_zoo.nn.backend import cpu_kernel
+from model_zoo.nn.backend import cpu_kernel, decode_block
 from model_zoo.parallel.config import ParallelConfig
 
 MASK_VALUE = -1e9
@@ -70,12 +70,41 @@ def uses_few_rows(layer, x) -> bool:
         x.shape[0] <= cpu_kernels.SKINNY_ROWS
 
 
-def decodes_in_one_launch(layer, x) -> bool:
-    """Whether `layer` takes a decoding step's x (batch, 1, hidden) through its `decode_block`
-    kernel (`cpu_kernels.decode_block`): it has one, it is in eval mode and the rows are few.
-    The caller also checks that the norm before the layer is the one the kernel computes."""
-    return layer.decode_block is not None and not layer.training and x.shape[1] == 1 and \
-        x.shape[0] <= cpu_kernels.SKINNY_ROWS
+class DecodeBlockPart(nn.Cell):
+    """A layer's decode-block part: one half of a pre-norm decoder block, norm to residual
+    addition, in one launch at a decoding step's few rows (`cpu_kernels.decode_block`, handed
+    out by the CPU backend: `backend.decode_block`). A subclass says which norm the kernel
+    computes (`norm_kind`), whether the half reads a decoding cache (`needs_cache`), and in
+    `construct(x, norm, layer, *inputs)` which weights of the norm and the layer it takes."""
+
+    norm_kind, needs_cache = None, False
+
+    def __init__(self, kernel):
+        super().__init__()
+        self.kernel = kernel
+
+
+def decodes_in_one_launch(layer, norm, x, cache) -> bool:
+    """Whether `layer` takes a decoding step's x (batch, 1, hidden) after `norm` through its
+    decode-block part: it has one for this norm, it is in eval mode, the rows are few, and
+    the half has the cache it reads."""
+    part = layer.decode_block
+    return part is not None and norm.kind == part.norm_kind and not layer.training and \
+        x.shape[1] == 1 and x.shape[0] <= cpu_kernels.SKINNY_ROWS and \
+        (cache is not None or not part.needs_cache)
+
+
+def pre_norm_residual(add, norm, layer, x, *inputs, cache=None):
+    """add(x, layer(norm(x), *inputs)): one half of a pre-norm block; `cache`, for a layer
+    that takes one, is passed on. At a decoding step the layer's decode-block part runs the
+    whole half in one launch, when it has one (`decodes_in_one_launch`)."""
+    if decodes_in_one_launch(layer, norm, x, cache):
+        if cache is None:
+            return layer.decode_block(x, norm, layer, *inputs)
+        return layer.decode_block(x, norm, layer, *inputs, cache)
+    if cache is None:
+        return add(x, layer(norm(x), *inputs))
+    return add(x, layer(norm(x), *inputs, cache=cache))
 
 
 def stream_strategy(parallel_config: ParallelConfig) -> tuple:
@@ -319,6 +348,8 @@ class LayerNorm(nn.Cell):
         float32 tensor of the same shape.
     """
 
+    kind = "layer_norm"   # what a decode-block part computes (`DecodeBlockPart.norm_kind`)
+
     def __init__(self, hidden_size: int, *, parallel_config: ParallelConfig, eps: float = 1e-5):
         super().__init__()
         self.gamma = Parameter(initializer(One(), (hidden_size,), ms.float32), name="gamma")
@@ -349,6 +380,8 @@ class RMSNorm(nn.Cell):
     Outputs:
         float32 tensor of the same shape.
     """
+
+    kind = "rms_norm"
 
     def __init__(self, hidden_size: int, *, parallel_config: ParallelConfig, eps: float = 1e-6):
         super().__init__()
@@ -509,19 +542,21 @@ class FeedForward(nn.Cell):
                               parallel_config=parallel_config, compute_dtype=compute_dtype,
                               init_std=output_init_std or init_std)
         self.dropout = stream_dropout(hidden_dropout, parallel_config)
-        self.decode_block = cpu_kernel("decode_block", "feed_forward", dtype=compute_dtype) \
-            if activation == "gelu" else None
+        kernel = decode_block("feed_forward", compute_dtype) if activation == "gelu" else None
+        self.decode_block = FeedForwardBlockPart(kernel) if kernel is not None else None
 
     def construct(self, x):
         return self.dropout(ops.cast(self.project(self.expand(x)), ms.float32))
 
-    def decode_residual(self, norm, x):
-        """x + self(norm(x)) at a decoding step, x (batch, 1, hidden): in one launch on CPU
-        after a LayerNorm (`cpu_kernels.decode_block`), else through the layers."""
-        if decodes_in_one_launch(self, x) and isinstance(norm, LayerNorm):
-            return self.decode_block(x, norm.gamma, norm.beta, norm.eps, self.expand.weight,
-                                     self.expand.bias, self.project.weight, self.project.bias)
-        return x + self(norm(x))
+
+class FeedForwardBlockPart(DecodeBlockPart):
+    """`FeedForward`'s decode-block part after a LayerNorm (GELU, tanh form)."""
+
+    norm_kind = "layer_norm"
+
+    def construct(self, x, norm, layer):
+        return self.kernel(x, norm.gamma, norm.beta, norm.eps, layer.expand.weight,
+                           layer.expand.bias, layer.project.weight, layer.project.bias)
 
 
 class GatedFeedForward(nn.Cell):
@@ -556,15 +591,8 @@ class GatedFeedForward(nn.Cell):
         self.silu = SiLU().shard(((dp, 1, mp),))
         self.gated = ops.Mul().shard(((dp, 1, mp), (dp, 1, mp)))
         self.kernel = cpu_kernel("swiglu", dtype=compute_dtype)
-        self.decode_block = cpu_kernel("decode_block", "gated_feed_forward", dtype=compute_dtype)
-
-    def decode_residual(self, norm, x):
-        """x + self(norm(x)) at a decoding step, x (batch, 1, hidden): in one launch on CPU
-        after an RMSNorm (`cpu_kernels.decode_block`), else through the layers."""
-        if decodes_in_one_launch(self, x) and isinstance(norm, RMSNorm):
-            return self.decode_block(x, norm.weight, norm.eps, self.gate_up.weight,
-                                     self.down.weight)
-        return x + self(norm(x))
+        kernel = decode_block("gated_feed_forward", compute_dtype)
+        self.decode_block = GatedFeedForwardBlockPart(kernel) if kernel is not None else None
 
     def construct(self, x):
         if self.kernel is not None:
@@ -575,6 +603,15 @@ class GatedFeedForward(nn.Cell):
         gate = ops.reshape(self.take(pairs, (0, 0, 0, 0), end + (1,), (1, 1, 1, 1)), end)
         up = ops.reshape(self.take(pairs, (0, 0, 0, 1), end + (2,), (1, 1, 1, 1)), end)
         return ops.cast(self.down(self.gated(self.silu(gate), up)), ms.float32)
+
+
+class GatedFeedForwardBlockPart(DecodeBlockPart):
+    """`GatedFeedForward`'s decode-block part after an RMSNorm."""
+
+    norm_kind = "rms_norm"
+
+    def construct(self, x, norm, layer):
+        return self.kernel(x, norm.weight, norm.eps, layer.gate_up.weight, layer.down.weight)
 
 
 class ResidualAdd(nn.Cell):

@@ -17,9 +17,10 @@ from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.nn.attention import MultiHeadAttention
+from model_zoo.nn import cache as kv_cache
 from model_zoo.nn.layers import (FeedForward, LayerNorm, PositionEmbedding, ResidualAdd,
                                  VocabEmbedding, VocabProjection, assign_pipeline_stages,
-                                 stream_dropout)
+                                 pre_norm_residual, stream_dropout)
 
 
 @dataclass
@@ -70,25 +71,9 @@ class GPT2Block(nn.Cell):
         self.residual_1 = ResidualAdd(parallel_config=parallel_config)
         self.residual_2 = ResidualAdd(parallel_config=parallel_config)
 
-    def construct(self, x):
-        normed = self.ln_1(x)
-        x = self.residual_1(x, self.attention(normed))
-        return self.residual_2(x, self.mlp(self.ln_2(x)))
-
-    def decode_step(self, x, cache_key, cache_value, write_index, step_bias):
-        """`construct` for the newest position x (batch, 1, hidden) only, its attention over
-        the key/value caches, which it writes in place (`MultiHeadAttention.decode_residual`;
-        on CPU one launch for each half of the block)."""
-        x = self.attention.decode_residual(self.ln_1, x, cache_key, cache_value, write_index,
-                                           step_bias)
-        return self.mlp.decode_residual(self.ln_2, x)
-
-    def prefill(self, x, cache_key, cache_value, write_index):
-        """`construct` for the first positions x (batch, P, hidden), writing their keys and
-        values into the caches (`MultiHeadAttention.prefill`)."""
-        x = self.residual_1(x, self.attention.prefill(self.ln_1(x), cache_key, cache_value,
-                                                      write_index))
-        return self.residual_2(x, self.mlp(self.ln_2(x)))
+    def construct(self, x, cache=None):
+        x = pre_norm_residual(self.residual_1, self.ln_1, self.attention, x, cache=cache)
+        return pre_norm_residual(self.residual_2, self.ln_2, self.mlp, x)
 
 
 class GPT2Model(nn.Cell):
@@ -96,6 +81,7 @@ class GPT2Model(nn.Cell):
 
     Inputs:
         input_ids: int32 (batch, seq), seq <= config.seq_length.
+        cache: None, or a decoding cache (`nn.cache`) whose positions are rows of `wpe`.
     Outputs:
         float32 hidden states (batch, seq, hidden).
     """
@@ -117,10 +103,15 @@ class GPT2Model(nn.Cell):
             cell.pipeline_stage = 0
         self.ln_f.pipeline_stage = parallel_config.pipeline_stage - 1
 
-    def construct(self, input_ids):
-        x = self.dropout(self.wpe(self.wte(input_ids)))
-        for block in self.blocks:
-            x = block(x)
+    def construct(self, input_ids, cache=None):
+        x = self.wte(input_ids)
+        if cache is None:
+            x = self.wpe(x)                           # positions 0 .. seq - 1
+        else:
+            x = x + kv_cache.positions(cache)[0]      # the rows of the call's positions
+        x = self.dropout(x)
+        for index, block in enumerate(self.blocks):
+            x = block(x, kv_cache.for_layer(cache, index))
         return self.ln_f(x)
 
 
@@ -128,9 +119,9 @@ class GPT2LMHeadModel(nn.Cell):
     """GPT-2 with its tied language-model head.
 
     Inputs:
-        input_ids: int32 (batch, seq).
+        input_ids: int32 (batch, seq); cache: None, or a decoding cache (`nn.cache`).
     Outputs:
-        float32 logits (batch * seq, vocab).
+        float32 logits (batch * seq, vocab); with a cache, of the last position (batch, vocab).
     """
 
     def __init__(self, config: GPT2Config, parallel_config: ParallelConfig = None,
@@ -145,11 +136,11 @@ class GPT2LMHeadModel(nn.Cell):
         if parallel_config.pipeline_stage > 1:
             self.transformer.wte.tie_across_stages()
 
-    def construct(self, input_ids):
-        hidden = self.transformer(input_ids)
+    def construct(self, input_ids, cache=None):
+        hidden = kv_cache.last_position(self.transformer(input_ids, cache), cache)
         return self.head(hidden, self.transformer.wte.embedding_table)
 
-    # cached decoding (model_zoo.causal_lm.generate)
+    # what cached decoding reads (model_zoo.causal_lm.generate)
     def cache_layout(self):
         attention = self.transformer.blocks[0].attention
         return (len(self.transformer.blocks), attention.num_heads, attention.head_dim,
@@ -157,20 +148,6 @@ class GPT2LMHeadModel(nn.Cell):
 
     def position_tables(self):
         return (self.transformer.wpe.embedding_table.asnumpy(),)
-
-    def decode_step(self, ids, positions, keys, values, write_index, step_bias):
-        transformer = self.transformer
-        x = transformer.wte(ids) + positions[0]
-        for index, block in enumerate(transformer.blocks):
-            x = block.decode_step(x, keys[index], values[index], write_index, step_bias)
-        return self.head(transformer.ln_f(x), transformer.wte.embedding_table)
-
-    def prefill(self, ids, positions, keys, values, write_index):
-        transformer = self.transformer
-        x = transformer.wte(ids) + positions[0]
-        for index, block in enumerate(transformer.blocks):
-            x = block.prefill(x, keys[index], values[index], write_index)
-        return self.head(transformer.ln_f(x[:, -1:]), transformer.wte.embedding_table)
 
 
 class GPT2ForTraining(NextTokenLoss):

@@ -8,30 +8,29 @@ weights, dense layers between the sparse ones) make the same decoder a Qwen2-MoE
 maps Hugging Face's `MixtralForCausalLM` and `Qwen2MoeForCausalLM` onto these parameters.
 """
 
-import math
 from dataclasses import dataclass
 
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import nn, ops
 
+from model_zoo.causal_lm.decoder import DecoderLM, RotaryDecoderConfig, RotaryPositions
 from model_zoo.causal_lm.training import NextTokenLoss
-from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.models.base import folder_name
-from model_zoo.nn.grouped_attention import GroupedQueryAttention, rotary_tables
+from model_zoo.nn import cache as kv_cache
+from model_zoo.nn.grouped_attention import GroupedQueryAttention
 from model_zoo.nn.layers import (GatedFeedForward, Linear, ResidualAdd, RMSNorm,
-                                 VocabEmbedding, VocabProjection, assign_pipeline_stages)
+                                 VocabEmbedding, assign_pipeline_stages, pre_norm_residual)
 from model_zoo.nn.moe import LoadBalancingLoss, MixtureOfExperts
 from model_zoo.parallel.config import ParallelConfig
 
 
 @dataclass
-class MixtralConfig(ModelConfig):
-    """Mixtral's `model` section: LLaMA's keys and the experts'.
+class MixtralConfig(RotaryDecoderConfig):
+    """Mixtral's `model` section: the keys of `RotaryDecoderConfig` and the experts'.
 
-    num_kv_heads: key/value heads, dividing num_heads (0: num_heads). num_experts experts
-    of width moe_intermediate_size (0: ffn_hidden_size, whose 0 is LLaMA's rule, 2/3 of
-    4 x hidden_size rounded up to a multiple of 256), num_experts_per_tok of them for each
+    num_experts experts of width moe_intermediate_size (0: ffn_hidden_size),
+    num_experts_per_tok of them for each
     token; capacity_factor 0 routes every choice (dropless), > 0 gives each expert
     ceil(k tokens / experts x factor) slots; router_aux_loss_coef weighs the
     load-balancing loss. num_shared_experts > 0 adds always-on experts beside the routed
@@ -45,13 +44,6 @@ class MixtralConfig(ModelConfig):
     """
 
     name: str = folder_name(__name__)
-    num_kv_heads: int = 0
-    ffn_hidden_size: int = 0
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = False
-    attention_dropout: float = 0.0
-    init_std: float = 0.02
     num_experts: int = 8
     num_experts_per_tok: int = 2
     num_shared_experts: int = 0
@@ -75,29 +67,8 @@ class MixtralConfig(ModelConfig):
     def sparse_layers(self) -> int:
         return self.num_layers // self.moe_layer_freq
 
-    @property
-    def kv_heads(self) -> int:
-        return self.num_kv_heads or self.num_heads
-
-    @property
-    def ffn_size(self) -> int:
-        if self.ffn_hidden_size:
-            return self.ffn_hidden_size
-        return 256 * math.ceil(int(2 * 4 * self.hidden_size / 3) / 256)
-
     def validate(self):
         super().validate()
-        if self.num_kv_heads < 0 or self.num_heads % self.kv_heads:
-            raise ConfigError(f"model.num_kv_heads={self.num_kv_heads} must divide "
-                              f"model.num_heads={self.num_heads} (0: as many as num_heads)")
-        if (self.hidden_size // self.num_heads) % 2:
-            raise ConfigError(f"rotary positions need an even head size: model.hidden_size / "
-                              f"model.num_heads = {self.hidden_size // self.num_heads}")
-        if self.ffn_hidden_size < 0:
-            raise ConfigError(f"model.ffn_hidden_size must be >= 0, got {self.ffn_hidden_size}")
-        if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
-            raise ConfigError("model.rope_theta and model.rms_norm_eps must be > 0")
-        self.check_fractions("attention_dropout")
         if self.num_experts < 1 or not 1 <= self.num_experts_per_tok <= self.num_experts:
             raise ConfigError(f"model.num_experts_per_tok={self.num_experts_per_tok} must be "
                               f"in [1, model.num_experts={self.num_experts}]")
@@ -120,7 +91,8 @@ class MixtralBlock(nn.Cell):
     SwiGLU of ffn_size in place of the experts and passes the statistics on.
 
     Inputs:
-        x: (batch, seq, hidden); cos, sin: (seq, head_dim), the rotary rows of x's positions.
+        x: (batch, seq, hidden); positions: rotary (cos, sin) (seq, head_dim) of x's
+        positions; cache: None, or the layer's decoding cache; statistics: None or (2, E).
     Outputs:
         x; statistics (2, E) plus the router's statistics of these tokens
         (`MixtureOfExperts`: choices per expert and summed probabilities).
@@ -129,16 +101,15 @@ class MixtralBlock(nn.Cell):
     def __init__(self, config: MixtralConfig, parallel_config: ParallelConfig, compute_dtype,
                  layer: int = 0):
         super().__init__()
-        output_std = config.init_std / math.sqrt(2 * config.num_layers)
         ffn = dict(parallel_config=parallel_config, compute_dtype=compute_dtype,
-                   init_std=config.init_std, output_init_std=output_std)
+                   init_std=config.init_std, output_init_std=config.output_init_std)
         self.input_norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
                                   eps=config.rms_norm_eps)
         self.attention = GroupedQueryAttention(
             config.hidden_size, config.num_heads, config.kv_heads,
             parallel_config=parallel_config, max_seq_length=config.seq_length,
             attention_dropout=config.attention_dropout, compute_dtype=compute_dtype,
-            init_std=config.init_std, output_init_std=output_std,
+            init_std=config.init_std, output_init_std=config.output_init_std,
             flash=config.flash_attention, has_bias=config.attention_bias)
         self.post_attention_norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
                                            eps=config.rms_norm_eps)
@@ -180,32 +151,19 @@ class MixtralBlock(nn.Cell):
             mixed = self.add_shared(mixed, shared)
         return mixed, statistics
 
-    def construct(self, x, cos, sin, statistics=None):
-        x = self.residual_1(x, self.attention(self.input_norm(x), cos, sin))
+    def construct(self, x, positions, cache=None, statistics=None):
+        x = pre_norm_residual(self.residual_1, self.input_norm, self.attention, x, positions,
+                              cache=cache)
         mixed, statistics = self.feed_forward(self.post_attention_norm(x), statistics)
         return self.residual_2(x, mixed), statistics
-
-    def decode_step(self, x, cos, sin, cache_key, cache_value, write_index, step_bias):
-        """`construct` for the newest position x (batch, 1, hidden) over the key/value caches,
-        which it writes in place (`GroupedQueryAttention.decode_residual`: on CPU the
-        attention's half of the block is one launch)."""
-        x = self.attention.decode_residual(self.input_norm, x, cos, sin, cache_key, cache_value,
-                                           write_index, step_bias)
-        return self.residual_2(x, self.feed_forward(self.post_attention_norm(x))[0])
-
-    def prefill(self, x, cos, sin, cache_key, cache_value, write_index):
-        """`construct` for the first positions x (batch, P, hidden), writing their keys and
-        values into the caches (`GroupedQueryAttention.prefill`)."""
-        x = self.residual_1(x, self.attention.prefill(
-            self.input_norm(x), cos, sin, cache_key, cache_value, write_index))
-        return self.residual_2(x, self.feed_forward(self.post_attention_norm(x))[0])
 
 
 class MixtralModel(nn.Cell):
     """Token embedding, blocks and the final norm; the rotary tables every block reads.
 
     Inputs:
-        input_ids: int32 (batch, seq), seq <= config.seq_length.
+        input_ids: int32 (batch, seq), seq <= config.seq_length; cache: None, or a decoding
+        cache (`nn.cache`).
     Outputs:
         float32 hidden states (batch, seq, hidden); the router's statistics summed over the
         layers (2, E): choices per expert and summed probabilities.
@@ -220,86 +178,39 @@ class MixtralModel(nn.Cell):
                                    for layer in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
                             eps=config.rms_norm_eps)
-        cos, sin = rotary_tables(config.hidden_size // config.num_heads, config.seq_length,
-                                 config.rope_theta)
-        self.cos, self.sin = Tensor(cos), Tensor(sin)
-        self.slice_table = ops.StridedSlice().shard(((1, 1),))
+        self.rotary = RotaryPositions(config)
         assign_pipeline_stages(list(self.blocks), parallel_config)
         self.embed.pipeline_stage = 0
         self.norm.pipeline_stage = parallel_config.pipeline_stage - 1
 
-    def construct(self, input_ids):
-        seq = input_ids.shape[1]
-        cos = self.slice_table(self.cos, (0, 0), (seq, self.cos.shape[1]), (1, 1))
-        sin = self.slice_table(self.sin, (0, 0), (seq, self.sin.shape[1]), (1, 1))
+    def construct(self, input_ids, cache=None):
+        positions = self.rotary(input_ids.shape[1], cache)
         x = self.embed(input_ids)
         statistics = None
-        for block in self.blocks:
-            x, statistics = block(x, cos, sin, statistics)
+        for index, block in enumerate(self.blocks):
+            x, statistics = block(x, positions, kv_cache.for_layer(cache, index), statistics)
         return self.norm(x), statistics
 
 
-class MixtralForCausalLM(nn.Cell):
-    """Mixtral with its language-model head: an output table of its own (`head.weight`, vocab x
-    hidden) unless `tie_word_embeddings`, then the token embedding's.
-
-    Inputs:
-        input_ids: int32 (batch, seq).
-    Outputs:
-        float32 logits (batch * seq, vocab).
-    """
+class MixtralForCausalLM(DecoderLM):
+    """Mixtral with its language-model head (`DecoderLM`) and the load-balancing loss of its
+    routers."""
 
     def __init__(self, config: MixtralConfig, parallel_config: ParallelConfig = None,
                  compute_dtype=ms.float32):
-        super().__init__()
         parallel_config = parallel_config or ParallelConfig()
-        self.config = config
-        self.model = MixtralModel(config, parallel_config, compute_dtype)
-        self.tied = config.tie_word_embeddings
+        super().__init__(config, MixtralModel(config, parallel_config, compute_dtype),
+                         parallel_config, compute_dtype)
         self.balance_loss = LoadBalancingLoss(config.num_experts)
-        self.head = VocabProjection(config.hidden_size, parallel_config=parallel_config,
-                                    compute_dtype=compute_dtype, init_std=config.init_std,
-                                    vocab_size=0 if self.tied else config.vocab_size)
-        self.head.pipeline_stage = parallel_config.pipeline_stage - 1
-        if self.tied and parallel_config.pipeline_stage > 1:
-            self.model.embed.tie_across_stages()
 
-    def output_table(self):
-        """The tied embedding table, or None: the head's own."""
-        return self.model.embed.embedding_table if self.tied else None
-
-    def construct(self, input_ids):
-        return self.head(self.model(input_ids)[0], self.output_table())
+    def construct(self, input_ids, cache=None):
+        return self.logits(self.model(input_ids, cache)[0], cache)
 
     def with_balance_loss(self, input_ids):
         """(logits, the load-balancing loss of these tokens over every layer)."""
         hidden, statistics = self.model(input_ids)
         rows = input_ids.shape[0] * input_ids.shape[1] * self.config.sparse_layers
-        return self.head(hidden, self.output_table()), self.balance_loss(statistics, rows)
-
-    # cached decoding (model_zoo.causal_lm.generate)
-    def cache_layout(self):
-        attention = self.model.blocks[0].attention
-        return (len(self.model.blocks), attention.num_kv_heads, attention.head_dim,
-                attention.compute_dtype)
-
-    def position_tables(self):
-        return (self.model.cos.asnumpy(), self.model.sin.asnumpy())
-
-    def decode_step(self, ids, positions, keys, values, write_index, step_bias):
-        cos, sin = positions
-        x = self.model.embed(ids)
-        for index, block in enumerate(self.model.blocks):
-            x = block.decode_step(x, cos, sin, keys[index], values[index], write_index,
-                                  step_bias)
-        return self.head(self.model.norm(x), self.output_table())
-
-    def prefill(self, ids, positions, keys, values, write_index):
-        cos, sin = positions
-        x = self.model.embed(ids)
-        for index, block in enumerate(self.model.blocks):
-            x = block.prefill(x, cos, sin, keys[index], values[index], write_index)
-        return self.head(self.model.norm(x[:, -1:]), self.output_table())
+        return self.logits(hidden), self.balance_loss(statistics, rows)
 
 
 class MixtralForTraining(NextTokenLoss):

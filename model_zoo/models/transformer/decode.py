@@ -12,7 +12,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from model_zoo.nn.attention import step_inputs
+from model_zoo.nn.cache import step_inputs
 
 from .model import CrossKeyValues, DecoderStep, Transformer
 

@@ -119,30 +119,28 @@ class DecoderLayer(nn.Cell):
         self.feed_forward = SubLayer(_feed_forward(config, parallel_config, compute_dtype),
                                      config, parallel_config)
 
-    def construct(self, x, memory, source_bias):
+    def construct(self, x, memory, source_bias, cache=None):
+        """Teacher-forced x over the encoder's memory; with a cache, a beam-search step (x
+        (batch, 1, hidden); memory the cross attention's precomputed (keys, values),
+        `CrossKeyValues`; cache (key, value, write_index, step_bias, parents): the caches'
+        rows taken from `parents` first, or None) returning (x, key, value)."""
         normed = self.self_attention.normed_input(x)
+        if cache is not None:
+            out, key, value = self.self_attention.function.reordered_step(normed, *cache)
+            x = self.self_attention.output(x, out)
+            x = self.cross_attention.output(
+                x, self.cross_attention.function.attend(self.cross_attention.normed_input(x),
+                                                        memory[0], memory[1], source_bias))
+            return self._feed_forward(x), key, value
         x = self.self_attention.output(x, self.self_attention.function(normed))
         x = self.cross_attention.output(
             x, self.cross_attention.function(self.cross_attention.normed_input(x), memory,
                                              source_bias))
+        return self._feed_forward(x)
+
+    def _feed_forward(self, x):
         return self.feed_forward.output(
             x, self.feed_forward.function(self.feed_forward.normed_input(x)))
-
-    def decode_step(self, x, cache_key, cache_value, cross_key, cross_value, source_bias,
-                    write_index, step_bias, parents=None):
-        """One position: self attention over the caches (rows reordered by `parents` in
-        beam search), cross attention over the precomputed encoder keys and values."""
-        attention = self.self_attention.function
-        out, cache_key, cache_value = attention.decode_step(
-            self.self_attention.normed_input(x), cache_key, cache_value, write_index, step_bias,
-            parents)
-        x = self.self_attention.output(x, out)
-        x = self.cross_attention.output(
-            x, self.cross_attention.function.attend(self.cross_attention.normed_input(x),
-                                                    cross_key, cross_value, source_bias))
-        x = self.feed_forward.output(
-            x, self.feed_forward.function(self.feed_forward.normed_input(x)))
-        return x, cache_key, cache_value
 
 
 def _attention(config, parallel_config, compute_dtype, causal=False, cross=False):
@@ -318,10 +316,10 @@ class DecoderStep(nn.Cell):
         x = model.positions.add(x, position_encoding)
         new_keys, new_values = (), ()
         for index, layer in enumerate(model.decoder_layers):
-            x, key, value = layer.decode_step(x, cache_keys[index], cache_values[index],
-                                              cross_keys[index], cross_values[index],
-                                              source_bias, write_index, step_bias,
-                                              parents if self.reorder else None)
+            cache = (cache_keys[index], cache_values[index], write_index, step_bias,
+                     parents if self.reorder else None)
+            x, key, value = layer(x, (cross_keys[index], cross_values[index]), source_bias,
+                                  cache)
             new_keys += (key,)
             new_values += (value,)
         logits = model.projection(model.decoder_norm(x), model.embedding.embedding_table)

@@ -569,7 +569,7 @@ def test_layout_config_builds_with_its_strategies(name):
                        else (attention.qkv,))
         for projection in projections:
             assert strategy(projection.matmul) == ((dp, 1), (mp, 1))
-        assert strategy(attention.take_part) == ((dp, 1, mp, 1),)
+        assert strategy(attention.core.take_part) == ((dp, 1, mp, 1),)
         assert strategy(attention.output.matmul) == ((dp, mp), (1, mp))
     for layer in transformer.encoder_layers:
         assert strategy(layer.feed_forward.function.expand.matmul) == ((dp, 1), (mp, 1))
