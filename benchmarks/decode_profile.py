@@ -71,24 +71,20 @@ def main():
     clock = KernelClock(cpu_kernels.library())
     spent = {"step": 0.0, "prefill": 0.0, "prefill kernels": 0.0, "steps": 0}
 
-    def timed_step(self, *inputs):
-        started = time.perf_counter()
-        try:
-            return nn.Cell.__call__(self, *inputs)
-        finally:
-            spent["step"] += time.perf_counter() - started
-            spent["steps"] += 1
-
-    def timed_prefill(self, *inputs):
+    def timed_call(self, ids, *inputs):
+        """A step (one position) or prefill (several): the same cell, timed apart."""
         started, kernels = time.perf_counter(), clock.total()
         try:
-            return nn.Cell.__call__(self, *inputs)
+            return nn.Cell.__call__(self, ids, *inputs)
         finally:
-            spent["prefill"] += time.perf_counter() - started
-            spent["prefill kernels"] += clock.total() - kernels
+            if ids.shape[1] == 1:
+                spent["step"] += time.perf_counter() - started
+                spent["steps"] += 1
+            else:
+                spent["prefill"] += time.perf_counter() - started
+                spent["prefill kernels"] += clock.total() - kernels
 
-    generation.DecodeStep.__call__ = timed_step
-    generation.Prefill.__call__ = timed_prefill
+    generation.DecodeStep.__call__ = timed_call
     generator = generation.CachedGenerator(lm)
     rows = shapes.prompts(args.batch, 32).tolist()
     generator.generate(rows, args.new_tokens)   # compiles

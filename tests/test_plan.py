@@ -554,7 +554,7 @@ def test_llama_layers_pass_the_plan_and_the_concat_axis_is_read_from_the_primiti
     overrides = ["parallel.data_parallel=2", "parallel.model_parallel=2",
                  "parallel.sequence_parallel=true"]
     assert not build_plan(load_config(path, overrides, layout_checked=False)).violations
-    concat = "lm.model.blocks.0.attention.rotary.concat"
+    concat = "lm.model.blocks.0.attention.core.rotary.concat"
     plan = build_plan(load_config(path, overrides, layout_checked=False),
                       customize=reshard(concat, ((2, 1, 1, 2),) * 2))
     violation = only(plan, "Concat")[0]

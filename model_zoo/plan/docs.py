@@ -27,7 +27,7 @@ def _layer_examples():
     Sizes are multiples of SYMBOL_MP so that every layer builds with mp = 5; the table shows
     the layers as Ascend builds them (`backend.kernels_for`).
     """
-    from model_zoo.nn import attention, grouped_attention as G, layers as L, loss
+    from model_zoo.nn import attention, grouped_attention as G, layers as L, loss, rotary
     h, heads, ffn, vocab, seq = 60, 5, 120, 60, 8
     return [
         ("Linear", 'split="column"', lambda pc: L.Linear(h, ffn, split="column",
@@ -74,7 +74,7 @@ def _layer_examples():
         ("RMSNorm", "", lambda pc: L.RMSNorm(h, parallel_config=pc)),
         ("RMSNorm", "sequence_parallel", lambda pc: L.RMSNorm(
             h, parallel_config=_with(pc, sequence_parallel=True))),
-        ("RotaryEmbedding", "", lambda pc: G.RotaryEmbedding(h // heads, parallel_config=pc)),
+        ("RotaryEmbedding", "", lambda pc: rotary.RotaryEmbedding(h // heads, parallel_config=pc)),
         ("GroupedQueryAttention", "10 query heads, 5 key/value heads",
          lambda pc: G.GroupedQueryAttention(h, 2 * heads, heads, parallel_config=pc,
                                             max_seq_length=seq)),
@@ -106,14 +106,19 @@ def _with(parallel: ParallelConfig, **changes) -> ParallelConfig:
 
 # cells of model_zoo/nn/ without strategies of their own, and why
 NOT_SHARDED = {"AttentionLayer": "the base of the attention layers, which are shown",
-               "FusedCpuAttention": "CPU kernels, which take no strategy"}
+               "FusedCpuAttention": "CPU kernels, which take no strategy",
+               "DecodeBlockPart": "CPU kernels of a decoding step, which take no strategy",
+               "AttentionBlockPart": "CPU kernels of a decoding step",
+               "GroupedAttentionBlockPart": "CPU kernels of a decoding step",
+               "FeedForwardBlockPart": "CPU kernels of a decoding step",
+               "GatedFeedForwardBlockPart": "CPU kernels of a decoding step"}
 
 
 def sharded_layer_names() -> List[str]:
     """Every nn.Cell subclass defined in model_zoo/nn/ (layers, attention, grouped attention,
     loss) but those of NOT_SHARDED."""
-    from model_zoo.nn import attention, grouped_attention, layers, loss
-    return sorted(name for module in (layers, attention, grouped_attention, loss)
+    from model_zoo.nn import attention, grouped_attention, layers, loss, rotary
+    return sorted(name for module in (layers, attention, grouped_attention, loss, rotary)
                   for name, value in vars(module).items()
                   if isinstance(value, type) and issubclass(value, nn.Cell)
                   and value.__module__ == module.__name__ and name not in NOT_SHARDED)
