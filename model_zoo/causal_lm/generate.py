@@ -34,7 +34,6 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from model_zoo.nn import cache as kv_cache
-from model_zoo.nn.cache import cache_index, step_inputs
 
 PROGRESS_SECONDS = 10.0   # the window path prints its progress this often
 
@@ -189,7 +188,7 @@ class CachedGenerator:
         if position:
             ids = np.array([row[:position] for row in tokens], np.int32)
             logits = step(Tensor(ids), self.positions(0, position),
-                          cache_index(0, position, batch, self.heads),
+                          kv_cache.cache_index(0, position, batch, self.heads),
                           kv_cache.step_bias(position - 1, length)).asnumpy()
         while True:
             if logits is not None:   # the logits of position - 1 choose the token at position
@@ -204,7 +203,7 @@ class CachedGenerator:
                     break
             # a finished row is fed its last token again: its outputs are not read
             ids = np.array([[row[min(position, len(row) - 1)]] for row in tokens], np.int32)
-            write_index, step_bias = step_inputs(position, length, batch, self.heads)
+            write_index, step_bias = kv_cache.step_inputs(position, length, batch, self.heads)
             logits = step(Tensor(ids), self.positions(position, 1), write_index,
                           step_bias).asnumpy()
             position += 1

@@ -49,6 +49,8 @@ def causal_bias(max_seq_length: int) -> Tensor:
     copy costs 16 MB a layer at length 2048: 1.3 GB for 80 layers)."""
     allowed = np.tril(np.ones((max_seq_length, max_seq_length), dtype=bool))
     return Tensor(np.where(allowed, 0.0, MASK_VALUE)[None, None], ms.float32)
+
+
 def check_flash_attention_device(device_target: str, is_910b: bool = True):
     """ConfigError unless FlashAttentionScore can run on `device_target` (Ascend 910B)."""
     if device_target != "Ascend" or not is_910b:
@@ -103,8 +105,6 @@ def split_head_projections(fused, num_heads: int, num_parts: int) -> list:
             for part in range(num_parts)]
 
 
-
-
 class DotProductAttention(nn.Cell):
     """The "dot_product" core on MindSpore's operators: the projections split into heads, rotary
     positions, scaled scores, masks, a float32 softmax, dropout on the probabilities, the
@@ -148,7 +148,7 @@ class DotProductAttention(nn.Cell):
         # (batch, seq, heads, parts x head_dim) -> one part: heads split, parts whole
         self.take_part = ops.StridedSlice().shard(((dp, 1, mp, 1),))
         self.split_heads = ops.Transpose().shard(((dp, 1, mp, 1),))
-        # a decoding step's fused q, k, v in one kernel (`_heads`)
+        # a decoding step's fused q, k, v in one kernel (`heads_of`)
         self.split_qkv = ops.Split(axis=3, output_num=3).shard(((dp, 1, mp, 1),))
         self.rotary = RotaryEmbedding(head_dim, parallel_config=parallel_config) \
             if rotary else None
@@ -206,16 +206,16 @@ class DotProductAttention(nn.Cell):
         """Queries (batch, heads, seq, hd), keys and values (batch, kv_heads, seq, hd) of the
         projections, rotary positions applied."""
         if key_values is None:
-            q, k, v = self._heads(queries, self.num_heads, 3)
+            q, k, v = self.heads_of(queries, self.num_heads, 3)
         else:
-            (q,) = self._heads(queries, self.num_heads, 1)
-            k, v = self._heads(key_values, self.num_kv_heads, 2)
+            (q,) = self.heads_of(queries, self.num_heads, 1)
+            k, v = self.heads_of(key_values, self.num_kv_heads, 2)
         if positions is not None:
             cos, sin = positions
             q, k = self.rotary(q, cos, sin), self.rotary(k, cos, sin)
         return q, k, v
 
-    def _heads(self, projected, heads: int, parts: int):
+    def heads_of(self, projected, heads: int, parts: int):
         """(batch, seq, parts x heads x head_dim) laid out head by head -> `parts` tensors
         (batch, heads, seq, head_dim)."""
         batch, seq = projected.shape[0], projected.shape[1]
@@ -500,11 +500,11 @@ class MultiHeadAttention(AttentionLayer):
     # its exported step graph).
     def project_key_value(self, memory):
         """Cross attention: keys and values (batch, heads, seq_k, head_dim) of the memory."""
-        return self.core._heads(self.key_value(memory), self.num_heads, 2)
+        return self.core.heads_of(self.key_value(memory), self.num_heads, 2)
 
     def attend(self, query, key, value, attention_bias=None):
         """Cross attention of `query` over precomputed keys and values."""
-        (q,) = self.core._heads(self.query(query), self.num_heads, 1)
+        (q,) = self.core.heads_of(self.query(query), self.num_heads, 1)
         return self._output(self.core.dot_product(q, key, value, attention_bias))
 
     def reordered_step(self, query, cache_key, cache_value, write_index, step_bias,
@@ -515,7 +515,7 @@ class MultiHeadAttention(AttentionLayer):
         if parents is None and self.core.step_kernel is not None:
             context = self.core.step_kernel(self.qkv(query), cache_key, cache_value, write_index)
             return self._output(context), cache_key, cache_value
-        q, k, v = self.core._heads(self.qkv(query), self.num_heads, 3)
+        q, k, v = self.core.heads_of(self.qkv(query), self.num_heads, 3)
         if parents is not None and self.reorder_kernel is not None:
             cache_key = self.reorder_kernel(cache_key, parents, write_index, k)
             cache_value = self.reorder_kernel(cache_value, parents, write_index, v)

@@ -315,7 +315,7 @@ def decode_attention():
     """Custom op (qkv (B, 1, 3 H D), cache_key, cache_value (B, H, L, D), write_index int32
     (B, H, 1, 3)) -> context (B, 1, H D), float32: a decoding step's self attention in one
     kernel, its key and value written into the caches in place at the position of
-    `write_index` (`attention.cache_index`), the query attending over the positions up to
+    `write_index` (`cache.cache_index`), the query attending over the positions up to
     it. Marked as writing memory (`side_effect_mem`), as `adamw_update` is. No backward."""
     attend = _custom("DecodeAttention",
                      lambda qkv, key, value, index: [qkv[0], 1, qkv[2] // 3],

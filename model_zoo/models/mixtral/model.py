@@ -29,18 +29,17 @@ from model_zoo.parallel.config import ParallelConfig
 class MixtralConfig(RotaryDecoderConfig):
     """Mixtral's `model` section: the keys of `RotaryDecoderConfig` and the experts'.
 
-    num_experts experts of width moe_intermediate_size (0: ffn_hidden_size),
-    num_experts_per_tok of them for each
-    token; capacity_factor 0 routes every choice (dropless), > 0 gives each expert
-    ceil(k tokens / experts x factor) slots; router_aux_loss_coef weighs the
-    load-balancing loss. num_shared_experts > 0 adds always-on experts beside the routed
-    ones, as one SwiGLU of num_shared_experts x the expert width every token passes
-    (DeepSeekMoE's shared experts), scaled by sigmoid(x w) with `shared_expert_gate`
-    (Qwen2-MoE's shared expert). normalize_top_k scales a token's k routing weights to sum
-    to 1 (Mixtral; Qwen2-MoE's norm_topk_prob, false in its releases). moe_layer_freq k
-    gives experts to every k-th layer (those with (i + 1) % k == 0, Qwen2-MoE's
-    decoder_sparse_step), the others a SwiGLU of ffn_hidden_size. attention_bias adds
-    biases to the query, key and value projections (Qwen's).
+    num_experts experts of width moe_intermediate_size (0: ffn_hidden_size), num_experts_per_tok
+    of them for each token; capacity_factor 0 routes every choice (dropless), > 0 gives each
+    expert ceil(k tokens / experts x factor) slots; router_aux_loss_coef weighs the
+    load-balancing loss. num_shared_experts > 0 adds always-on experts beside the routed ones,
+    as one SwiGLU of num_shared_experts x the expert width every token passes (DeepSeekMoE's
+    shared experts), scaled by sigmoid(x w) with `shared_expert_gate` (Qwen2-MoE's shared
+    expert). normalize_top_k scales a token's k routing weights to sum to 1 (Mixtral;
+    Qwen2-MoE's norm_topk_prob, false in its releases). moe_layer_freq k gives experts to every
+    k-th layer (those with (i + 1) % k == 0, Qwen2-MoE's decoder_sparse_step), the others a
+    SwiGLU of ffn_hidden_size. attention_bias adds biases to the query, key and value
+    projections (Qwen's).
     """
 
     name: str = folder_name(__name__)

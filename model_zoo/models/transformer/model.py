@@ -288,7 +288,7 @@ class DecoderStep(nn.Cell):
         token_ids: int32 (batch, 1), the newest tokens; parents: int32 (batch,), the row of
         the caches each hypothesis continues (read when `reorder`: beam search);
         write_index (batch, heads, 3) and step_bias (1, 1, 1, max_len): the position
-        (`attention.step_inputs`);
+        (`cache.step_inputs`);
         position_encoding: float32 (1, hidden), the sinusoid row of that position;
         cache_keys, cache_values: tuples of (batch, heads, max_len, head_dim), one per layer
         (without `reorder` they are written in place);
