@@ -3,17 +3,20 @@
 A model's `convert.py` maps a folder written by `save_pretrained` (`config.json` plus
 `model.safetensors` or `pytorch_model.bin`, or their sharded `.index.json` forms) onto its
 own parameters. What does not depend on the model lives here: reading config.json, finding
-and loading the weights as float32 numpy arrays, and writing the converted checkpoint and
-config whole or not at all. The model-specific defaults, checks and weight mapping stay in
-each model's `convert.py`.
+and loading the weights as float32 numpy arrays, the kinds of entry of a converter's name
+table and reading a table both ways, and writing the converted checkpoint and config whole
+or not at all. The model-specific defaults, checks and name table stay in each model's
+`convert.py`.
 """
 
 import json
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
-from model_zoo.errors import CheckpointError, DataError, UserInputError
+from model_zoo.errors import CheckpointError, ConfigError, DataError, UserInputError
+from model_zoo.nn.attention import fuse_head_projections, split_head_projections
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -51,6 +54,25 @@ def read_hf_config(hf_dir: str, model_type: str, model_name: str):
                         f"{raw.get('model_type')!r}, expected "
                         f"{' or '.join(map(repr, expected))}")
     return raw, path
+
+
+def refuse_unsupported(problems: list, path: str, model_name: str):
+    """DataError listing the options of config.json `path` the model does not implement."""
+    if problems:
+        raise DataError(f"{path!r} uses {model_name} options this model does not support: "
+                        + "; ".join(problems))
+
+
+def project_config(model: dict, origin: str, dataset_dir: str, model_name: str):
+    """The project's full validated `Config` whose `model` section is `model` (the rest
+    defaults, the dataset in `dataset_dir`); DataError naming `origin` if it is invalid."""
+    from model_zoo.config import config_from_dict
+
+    raw = {"model": model, "parallel": {}, "train": {}, "data": {"dataset_dir": dataset_dir}}
+    try:
+        return config_from_dict(raw, origin=origin)
+    except ConfigError as err:
+        raise DataError(f"{origin!r} does not give a valid {model_name} config: {err}") from None
 
 
 def output_paths(output_dir: str, overwrite: bool = False):
@@ -185,6 +207,88 @@ def report_tokenizer(hf_dir: str, dataset_dir: str) -> int:
     except DataError as error:
         print(f"no tokenizer imported ({error}): give prompts as token ids")
     return 0
+
+
+# A converter's name table is a list of entries, each one of our parameters and the Hugging
+# Face tensor(s) it is made of; `take_table` reads a table one way, `give_table` the other.
+
+@dataclass(frozen=True)
+class Same:
+    """One of ours is one of theirs (of `shape`) as it is."""
+
+    ours: str
+    theirs: str
+    shape: tuple
+
+    def take(self, take, prefix: str):
+        return take(prefix + self.theirs, self.shape)
+
+    def give(self, value, prefix: str) -> dict:
+        return {prefix + self.theirs: value}
+
+
+@dataclass(frozen=True)
+class Transposed(Same):
+    """One of ours [out, in] is one of theirs stored [in, out] (`shape`: GPT-2's Conv1D)."""
+
+    def take(self, take, prefix: str):
+        return np.ascontiguousarray(take(prefix + self.theirs, self.shape).T)
+
+    def give(self, value, prefix: str) -> dict:
+        return {prefix + self.theirs: np.ascontiguousarray(value.T)}
+
+
+@dataclass(frozen=True)
+class Fused:
+    """One of ours fuses several of theirs (each of `shape`) head by head over `heads` groups
+    (`fuse_head_projections`), so that a column split over mp gives each device whole heads
+    with all their parts: k and v as `key_value`, gate and up as `gate_up`."""
+
+    ours: str
+    theirs: tuple
+    shape: tuple
+    heads: int
+
+    def take(self, take, prefix: str):
+        return fuse_head_projections([take(prefix + name, self.shape) for name in self.theirs],
+                                     self.heads)
+
+    def give(self, value, prefix: str) -> dict:
+        parts = split_head_projections(value, self.heads, len(self.theirs))
+        return {prefix + name: part for name, part in zip(self.theirs, parts)}
+
+
+@dataclass(frozen=True)
+class Stacked:
+    """One of ours (count, in, out) stacks `count` of theirs, each [out, in] of `shape` and
+    named `theirs.format(index)`: a MoE layer's experts."""
+
+    ours: str
+    theirs: str
+    shape: tuple
+    count: int
+
+    def take(self, take, prefix: str):
+        return np.stack([np.asarray(take(prefix + self.theirs.format(index), self.shape)).T
+                         for index in range(self.count)])
+
+    def give(self, value, prefix: str) -> dict:
+        return {prefix + self.theirs.format(index): np.ascontiguousarray(matrix.T)
+                for index, matrix in enumerate(value)}
+
+
+def take_table(take, table: list, ours: str = "", theirs: str = "") -> dict:
+    """{our name: value} of every entry of `table`, its tensors read with `take(name,
+    shape)`; `ours` and `theirs` prefix the table's names."""
+    return {ours + entry.ours: entry.take(take, theirs) for entry in table}
+
+
+def give_table(params: dict, table: list, ours: str = "", theirs: str = "") -> dict:
+    """The inverse of `take_table`: {Hugging Face name: array} of our `params`."""
+    tensors = {}
+    for entry in table:
+        tensors.update(entry.give(params[ours + entry.ours], theirs))
+    return tensors
 
 
 class TensorSource:

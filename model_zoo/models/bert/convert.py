@@ -19,7 +19,7 @@ import os
 import numpy as np
 
 from model_zoo.models.base import folder_name
-from model_zoo.errors import CheckpointError, ConfigError, DataError, UserInputError
+from model_zoo.errors import CheckpointError, UserInputError
 from model_zoo import huggingface
 from model_zoo.huggingface import (CONFIG_FILE, DATASET_SUBDIR, TensorSource, output_paths,
                                    read_hf_config, read_weights, write_converted)
@@ -94,15 +94,11 @@ def _check_supported(config: dict, path: str):
     if not config["tie_word_embeddings"]:
         problems.append("tie_word_embeddings=false (the MLM decoder is tied to the word "
                         "embeddings)")
-    if problems:
-        raise DataError(f"{path!r} uses BERT options this model does not support: "
-                        + "; ".join(problems))
+    huggingface.refuse_unsupported(problems, path, "BERT")
 
 
 def build_config(hf_config: dict, origin: str = CONFIG_FILE, dataset_dir: str = DATASET_SUBDIR):
     """The project's full `Config` for a Hugging Face BERT config dict (validated)."""
-    from model_zoo.config import config_from_dict
-
     model = {
         "name": folder_name(__name__),
         "task": "pretrain",
@@ -121,11 +117,7 @@ def build_config(hf_config: dict, origin: str = CONFIG_FILE, dataset_dir: str = 
     for key, default in BERT_SPECIAL_IDS.items():
         value = hf_config.get(key)
         model[key] = default if value is None else value
-    raw = {"model": model, "parallel": {}, "train": {}, "data": {"dataset_dir": dataset_dir}}
-    try:
-        return config_from_dict(raw, origin=origin)
-    except ConfigError as err:
-        raise DataError(f"{origin!r} does not give a valid BERT config: {err}") from None
+    return huggingface.project_config(model, origin, dataset_dir, "BERT")
 
 
 def _normalise_keys(tensors: dict) -> dict:

@@ -14,12 +14,13 @@ so every projection is transposed, and the fused `c_attn` [H, 3H], whose columns
 `lm_head.weight` is not stored.
 """
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from model_zoo.models.base import folder_name
-from model_zoo.errors import ConfigError, DataError
 from model_zoo import huggingface
-from model_zoo.huggingface import (CONFIG_FILE, DATASET_SUBDIR, TensorSource,
+from model_zoo.huggingface import (CONFIG_FILE, DATASET_SUBDIR, Same, TensorSource, Transposed,
                                    read_hf_config)
 from model_zoo.nn.attention import fuse_head_projections, split_head_projections
 
@@ -79,37 +80,73 @@ def _check_supported(config: dict, path: str):
             problems.append(f"{key}=true")
     if not config["tie_word_embeddings"]:
         problems.append("tie_word_embeddings=false (the head is tied to the token embedding)")
-    if problems:
-        raise DataError(f"{path!r} uses GPT-2 options this model does not support: "
-                        + "; ".join(problems))
+    huggingface.refuse_unsupported(problems, path, "GPT-2")
 
 
 def build_config(hf_config: dict, origin: str = CONFIG_FILE, dataset_dir: str = DATASET_SUBDIR):
     """The project's full `Config` for a Hugging Face GPT-2 config dict (validated)."""
-    from model_zoo.config import config_from_dict
+    return huggingface.project_config({
+        "name": folder_name(__name__),
+        "num_layers": hf_config["n_layer"],
+        "hidden_size": hf_config["n_embd"],
+        "num_heads": hf_config["n_head"],
+        "seq_length": hf_config["n_positions"],
+        "vocab_size": hf_config["vocab_size"],
+        "ffn_hidden_size": hf_config["n_inner"] or 0,
+        "layer_norm_eps": hf_config["layer_norm_epsilon"],
+        "dropout": hf_config["resid_pdrop"],
+        "attention_dropout": hf_config["attn_pdrop"],
+        "init_std": hf_config.get("initializer_range", 0.02),
+    }, origin, dataset_dir, "GPT-2")
 
-    raw = {
-        "model": {
-            "name": folder_name(__name__),
-            "num_layers": hf_config["n_layer"],
-            "hidden_size": hf_config["n_embd"],
-            "num_heads": hf_config["n_head"],
-            "seq_length": hf_config["n_positions"],
-            "vocab_size": hf_config["vocab_size"],
-            "ffn_hidden_size": hf_config["n_inner"] or 0,
-            "layer_norm_eps": hf_config["layer_norm_epsilon"],
-            "dropout": hf_config["resid_pdrop"],
-            "attention_dropout": hf_config["attn_pdrop"],
-            "init_std": hf_config.get("initializer_range", 0.02),
-        },
-        "parallel": {},
-        "train": {},
-        "data": {"dataset_dir": dataset_dir},
-    }
-    try:
-        return config_from_dict(raw, origin=origin)
-    except ConfigError as err:
-        raise DataError(f"{origin!r} does not give a valid GPT-2 config: {err}") from None
+
+@dataclass(frozen=True)
+class ColumnsByHead:
+    """Ours, laid out head by head, is one of theirs whose last axis is `parts` projections
+    side by side (c_attn's columns [q | k | v], weight [in, 3 out] or bias [3 out])."""
+
+    ours: str
+    theirs: str
+    shape: tuple
+    heads: int
+    parts: int = 3
+
+    def take(self, take, prefix: str):
+        fused = take(prefix + self.theirs, self.shape)
+        return fuse_head_projections([part.T for part in np.split(fused, self.parts, axis=-1)],
+                                     self.heads)
+
+    def give(self, value, prefix: str) -> dict:
+        parts = split_head_projections(value, self.heads, self.parts)
+        return {prefix + self.theirs: np.concatenate([part.T for part in parts], axis=-1)}
+
+
+def name_table(config: dict) -> list:
+    """Which of our parameters (under `lm.transformer.`) is which of the Hugging Face
+    tensors (under `transformer.`), for a read config.json; every projection is a Conv1D
+    [in, out] there."""
+    hidden, heads = config["n_embd"], config["n_head"]
+    inner = config["n_inner"] or 4 * hidden
+    table = [Same("wte.embedding_table", "wte.weight", (config["vocab_size"], hidden)),
+             Same("wpe.embedding_table", "wpe.weight", (config["n_positions"], hidden))]
+    for i in range(config["n_layer"]):
+        ours, theirs = f"blocks.{i}.", f"h.{i}."
+        table += [Same(f"{ours}{norm}.{ours_name}", f"{theirs}{norm}.{their_name}", (hidden,))
+                  for norm in ("ln_1", "ln_2")
+                  for ours_name, their_name in (("gamma", "weight"), ("beta", "bias"))]
+        table += [ColumnsByHead(ours + "attention.qkv.weight", theirs + "attn.c_attn.weight",
+                                (hidden, 3 * hidden), heads),
+                  ColumnsByHead(ours + "attention.qkv.bias", theirs + "attn.c_attn.bias",
+                                (3 * hidden,), heads)]
+        for ours_name, their_name, n_in, n_out in (
+                ("attention.output", "attn.c_proj", hidden, hidden),
+                ("mlp.expand", "mlp.c_fc", hidden, inner),
+                ("mlp.project", "mlp.c_proj", inner, hidden)):
+            table += [Transposed(f"{ours}{ours_name}.weight", f"{theirs}{their_name}.weight",
+                                 (n_in, n_out)),
+                      Same(f"{ours}{ours_name}.bias", f"{theirs}{their_name}.bias", (n_out,))]
+    return table + [Same("ln_f.gamma", "ln_f.weight", (hidden,)),
+                    Same("ln_f.beta", "ln_f.bias", (hidden,))]
 
 
 def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>") -> dict:
@@ -124,46 +161,8 @@ def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>") 
         if not short.endswith(IGNORED_SUFFIXES):
             short_names[short] = value
     source = TensorSource(short_names, weight_file, lambda name: "transformer." + name)
-    take = source.take
-    hidden, layers = hf_config["n_embd"], hf_config["n_layer"]
-    vocab, positions = hf_config["vocab_size"], hf_config["n_positions"]
-    inner = hf_config["n_inner"] or 4 * hidden
-    heads = hf_config["n_head"]
-
-    def linear(name, n_in, n_out):
-        """Conv1D [in, out] -> Linear [out, in], and its bias."""
-        weight = take(f"{name}.weight", (n_in, n_out))
-        bias = take(f"{name}.bias", (n_out,))
-        return np.ascontiguousarray(weight.T), bias
-
-    params = {
-        PREFIX + "wte.embedding_table": take("wte.weight", (vocab, hidden)),
-        PREFIX + "wpe.embedding_table": take("wpe.weight", (positions, hidden)),
-    }
-    for i in range(layers):
-        block = f"{PREFIX}blocks.{i}."
-        params[block + "ln_1.gamma"] = take(f"h.{i}.ln_1.weight", (hidden,))
-        params[block + "ln_1.beta"] = take(f"h.{i}.ln_1.bias", (hidden,))
-        qkv_weight = take(f"h.{i}.attn.c_attn.weight", (hidden, 3 * hidden))
-        qkv_bias = take(f"h.{i}.attn.c_attn.bias", (3 * hidden,))
-        # c_attn holds [q | k | v] by columns; ours is laid out head by head
-        parts = [slice(j * hidden, (j + 1) * hidden) for j in range(3)]
-        params[block + "attention.qkv.weight"] = fuse_head_projections(
-            [qkv_weight[:, cols].T for cols in parts], heads)
-        params[block + "attention.qkv.bias"] = fuse_head_projections(
-            [qkv_bias[cols] for cols in parts], heads)
-        (params[block + "attention.output.weight"],
-         params[block + "attention.output.bias"]) = linear(f"h.{i}.attn.c_proj", hidden, hidden)
-        params[block + "ln_2.gamma"] = take(f"h.{i}.ln_2.weight", (hidden,))
-        params[block + "ln_2.beta"] = take(f"h.{i}.ln_2.bias", (hidden,))
-        (params[block + "mlp.expand.weight"],
-         params[block + "mlp.expand.bias"]) = linear(f"h.{i}.mlp.c_fc", hidden, inner)
-        (params[block + "mlp.project.weight"],
-         params[block + "mlp.project.bias"]) = linear(f"h.{i}.mlp.c_proj", inner, hidden)
-    params[PREFIX + "ln_f.gamma"] = take("ln_f.weight", (hidden,))
-    params[PREFIX + "ln_f.beta"] = take("ln_f.bias", (hidden,))
-
-    source.check_all_used(("wte.", "wpe.", "h.", "ln_f."), f"n_layer={layers}")
+    params = huggingface.take_table(source.take, name_table(hf_config), ours=PREFIX)
+    source.check_all_used(("wte.", "wpe.", "h.", "ln_f."), f"n_layer={hf_config['n_layer']}")
     return {name: np.asarray(value, dtype=np.float32) for name, value in params.items()}
 
 
@@ -171,37 +170,18 @@ def to_hf(config, network) -> tuple:
     """`model-zoo convert gpt2 --to-hf`: (config.json of a GPT2LMHeadModel, its tensors)
     for our network, the inverse of `map_weights` (the head stays tied to `wte`)."""
     model = config.model
-    params = huggingface.parameters_of(network)
-    hidden, heads = model.hidden_size, model.num_heads
-    tensors = {"transformer.wte.weight": params[PREFIX + "wte.embedding_table"],
-               "transformer.wpe.weight": params[PREFIX + "wpe.embedding_table"],
-               "transformer.ln_f.weight": params[PREFIX + "ln_f.gamma"],
-               "transformer.ln_f.bias": params[PREFIX + "ln_f.beta"]}
-    for i in range(model.num_layers):
-        ours, theirs = f"{PREFIX}blocks.{i}.", f"transformer.h.{i}."
-        for norm in ("ln_1", "ln_2"):
-            tensors[f"{theirs}{norm}.weight"] = params[f"{ours}{norm}.gamma"]
-            tensors[f"{theirs}{norm}.bias"] = params[f"{ours}{norm}.beta"]
-        # head by head -> [q | k | v] by columns, and every Linear [out, in] -> Conv1D [in, out]
-        q_k_v = split_head_projections(params[ours + "attention.qkv.weight"], heads, 3)
-        tensors[theirs + "attn.c_attn.weight"] = np.concatenate([w.T for w in q_k_v], axis=1)
-        tensors[theirs + "attn.c_attn.bias"] = np.concatenate(
-            split_head_projections(params[ours + "attention.qkv.bias"], heads, 3))
-        for ours_name, theirs_name in (("attention.output", "attn.c_proj"),
-                                       ("mlp.expand", "mlp.c_fc"),
-                                       ("mlp.project", "mlp.c_proj")):
-            tensors[f"{theirs}{theirs_name}.weight"] = params[f"{ours}{ours_name}.weight"].T
-            tensors[f"{theirs}{theirs_name}.bias"] = params[f"{ours}{ours_name}.bias"]
     hf_config = {
         "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
-        "vocab_size": model.vocab_size, "n_positions": model.seq_length, "n_embd": hidden,
-        "n_layer": model.num_layers, "n_head": heads,
+        "vocab_size": model.vocab_size, "n_positions": model.seq_length,
+        "n_embd": model.hidden_size, "n_layer": model.num_layers, "n_head": model.num_heads,
         "n_inner": model.ffn_hidden_size or None, "activation_function": "gelu_new",  # 0: 4 x
         "resid_pdrop": model.dropout, "embd_pdrop": model.dropout,
         "attn_pdrop": model.attention_dropout, "layer_norm_epsilon": model.layer_norm_eps,
         "initializer_range": model.init_std, "tie_word_embeddings": True,
         "bos_token_id": None, "eos_token_id": None,
     }
+    tensors = huggingface.give_table(huggingface.parameters_of(network), name_table(hf_config),
+                                     ours=PREFIX, theirs="transformer.")
     return hf_config, tensors
 
 

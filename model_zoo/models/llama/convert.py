@@ -7,25 +7,15 @@
 `model-zoo convert llama --to-hf --config CONFIG --ckpt CKPT --output-dir DIR` goes the other
 way (`to_hf`).
 
-Both store projections as [out, in], and Hugging Face's rotary layout (the two halves of a
-head rotate together) is the one `grouped_attention.rotary_tables` uses, so weights copy
-as they are, except two fused projections: `k_proj` and `v_proj` become `key_value`, laid
-out key/value head by head, and `gate_proj` and `up_proj` become `gate_up`, their rows
-interleaved (`attention.fuse_head_projections`), so that a column split over mp gives every
-device matching pieces.
+The weights copy as they are but for two fused projections, `k_proj` and `v_proj` as
+`key_value` and `gate_proj` and `up_proj` as `gate_up` (`causal_lm.convert`); `name_table`
+is the one list of which of our parameters is which of theirs, read both ways.
 """
 
-import numpy as np
-
 from model_zoo import huggingface
-from model_zoo.errors import ConfigError, DataError
-from model_zoo.huggingface import (CONFIG_FILE, DATASET_SUBDIR, TensorSource,
-                                   read_hf_config)
+from model_zoo.causal_lm import convert
+from model_zoo.huggingface import CONFIG_FILE, DATASET_SUBDIR, read_hf_config
 from model_zoo.models.base import folder_name
-from model_zoo.nn.attention import fuse_head_projections, split_head_projections
-
-PREFIX = "lm.model."
-HEAD = "lm.head.weight"
 
 # Defaults of transformers.LlamaConfig, for keys a config.json may omit.
 HF_DEFAULTS = {
@@ -51,150 +41,57 @@ def convert_hf_llama(hf_dir: str, output_dir: str, overwrite: bool = False):
 
 def _read_hf_config(hf_dir: str):
     raw, path = read_hf_config(hf_dir, "llama", "LLaMA")
-    config = {**HF_DEFAULTS, **raw}
-    # transformers 5 keeps the rotary settings in `rope_parameters`; 4.x at the top level
-    rope = raw.get("rope_parameters") or {}
-    if rope:
-        config["rope_theta"] = rope.get("rope_theta", config["rope_theta"])
-        if rope.get("rope_type", "default") != "default":
-            config["rope_scaling"] = rope
-    config["num_key_value_heads"] = (config["num_key_value_heads"]
-                                     or config["num_attention_heads"])
-    _check_supported(config, path)
-    return config, path
+    return _complete(raw, path), path
 
 
-def _check_supported(config: dict, path: str):
-    """DataError for options the model does not implement."""
-    problems = []
-    if config["hidden_act"] != "silu":
-        problems.append(f"hidden_act={config['hidden_act']!r} (only silu, SwiGLU's gate)")
-    if config["rope_scaling"]:
-        problems.append(f"rope_scaling={config['rope_scaling']!r} (plain rotary positions "
-                        f"only)")
+def _complete(raw: dict, path: str) -> dict:
+    """config.json over LLaMA's defaults; DataError for options the model does not build."""
+    config = convert.read_rotary_config(raw, HF_DEFAULTS)
+    problems = convert.rotary_problems(config)
     for key in ("attention_bias", "mlp_bias"):
         if config[key]:
             problems.append(f"{key}=true (bias-free projections; a biased variant is a copy "
                             f"of this folder)")
-    head_dim = config["hidden_size"] // config["num_attention_heads"]
-    if config["head_dim"] not in (None, head_dim):
-        problems.append(f"head_dim={config['head_dim']} (only hidden_size / "
-                        f"num_attention_heads = {head_dim})")
-    if problems:
-        raise DataError(f"{path!r} uses LLaMA options this model does not support: "
-                        + "; ".join(problems))
+    huggingface.refuse_unsupported(problems, path, "LLaMA")
+    return config
 
 
 def build_config(hf_config: dict, origin: str = CONFIG_FILE, dataset_dir: str = DATASET_SUBDIR):
     """The project's full `Config` for a Hugging Face LLaMA config dict (validated)."""
-    from model_zoo.config import config_from_dict
+    return huggingface.project_config(
+        {"name": folder_name(__name__), **convert.rotary_model_keys(hf_config)},
+        origin, dataset_dir, "LLaMA")
 
-    raw = {
-        "model": {
-            "name": folder_name(__name__),
-            "num_layers": hf_config["num_hidden_layers"],
-            "hidden_size": hf_config["hidden_size"],
-            "num_heads": hf_config["num_attention_heads"],
-            "num_kv_heads": hf_config["num_key_value_heads"],
-            "ffn_hidden_size": hf_config["intermediate_size"],
-            "seq_length": hf_config["max_position_embeddings"],
-            "vocab_size": hf_config["vocab_size"],
-            "rope_theta": float(hf_config["rope_theta"]),
-            "rms_norm_eps": float(hf_config["rms_norm_eps"]),
-            "tie_word_embeddings": bool(hf_config["tie_word_embeddings"]),
-            "attention_dropout": float(hf_config["attention_dropout"]),
-            "init_std": hf_config["initializer_range"],
-        },
-        "parallel": {},
-        "train": {},
-        "data": {"dataset_dir": dataset_dir},
-    }
-    try:
-        return config_from_dict(raw, origin=origin)
-    except ConfigError as err:
-        raise DataError(f"{origin!r} does not give a valid LLaMA config: {err}") from None
+
+def name_table(config: dict) -> list:
+    """Which of our parameters (under `lm.`) is which of the Hugging Face tensors, for a
+    read config.json."""
+    hidden = config["hidden_size"]
+    table = convert.embedding_names(config)
+    for i in range(config["num_hidden_layers"]):
+        ours, theirs = f"model.blocks.{i}.", f"model.layers.{i}."
+        table += convert.block_norm_names(ours, theirs, config)
+        table += convert.attention_names(ours + "attention.", theirs + "self_attn.", config)
+        table += convert.swiglu_names(ours + "mlp.", theirs + "mlp.", hidden,
+                                      config["intermediate_size"])
+    return table + convert.head_names(config)
 
 
 def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>") -> dict:
     """Hugging Face LLaMA tensors (numpy) -> {project parameter name: float32 array}.
     CheckpointError names the first missing, misshapen or unexpected tensor."""
-    # rotary frequencies are computed from rope_theta, not read (older versions saved them)
-    tensors = {name: value for name, value in tensors.items()
-               if not name.endswith("rotary_emb.inv_freq")}
-    source = TensorSource(tensors, weight_file)
-    take = source.take
-    hidden, layers = hf_config["hidden_size"], hf_config["num_hidden_layers"]
-    heads, kv_heads = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
-    vocab, ffn = hf_config["vocab_size"], hf_config["intermediate_size"]
-    kv_width = kv_heads * (hidden // heads)
-    params = {PREFIX + "embed.embedding_table": take("model.embed_tokens.weight",
-                                                     (vocab, hidden)),
-              PREFIX + "norm.weight": take("model.norm.weight", (hidden,))}
-    for i in range(layers):
-        ours, theirs = f"{PREFIX}blocks.{i}.", f"model.layers.{i}."
-        params[ours + "input_norm.weight"] = take(theirs + "input_layernorm.weight", (hidden,))
-        params[ours + "post_attention_norm.weight"] = take(
-            theirs + "post_attention_layernorm.weight", (hidden,))
-        params[ours + "attention.query.weight"] = take(theirs + "self_attn.q_proj.weight",
-                                                       (hidden, hidden))
-        params[ours + "attention.key_value.weight"] = fuse_head_projections(
-            [take(theirs + f"self_attn.{name}_proj.weight", (kv_width, hidden))
-             for name in ("k", "v")], kv_heads)
-        params[ours + "attention.output.weight"] = take(theirs + "self_attn.o_proj.weight",
-                                                        (hidden, hidden))
-        params[ours + "mlp.gate_up.weight"] = fuse_head_projections(
-            [take(theirs + f"mlp.{name}_proj.weight", (ffn, hidden))
-             for name in ("gate", "up")], ffn)
-        params[ours + "mlp.down.weight"] = take(theirs + "mlp.down_proj.weight", (hidden, ffn))
-    if not hf_config["tie_word_embeddings"]:
-        params[HEAD] = take("lm_head.weight", (vocab, hidden))
-    elif "lm_head.weight" in tensors:   # a tied head saved anyway: the same table
-        take("lm_head.weight", (vocab, hidden))
-    source.check_all_used(("model.", "lm_head."), f"num_hidden_layers={layers}")
-    return {name: np.asarray(value, dtype=np.float32) for name, value in params.items()}
+    return convert.take_weights(name_table(hf_config), tensors, hf_config, weight_file)
 
 
 def to_hf(config, network) -> tuple:
     """`model-zoo convert llama --to-hf`: (config.json of a LlamaForCausalLM, its tensors)
     for our network, the inverse of `map_weights`."""
     model = config.model
-    params = huggingface.parameters_of(network)
-    tensors = {"model.embed_tokens.weight": params[PREFIX + "embed.embedding_table"],
-               "model.norm.weight": params[PREFIX + "norm.weight"]}
-    if not model.tie_word_embeddings:
-        tensors["lm_head.weight"] = params[HEAD]
-    for i in range(model.num_layers):
-        ours, theirs = f"{PREFIX}blocks.{i}.", f"model.layers.{i}."
-        tensors[theirs + "input_layernorm.weight"] = params[ours + "input_norm.weight"]
-        tensors[theirs + "post_attention_layernorm.weight"] = \
-            params[ours + "post_attention_norm.weight"]
-        tensors[theirs + "self_attn.q_proj.weight"] = params[ours + "attention.query.weight"]
-        key, value = split_head_projections(params[ours + "attention.key_value.weight"],
-                                            model.kv_heads, 2)
-        tensors[theirs + "self_attn.k_proj.weight"] = key
-        tensors[theirs + "self_attn.v_proj.weight"] = value
-        tensors[theirs + "self_attn.o_proj.weight"] = params[ours + "attention.output.weight"]
-        gate, up = split_head_projections(params[ours + "mlp.gate_up.weight"], model.ffn_size,
-                                          2)
-        tensors[theirs + "mlp.gate_proj.weight"] = gate
-        tensors[theirs + "mlp.up_proj.weight"] = up
-        tensors[theirs + "mlp.down_proj.weight"] = params[ours + "mlp.down.weight"]
-    hf_config = {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-        "vocab_size": model.vocab_size, "hidden_size": model.hidden_size,
-        "intermediate_size": model.ffn_size, "num_hidden_layers": model.num_layers,
-        "num_attention_heads": model.num_heads, "num_key_value_heads": model.kv_heads,
-        "hidden_act": "silu", "max_position_embeddings": model.seq_length,
-        "initializer_range": model.init_std, "rms_norm_eps": model.rms_norm_eps,
-        "tie_word_embeddings": model.tie_word_embeddings,
-        # transformers 5 reads `rope_parameters`, 4.x `rope_theta`
-        "rope_parameters": {"rope_theta": model.rope_theta, "rope_type": "default"},
-        "rope_theta": model.rope_theta,
-        "attention_bias": False, "mlp_bias": False,
-        "attention_dropout": model.attention_dropout,
-        "bos_token_id": None, "eos_token_id": None,
-    }
-    return hf_config, tensors
+    hf_config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                 **convert.rotary_hf_config(model), "intermediate_size": model.ffn_size,
+                 "attention_bias": False, "mlp_bias": False}
+    table = name_table(_complete(hf_config, CONFIG_FILE))
+    return hf_config, convert.give_weights(table, network)
 
 
 def add_convert_arguments(parser):

@@ -19,17 +19,11 @@ into one (experts, in, out) tensor each (`gate`, `up`, `down`), and the router's
 `shared_expert_gate` the block's `shared_gate`.
 """
 
-import numpy as np
-
 from model_zoo import huggingface
-from model_zoo.errors import ConfigError, DataError
-from model_zoo.huggingface import (CONFIG_FILE, DATASET_SUBDIR, TensorSource,
-                                   read_hf_config)
+from model_zoo.causal_lm import convert
+from model_zoo.errors import ConfigError
+from model_zoo.huggingface import CONFIG_FILE, DATASET_SUBDIR, Same, Stacked, read_hf_config
 from model_zoo.models.base import folder_name
-from model_zoo.nn.attention import fuse_head_projections, split_head_projections
-
-PREFIX = "lm.model."
-HEAD = "lm.head.weight"
 
 # Defaults of transformers.MixtralConfig and Qwen2MoeConfig, for keys a config.json may omit.
 HF_DEFAULTS = {
@@ -71,26 +65,30 @@ def convert_hf_mixtral(hf_dir: str, output_dir: str, overwrite: bool = False):
 
 
 def _read_hf_config(hf_dir: str):
-    """The folder's config.json over its model type's defaults, with the MoE keys the
-    project's config needs under Mixtral's names (`_moe_keys`)."""
     raw, path = read_hf_config(hf_dir, tuple(MOE_NAMES), "Mixtral or Qwen2-MoE")
+    return _complete(raw, path), path
+
+
+def _complete(raw: dict, path: str) -> dict:
+    """config.json over its model type's defaults, with the MoE keys the project's config
+    needs under Mixtral's names; DataError for options the model does not build."""
     qwen = raw["model_type"] == "qwen2_moe"
-    config = {**(QWEN_DEFAULTS if qwen else HF_DEFAULTS), **raw}
-    # transformers 5 keeps the rotary settings in `rope_parameters`; 4.x at the top level
-    rope = raw.get("rope_parameters") or {}
-    if rope:
-        config["rope_theta"] = rope.get("rope_theta", config["rope_theta"])
-        if rope.get("rope_type", "default") != "default":
-            config["rope_scaling"] = rope
-    config["num_key_value_heads"] = (config["num_key_value_heads"]
-                                     or config["num_attention_heads"])
+    config = convert.read_rotary_config(raw, QWEN_DEFAULTS if qwen else HF_DEFAULTS)
     config.update(_qwen_keys(config, path) if qwen else {
         "num_experts": config["num_local_experts"],
         "moe_intermediate_size": config["intermediate_size"], "num_shared_experts": 0,
         "shared_expert_gate": False, "normalize_top_k": True, "moe_layer_freq": 1,
         "attention_bias": bool(config["attention_bias"])})
-    _check_supported(config, path)
-    return config, path
+    problems = convert.rotary_problems(config)
+    if config["mlp_bias"]:
+        problems.append("mlp_bias=true (bias-free feed-forward projections)")
+    if config["sliding_window"]:
+        problems.append(f"sliding_window={config['sliding_window']} (full causal attention "
+                        f"only)")
+    if config["router_jitter_noise"]:
+        problems.append(f"router_jitter_noise={config['router_jitter_noise']} (no jitter)")
+    huggingface.refuse_unsupported(problems, path, "Mixtral")
+    return config
 
 
 def _qwen_keys(config: dict, path: str) -> dict:
@@ -106,9 +104,7 @@ def _qwen_keys(config: dict, path: str) -> dict:
                         f"every decoder_sparse_step)")
     if config["use_sliding_window"]:
         problems.append("use_sliding_window=true (full causal attention only)")
-    if problems:
-        raise DataError(f"{path!r} uses Qwen2-MoE options this model does not support: "
-                        + "; ".join(problems))
+    huggingface.refuse_unsupported(problems, path, "Qwen2-MoE")
     return {"moe_intermediate_size": expert, "num_shared_experts": shared // expert,
             "shared_expert_gate": True, "normalize_top_k": bool(config["norm_topk_prob"]),
             "moe_layer_freq": config["decoder_sparse_step"],
@@ -116,139 +112,52 @@ def _qwen_keys(config: dict, path: str) -> dict:
             "router_jitter_noise": 0.0, "mlp_bias": False}
 
 
-def _check_supported(config: dict, path: str):
-    """DataError for options the model does not implement."""
-    problems = []
-    if config["hidden_act"] != "silu":
-        problems.append(f"hidden_act={config['hidden_act']!r} (only silu, SwiGLU's gate)")
-    if config["rope_scaling"]:
-        problems.append(f"rope_scaling={config['rope_scaling']!r} (plain rotary positions "
-                        f"only)")
-    if config["mlp_bias"]:
-        problems.append("mlp_bias=true (bias-free feed-forward projections)")
-    if config["sliding_window"]:
-        problems.append(f"sliding_window={config['sliding_window']} (full causal attention "
-                        f"only)")
-    if config["router_jitter_noise"]:
-        problems.append(f"router_jitter_noise={config['router_jitter_noise']} (no jitter)")
-    head_dim = config["hidden_size"] // config["num_attention_heads"]
-    if config["head_dim"] not in (None, head_dim):
-        problems.append(f"head_dim={config['head_dim']} (only hidden_size / "
-                        f"num_attention_heads = {head_dim})")
-    if problems:
-        raise DataError(f"{path!r} uses options this model does not support: "
-                        + "; ".join(problems))
-
-
 def build_config(hf_config: dict, origin: str = CONFIG_FILE, dataset_dir: str = DATASET_SUBDIR):
     """The project's full `Config` for a Hugging Face Mixtral config dict (validated)."""
-    from model_zoo.config import config_from_dict
+    return huggingface.project_config({
+        "name": folder_name(__name__), **convert.rotary_model_keys(hf_config),
+        **{key: hf_config[key] for key in (
+            "num_experts", "num_experts_per_tok", "moe_intermediate_size", "num_shared_experts",
+            "shared_expert_gate", "normalize_top_k", "moe_layer_freq", "attention_bias")},
+        "router_aux_loss_coef": float(hf_config["router_aux_loss_coef"]),
+    }, origin, dataset_dir, "Mixtral")
 
-    raw = {
-        "model": {
-            "name": folder_name(__name__),
-            "num_layers": hf_config["num_hidden_layers"],
-            "hidden_size": hf_config["hidden_size"],
-            "num_heads": hf_config["num_attention_heads"],
-            "num_kv_heads": hf_config["num_key_value_heads"],
-            "ffn_hidden_size": hf_config["intermediate_size"],
-            "seq_length": hf_config["max_position_embeddings"],
-            "vocab_size": hf_config["vocab_size"],
-            "rope_theta": float(hf_config["rope_theta"]),
-            "rms_norm_eps": float(hf_config["rms_norm_eps"]),
-            "tie_word_embeddings": bool(hf_config["tie_word_embeddings"]),
-            "attention_dropout": float(hf_config["attention_dropout"]),
-            "init_std": hf_config["initializer_range"],
-            "num_experts": hf_config["num_experts"],
-            "num_experts_per_tok": hf_config["num_experts_per_tok"],
-            "router_aux_loss_coef": float(hf_config["router_aux_loss_coef"]),
-            **{key: hf_config[key] for key in (
-                "moe_intermediate_size", "num_shared_experts", "shared_expert_gate",
-                "normalize_top_k", "moe_layer_freq", "attention_bias")},
-        },
-        "parallel": {},
-        "train": {},
-        "data": {"dataset_dir": dataset_dir},
-    }
-    try:
-        return config_from_dict(raw, origin=origin)
-    except ConfigError as err:
-        raise DataError(f"{origin!r} does not give a valid Mixtral config: {err}") from None
+
+def name_table(config: dict) -> list:
+    """Which of our parameters (under `lm.`) is which of the Hugging Face tensors, for a
+    read config.json: a sparse layer's experts stacked (experts, in, out), its router
+    (experts, hidden), Qwen2-MoE's shared expert a SwiGLU with its gate."""
+    hidden, experts = config["hidden_size"], config["num_experts"]
+    ffn = config["moe_intermediate_size"]
+    moe, router, projections = MOE_NAMES[config["model_type"]]
+    table = convert.embedding_names(config)
+    for i in range(config["num_hidden_layers"]):
+        ours, theirs = f"model.blocks.{i}.", f"model.layers.{i}."
+        table += convert.block_norm_names(ours, theirs, config)
+        table += convert.attention_names(ours + "attention.", theirs + "self_attn.", config,
+                                         bias=config["attention_bias"])
+        if (i + 1) % config["moe_layer_freq"]:      # a dense layer
+            table += convert.swiglu_names(ours + "mlp.", theirs + "mlp.", hidden,
+                                          config["intermediate_size"])
+            continue
+        sparse = theirs + moe
+        table.append(Same(ours + "mlp.router", f"{sparse}{router}.weight", (experts, hidden)))
+        table += [Stacked(f"{ours}mlp.{name}", f"{sparse}experts.{{}}.{their_name}.weight",
+                          shape, experts)
+                  for name, their_name, shape in zip(("gate", "up", "down"), projections,
+                                                     ((ffn, hidden), (ffn, hidden), (hidden, ffn)))]
+        if config["num_shared_experts"]:
+            table += convert.swiglu_names(ours + "shared_experts.", sparse + "shared_expert.",
+                                          hidden, config["num_shared_experts"] * ffn)
+            table.append(Same(ours + "shared_gate.weight", sparse + "shared_expert_gate.weight",
+                              (1, hidden)))
+    return table + convert.head_names(config)
 
 
 def map_weights(tensors: dict, hf_config: dict, weight_file: str = "<weights>") -> dict:
     """Hugging Face Mixtral or Qwen2-MoE tensors (numpy) -> {project parameter name: float32
     array}. CheckpointError names the first missing, misshapen or unexpected tensor."""
-    # rotary frequencies are computed from rope_theta, not read (older versions saved them)
-    tensors = {name: value for name, value in tensors.items()
-               if not name.endswith("rotary_emb.inv_freq")}
-    source = TensorSource(tensors, weight_file)
-    take = source.take
-    hidden, layers = hf_config["hidden_size"], hf_config["num_hidden_layers"]
-    heads, kv_heads = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
-    vocab, dense = hf_config["vocab_size"], hf_config["intermediate_size"]
-    experts, ffn = hf_config["num_experts"], hf_config["moe_intermediate_size"]
-    shared = hf_config["num_shared_experts"] * ffn
-    moe, router, projections = MOE_NAMES[hf_config["model_type"]]
-    kv_width = kv_heads * (hidden // heads)
-    sparse = [(i + 1) % hf_config["moe_layer_freq"] == 0 for i in range(layers)]
-    params = {PREFIX + "embed.embedding_table": take("model.embed_tokens.weight",
-                                                     (vocab, hidden)),
-              PREFIX + "norm.weight": take("model.norm.weight", (hidden,))}
-    for i in range(layers):
-        ours, theirs = f"{PREFIX}blocks.{i}.", f"model.layers.{i}."
-        params[ours + "input_norm.weight"] = take(theirs + "input_layernorm.weight", (hidden,))
-        params[ours + "post_attention_norm.weight"] = take(
-            theirs + "post_attention_layernorm.weight", (hidden,))
-        params[ours + "attention.query.weight"] = take(theirs + "self_attn.q_proj.weight",
-                                                       (hidden, hidden))
-        params[ours + "attention.key_value.weight"] = fuse_head_projections(
-            [take(theirs + f"self_attn.{name}_proj.weight", (kv_width, hidden))
-             for name in ("k", "v")], kv_heads)
-        if hf_config["attention_bias"]:
-            params[ours + "attention.query.bias"] = take(theirs + "self_attn.q_proj.bias",
-                                                         (hidden,))
-            params[ours + "attention.key_value.bias"] = fuse_head_projections(
-                [take(theirs + f"self_attn.{name}_proj.bias", (kv_width,))
-                 for name in ("k", "v")], kv_heads)
-        params[ours + "attention.output.weight"] = take(theirs + "self_attn.o_proj.weight",
-                                                        (hidden, hidden))
-        if not sparse[i]:
-            params.update(_take_swiglu(take, theirs + "mlp.", ours + "mlp.", hidden, dense))
-            continue
-        params[ours + "mlp.router"] = take(f"{theirs}{moe}{router}.weight", (experts, hidden))
-        for ours_name, theirs_name, shape in zip(("gate", "up", "down"), projections,
-                                                 ((ffn, hidden), (ffn, hidden), (hidden, ffn))):
-            params[ours + "mlp." + ours_name] = np.stack(   # (E, in, out)
-                [np.asarray(take(f"{theirs}{moe}experts.{e}.{theirs_name}.weight", shape)).T
-                 for e in range(experts)])
-        if shared:
-            params.update(_take_swiglu(take, f"{theirs}{moe}shared_expert.",
-                                       ours + "shared_experts.", hidden, shared))
-            params[ours + "shared_gate.weight"] = take(f"{theirs}{moe}shared_expert_gate.weight",
-                                                       (1, hidden))
-    if not hf_config["tie_word_embeddings"]:
-        params[HEAD] = take("lm_head.weight", (vocab, hidden))
-    elif "lm_head.weight" in tensors:   # a tied head saved anyway: the same table
-        take("lm_head.weight", (vocab, hidden))
-    source.check_all_used(("model.", "lm_head."), f"num_hidden_layers={layers}")
-    return {name: np.asarray(value, dtype=np.float32) for name, value in params.items()}
-
-
-def _take_swiglu(take, theirs: str, ours: str, hidden: int, width: int) -> dict:
-    """A Hugging Face SwiGLU (`gate_proj`, `up_proj`, `down_proj`) as a `GatedFeedForward`'s
-    parameters (gate and up fused row by row)."""
-    return {ours + "gate_up.weight": fuse_head_projections(
-                [take(theirs + f"{name}_proj.weight", (width, hidden)) for name in ("gate", "up")],
-                width),
-            ours + "down.weight": take(theirs + "down_proj.weight", (hidden, width))}
-
-
-def _give_swiglu(params: dict, ours: str, theirs: str, width: int) -> dict:
-    """The inverse of `_take_swiglu`."""
-    gate, up = split_head_projections(params[ours + "gate_up.weight"], width, 2)
-    return {theirs + "gate_proj.weight": gate, theirs + "up_proj.weight": up,
-            theirs + "down_proj.weight": params[ours + "down.weight"]}
+    return convert.take_weights(name_table(hf_config), tensors, hf_config, weight_file)
 
 
 def _hf_target(model) -> str:
@@ -269,85 +178,30 @@ def to_hf(config, network) -> tuple:
     """`model-zoo convert mixtral --to-hf`: (config.json of a MixtralForCausalLM or a
     Qwen2MoeForCausalLM, its tensors) for our network, the inverse of `map_weights`."""
     model = config.model
-    target = _hf_target(model)
-    moe, router, projections = MOE_NAMES[target]
-    params = huggingface.parameters_of(network)
-    tensors = {"model.embed_tokens.weight": params[PREFIX + "embed.embedding_table"],
-               "model.norm.weight": params[PREFIX + "norm.weight"]}
-    if not model.tie_word_embeddings:
-        tensors["lm_head.weight"] = params[HEAD]
-    for i in range(model.num_layers):
-        ours, theirs = f"{PREFIX}blocks.{i}.", f"model.layers.{i}."
-        tensors[theirs + "input_layernorm.weight"] = params[ours + "input_norm.weight"]
-        tensors[theirs + "post_attention_layernorm.weight"] = \
-            params[ours + "post_attention_norm.weight"]
-        tensors[theirs + "self_attn.q_proj.weight"] = params[ours + "attention.query.weight"]
-        key, value = split_head_projections(params[ours + "attention.key_value.weight"],
-                                            model.kv_heads, 2)
-        tensors[theirs + "self_attn.k_proj.weight"] = key
-        tensors[theirs + "self_attn.v_proj.weight"] = value
-        tensors[theirs + "self_attn.o_proj.weight"] = params[ours + "attention.output.weight"]
-        if model.attention_bias:
-            tensors[theirs + "self_attn.q_proj.bias"] = params[ours + "attention.query.bias"]
-            key, value = split_head_projections(params[ours + "attention.key_value.bias"],
-                                                model.kv_heads, 2)
-            tensors[theirs + "self_attn.k_proj.bias"] = key
-            tensors[theirs + "self_attn.v_proj.bias"] = value
-        if not model.has_experts(i):
-            tensors.update(_give_swiglu(params, ours + "mlp.", theirs + "mlp.", model.ffn_size))
-            continue
-        tensors[f"{theirs}{moe}{router}.weight"] = params[ours + "mlp.router"]
-        for ours_name, theirs_name in zip(("gate", "up", "down"), projections):
-            for e, matrix in enumerate(params[ours + "mlp." + ours_name]):
-                tensors[f"{theirs}{moe}experts.{e}.{theirs_name}.weight"] = \
-                    np.ascontiguousarray(matrix.T)
-        if model.num_shared_experts:
-            tensors.update(_give_swiglu(params, ours + "shared_experts.",
-                                        f"{theirs}{moe}shared_expert.",
-                                        model.num_shared_experts * model.expert_size))
-            tensors[f"{theirs}{moe}shared_expert_gate.weight"] = params[ours + "shared_gate.weight"]
-    hf_config = _qwen_hf_config(model) if target == "qwen2_moe" else {
+    hf_config = _qwen_hf_config(model) if _hf_target(model) == "qwen2_moe" else {
         "model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
-        "vocab_size": model.vocab_size, "hidden_size": model.hidden_size,
-        "intermediate_size": model.expert_size,
+        **convert.rotary_hf_config(model), "intermediate_size": model.expert_size,
         "num_local_experts": model.num_experts,
         "num_experts_per_tok": model.num_experts_per_tok,
         "router_aux_loss_coef": model.router_aux_loss_coef, "router_jitter_noise": 0.0,
-        "sliding_window": None, "num_hidden_layers": model.num_layers,
-        "num_attention_heads": model.num_heads, "num_key_value_heads": model.kv_heads,
-        "hidden_act": "silu", "max_position_embeddings": model.seq_length,
-        "initializer_range": model.init_std, "rms_norm_eps": model.rms_norm_eps,
-        "tie_word_embeddings": model.tie_word_embeddings,
-        # transformers 5 reads `rope_parameters`, 4.x `rope_theta`
-        "rope_parameters": {"rope_theta": model.rope_theta, "rope_type": "default"},
-        "rope_theta": model.rope_theta,
-        "attention_bias": False, "mlp_bias": False,
-        "attention_dropout": model.attention_dropout,
-        "bos_token_id": None, "eos_token_id": None,
+        "sliding_window": None, "attention_bias": False, "mlp_bias": False,
     }
-    return hf_config, tensors
+    table = name_table(_complete(hf_config, CONFIG_FILE))
+    return hf_config, convert.give_weights(table, network)
 
 
 def _qwen_hf_config(model) -> dict:
     """config.json of a Qwen2MoeForCausalLM for the `model` section."""
     return {
         "model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"],
-        "vocab_size": model.vocab_size, "hidden_size": model.hidden_size,
+        **convert.rotary_hf_config(model),
         "intermediate_size": model.ffn_size, "moe_intermediate_size": model.expert_size,
         "shared_expert_intermediate_size": model.num_shared_experts * model.expert_size,
         "num_experts": model.num_experts, "num_experts_per_tok": model.num_experts_per_tok,
         "norm_topk_prob": model.normalize_top_k, "decoder_sparse_step": model.moe_layer_freq,
         "mlp_only_layers": [], "router_aux_loss_coef": model.router_aux_loss_coef,
-        "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_heads,
-        "num_key_value_heads": model.kv_heads, "hidden_act": "silu",
-        "max_position_embeddings": model.seq_length, "initializer_range": model.init_std,
-        "rms_norm_eps": model.rms_norm_eps, "tie_word_embeddings": model.tie_word_embeddings,
-        # transformers 5 reads `rope_parameters`, 4.x `rope_theta`; 4.x always has the biases
-        "rope_parameters": {"rope_theta": model.rope_theta, "rope_type": "default"},
-        "rope_theta": model.rope_theta, "qkv_bias": model.attention_bias,
-        "use_sliding_window": False, "sliding_window": None,
-        "attention_dropout": model.attention_dropout, "bos_token_id": None,
-        "eos_token_id": None,
+        # transformers 4.x always has the biases
+        "qkv_bias": model.attention_bias, "use_sliding_window": False, "sliding_window": None,
     }
 
 
