@@ -36,6 +36,8 @@ class ModelConfig:
     # attention through Ascend 910B's FlashAttentionScore: no (seq, seq) tensor is kept
     # (attention.MultiHeadAttention, `flash`); refused on CPU
     flash_attention: bool = False
+    # the feed-forward width; 0: the model's rule (`ffn_size`)
+    ffn_hidden_size: int = 0
 
     def validate(self):
         for key in ("num_layers", "hidden_size", "num_heads", "seq_length", "vocab_size"):
@@ -43,6 +45,13 @@ class ModelConfig:
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"model.hidden_size={self.hidden_size} is not divisible by "
                               f"model.num_heads={self.num_heads}")
+        if self.ffn_hidden_size < 0:
+            raise ConfigError(f"model.ffn_hidden_size must be >= 0, got {self.ffn_hidden_size}")
+
+    @property
+    def ffn_size(self) -> int:
+        """The feed-forward width: ffn_hidden_size, else 4 x hidden_size."""
+        return self.ffn_hidden_size or 4 * self.hidden_size
 
     @property
     def pipeline_blocks(self) -> int:

@@ -132,8 +132,11 @@ def import_folder(hf_dir: str, output_dir: str, overwrite: bool, read_config, bu
     """A converter's import of the Hugging Face folder `hf_dir`: `read_config(hf_dir)` ->
     (config dict, its path), `build_config(that dict, path, dataset_dir=...)` -> the
     project's Config, `map_weights(tensors, config dict, weight file)` -> {name: array};
-    returns (config_path, ckpt_path). Nothing is written before everything has been read
-    and checked."""
+    returns (config_path, ckpt_path).
+
+    Raises DataError for a missing folder or an unusable config.json, CheckpointError for
+    missing, unreadable or mismatched weights and for an existing OUT/model.ckpt (unless
+    `overwrite`). Nothing is written before everything has been read and checked."""
     hf_config, config_file = read_config(hf_dir)
     config = build_config(hf_config, config_file,
                           dataset_dir=os.path.join(output_dir, DATASET_SUBDIR))

@@ -1,7 +1,9 @@
 """Code deliberately copied between model folders (a folder never imports another, so a copy
 of it stays a model of its own) carries `# Copied from model_zoo.models.X.module.Name[.attr]`
 on the line above it, optionally with `with Old->New` renames; this test checks each copy
-is still identical to its original, as Hugging Face's `check_copies` does."""
+is still identical to its original, as Hugging Face's `check_copies` does. A marker naming
+a module (`# Copied from model_zoo.models.X.module`) covers the lines after it up to the
+next blank line, which must stand in that module as they are."""
 
 import importlib
 import inspect
@@ -45,6 +47,16 @@ def block_after(lines, start: int, indent: str) -> str:
     return "\n".join(block)
 
 
+def lines_after(lines, start: int) -> str:
+    """The lines from lines[start] up to the next blank line (a module-level copy)."""
+    block = []
+    for line in lines[start:]:
+        if not line.strip():
+            break
+        block.append(line)
+    return "\n".join(block)
+
+
 def original_source(value) -> str:
     """The original's source (decorators included), dedented."""
     return textwrap.dedent(inspect.getsource(value)).rstrip()
@@ -66,21 +78,28 @@ def copies():
                 assert match or "Copied from" not in line or path == __file__, (
                     f"{path}:{number + 1}: malformed marker {line.strip()!r}")
                 if match:
-                    found.append((path, number + 1, match, block_after(lines, number + 1,
-                                                                       match["indent"])))
+                    found.append((path, number + 1, match, lines))
     return found
 
 
 def test_copies_are_identical_to_their_originals():
     found = copies()
     assert len(found) >= 2
-    for path, number, match, block in found:
-        expected = original_source(resolve(match["target"]))
+    for path, number, match, lines in found:
+        original = resolve(match["target"])
+        expected = original_source(original)
         for rename in (match["renames"] or "").split(","):
             if "->" in rename:
                 old, new = (part.strip() for part in rename.split("->"))
                 expected = expected.replace(old, new)
         where = f"{os.path.relpath(path, PACKAGE_DIR)}:{number}"
+        if inspect.ismodule(original):
+            block = lines_after(lines, number)
+            assert block and ("\n" + block + "\n") in ("\n" + expected + "\n"), (
+                f"{where}: these lines no longer stand in {match['target']}: make them equal "
+                f"again or drop the marker")
+            continue
+        block = block_after(lines, number, match["indent"])
         assert textwrap.dedent(block).rstrip() == expected, (
             f"{where} is no longer a copy of {match['target']}: make them equal again or "
             f"drop the marker")
@@ -95,3 +114,8 @@ def test_the_comparison_catches_a_change():
     block = textwrap.dedent(block_after(lines, 2, "    ")).rstrip()
     assert block == original.rstrip()
     assert block.replace("4", "5") != original.rstrip()
+
+
+def test_a_module_level_copy_ends_at_the_blank_line():
+    lines = ["# Copied from x", "a = tasks.a", "b = tasks.b", "", "c = 1"]
+    assert lines_after(lines, 1) == "a = tasks.a\nb = tasks.b"

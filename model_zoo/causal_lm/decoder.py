@@ -13,7 +13,9 @@ from mindspore import Tensor, nn, ops
 from model_zoo.config import ModelConfig
 from model_zoo.errors import ConfigError
 from model_zoo.nn import cache as kv_cache
-from model_zoo.nn.layers import VocabProjection
+from model_zoo.nn.grouped_attention import GroupedQueryAttention
+from model_zoo.nn.layers import (RMSNorm, VocabEmbedding, VocabProjection,
+                                 assign_pipeline_stages)
 from model_zoo.nn.rotary import rotary_tables
 from model_zoo.parallel.config import ParallelConfig
 
@@ -29,7 +31,6 @@ class RotaryDecoderConfig(ModelConfig):
     """
 
     num_kv_heads: int = 0
-    ffn_hidden_size: int = 0
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
@@ -59,11 +60,25 @@ class RotaryDecoderConfig(ModelConfig):
         if (self.hidden_size // self.num_heads) % 2:
             raise ConfigError(f"rotary positions need an even head size: model.hidden_size / "
                               f"model.num_heads = {self.hidden_size // self.num_heads}")
-        if self.ffn_hidden_size < 0:
-            raise ConfigError(f"model.ffn_hidden_size must be >= 0, got {self.ffn_hidden_size}")
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
             raise ConfigError("model.rope_theta and model.rms_norm_eps must be > 0")
         self.check_fractions("attention_dropout")
+
+
+def block_norm(config: RotaryDecoderConfig, parallel_config: ParallelConfig) -> RMSNorm:
+    """One of a block's RMSNorms over hidden_size."""
+    return RMSNorm(config.hidden_size, parallel_config=parallel_config, eps=config.rms_norm_eps)
+
+
+def block_attention(config: RotaryDecoderConfig, parallel_config: ParallelConfig, compute_dtype,
+                    has_bias: bool = False) -> GroupedQueryAttention:
+    """A block's grouped-query attention with rotary positions, by the config's keys (q, k and
+    v with biases when `has_bias`)."""
+    return GroupedQueryAttention(
+        config.hidden_size, config.num_heads, config.kv_heads, parallel_config=parallel_config,
+        max_seq_length=config.seq_length, attention_dropout=config.attention_dropout,
+        compute_dtype=compute_dtype, init_std=config.init_std,
+        output_init_std=config.output_init_std, flash=config.flash_attention, has_bias=has_bias)
 
 
 class RotaryPositions(nn.Cell):
@@ -93,6 +108,23 @@ class RotaryPositions(nn.Cell):
         cos = self.slice_table(self.cos, (0, 0), (seq, self.cos.shape[1]), (1, 1))
         sin = self.slice_table(self.sin, (0, 0), (seq, self.sin.shape[1]), (1, 1))
         return cos, sin
+
+
+class DecoderStack(nn.Cell):
+    """A decoder's token embedding, its `blocks` (given stages over the pipeline), the final
+    RMSNorm and the rotary tables every block reads. A folder's `<Name>Model` is this with its
+    blocks and its `construct`, which runs them."""
+
+    def __init__(self, config: RotaryDecoderConfig, parallel_config: ParallelConfig, blocks):
+        super().__init__()
+        self.embed = VocabEmbedding(config.vocab_size, config.hidden_size,
+                                    parallel_config=parallel_config, init_std=config.init_std)
+        self.blocks = nn.CellList(blocks)
+        self.norm = block_norm(config, parallel_config)
+        self.rotary = RotaryPositions(config)
+        assign_pipeline_stages(list(self.blocks), parallel_config)
+        self.embed.pipeline_stage = 0
+        self.norm.pipeline_stage = parallel_config.pipeline_stage - 1
 
 
 class DecoderLM(nn.Cell):

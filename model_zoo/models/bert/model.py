@@ -55,7 +55,6 @@ class BertConfig(ModelConfig):
     """
 
     name: str = folder_name(__name__)
-    ffn_hidden_size: int = 0
     type_vocab_size: int = 2
     dropout: float = 0.1
     attention_dropout: float = 0.1
@@ -68,15 +67,8 @@ class BertConfig(ModelConfig):
     sep_token_id: int = 5
     mask_token_id: int = 6
 
-    # Copied from model_zoo.models.gpt2.model.GPT2Config.ffn_size
-    @property
-    def ffn_size(self) -> int:
-        return self.ffn_hidden_size or 4 * self.hidden_size
-
     def validate(self):
         super().validate()
-        if self.ffn_hidden_size < 0:
-            raise ConfigError(f"model.ffn_hidden_size must be >= 0, got {self.ffn_hidden_size}")
         if self.type_vocab_size < 1:
             raise ConfigError(f"model.type_vocab_size must be >= 1, got {self.type_vocab_size}")
         if self.num_labels < 2:

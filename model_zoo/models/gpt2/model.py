@@ -14,7 +14,6 @@ from mindspore import nn
 from model_zoo.models.base import folder_name
 from model_zoo.causal_lm.training import NextTokenLoss
 from model_zoo.config import ModelConfig
-from model_zoo.errors import ConfigError
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.nn.attention import MultiHeadAttention
 from model_zoo.nn import cache as kv_cache
@@ -32,20 +31,13 @@ class GPT2Config(ModelConfig):
     """
 
     name: str = folder_name(__name__)
-    ffn_hidden_size: int = 0
     dropout: float = 0.0
     attention_dropout: float = 0.0
     layer_norm_eps: float = 1e-5
     init_std: float = 0.02
 
-    @property
-    def ffn_size(self) -> int:
-        return self.ffn_hidden_size or 4 * self.hidden_size
-
     def validate(self):
         super().validate()
-        if self.ffn_hidden_size < 0:
-            raise ConfigError(f"model.ffn_hidden_size must be >= 0, got {self.ffn_hidden_size}")
         self.check_fractions("dropout", "attention_dropout")
 
 

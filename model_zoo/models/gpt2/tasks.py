@@ -31,6 +31,7 @@ def build_train_network(config: Config, compute_dtype):
     return GPT2ForTraining(config.model, config.parallel, compute_dtype)
 
 
+# The hooks decoder-only folders share (`model_zoo.causal_lm`), bound by name.
 dataset_ready = tasks.dataset_ready
 prepare_data = tasks.prepare_data
 plan_inputs = tasks.plan_inputs

@@ -29,12 +29,8 @@ HF_DEFAULTS = {
 
 
 def convert_hf_llama(hf_dir: str, output_dir: str, overwrite: bool = False):
-    """Convert the Hugging Face LLaMA folder `hf_dir`; returns (config_path, ckpt_path).
-
-    Raises DataError for a missing folder or an unusable config.json, CheckpointError for
-    missing, unreadable or mismatched weights and for an existing OUT/model.ckpt (unless
-    `overwrite`). Nothing is written before everything has been read and checked.
-    """
+    """Convert the Hugging Face LLaMA folder `hf_dir` as `huggingface.import_folder`
+    does; returns (config_path, ckpt_path)."""
     return huggingface.import_folder(hf_dir, output_dir, overwrite, _read_hf_config,
                                      build_config, map_weights)
 

@@ -12,13 +12,12 @@ from dataclasses import dataclass
 import mindspore as ms
 from mindspore import nn
 
-from model_zoo.causal_lm.decoder import DecoderLM, RotaryDecoderConfig, RotaryPositions
+from model_zoo.causal_lm.decoder import (DecoderLM, DecoderStack, RotaryDecoderConfig,
+                                         block_attention, block_norm)
 from model_zoo.causal_lm.training import NextTokenLoss
 from model_zoo.models.base import folder_name
 from model_zoo.nn import cache as kv_cache
-from model_zoo.nn.grouped_attention import GroupedQueryAttention
-from model_zoo.nn.layers import (GatedFeedForward, ResidualAdd, RMSNorm, VocabEmbedding,
-                                 assign_pipeline_stages, pre_norm_residual)
+from model_zoo.nn.layers import GatedFeedForward, ResidualAdd, pre_norm_residual
 from model_zoo.parallel.config import ParallelConfig
 
 
@@ -39,19 +38,13 @@ class LlamaBlock(nn.Cell):
 
     def __init__(self, config: LlamaConfig, parallel_config: ParallelConfig, compute_dtype):
         super().__init__()
-        init = dict(init_std=config.init_std, output_init_std=config.output_init_std)
-        self.input_norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
-                                  eps=config.rms_norm_eps)
-        self.attention = GroupedQueryAttention(
-            config.hidden_size, config.num_heads, config.kv_heads,
-            parallel_config=parallel_config, max_seq_length=config.seq_length,
-            attention_dropout=config.attention_dropout, compute_dtype=compute_dtype,
-            flash=config.flash_attention, **init)
-        self.post_attention_norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
-                                           eps=config.rms_norm_eps)
+        self.input_norm = block_norm(config, parallel_config)
+        self.attention = block_attention(config, parallel_config, compute_dtype)
+        self.post_attention_norm = block_norm(config, parallel_config)
         self.mlp = GatedFeedForward(config.hidden_size, config.ffn_size,
-                                    parallel_config=parallel_config,
-                                    compute_dtype=compute_dtype, **init)
+                                    parallel_config=parallel_config, compute_dtype=compute_dtype,
+                                    init_std=config.init_std,
+                                    output_init_std=config.output_init_std)
         self.residual_1 = ResidualAdd(parallel_config=parallel_config)
         self.residual_2 = ResidualAdd(parallel_config=parallel_config)
 
@@ -61,7 +54,7 @@ class LlamaBlock(nn.Cell):
         return pre_norm_residual(self.residual_2, self.post_attention_norm, self.mlp, x)
 
 
-class LlamaModel(nn.Cell):
+class LlamaModel(DecoderStack):
     """Token embedding, blocks and the final norm; the rotary tables every block reads.
 
     Inputs:
@@ -73,17 +66,8 @@ class LlamaModel(nn.Cell):
 
     def __init__(self, config: LlamaConfig, parallel_config: ParallelConfig,
                  compute_dtype=ms.float32):
-        super().__init__()
-        self.embed = VocabEmbedding(config.vocab_size, config.hidden_size,
-                                    parallel_config=parallel_config, init_std=config.init_std)
-        self.blocks = nn.CellList([LlamaBlock(config, parallel_config, compute_dtype)
-                                   for _ in range(config.num_layers)])
-        self.norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
-                            eps=config.rms_norm_eps)
-        self.rotary = RotaryPositions(config)
-        assign_pipeline_stages(list(self.blocks), parallel_config)
-        self.embed.pipeline_stage = 0
-        self.norm.pipeline_stage = parallel_config.pipeline_stage - 1
+        super().__init__(config, parallel_config, [
+            LlamaBlock(config, parallel_config, compute_dtype) for _ in range(config.num_layers)])
 
     def construct(self, input_ids, cache=None):
         positions = self.rotary(input_ids.shape[1], cache)

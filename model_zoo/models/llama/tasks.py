@@ -1,7 +1,5 @@
-"""LLaMA's hooks (the model-folder contract, model_zoo/models/base.py): the model and data
-sections, data preparation, the training network, evaluation, generation, conversion.
-Everything but the model, the training network and the converter is what decoder-only
-folders share (`model_zoo.causal_lm`), bound here by name."""
+"""LLaMA's hooks (the model-folder contract, model_zoo/models/base.py): its model, data
+section, training network and converter, and what decoder-only folders share (as GPT-2's)."""
 
 from dataclasses import dataclass
 
@@ -28,6 +26,8 @@ def build_train_network(config: Config, compute_dtype):
     return LlamaForTraining(config.model, config.parallel, compute_dtype)
 
 
+# The hooks decoder-only folders share (`model_zoo.causal_lm`), bound by name.
+# Copied from model_zoo.models.gpt2.tasks
 dataset_ready = tasks.dataset_ready
 prepare_data = tasks.prepare_data
 plan_inputs = tasks.plan_inputs

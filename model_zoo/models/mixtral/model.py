@@ -13,14 +13,13 @@ from dataclasses import dataclass
 import mindspore as ms
 from mindspore import nn, ops
 
-from model_zoo.causal_lm.decoder import DecoderLM, RotaryDecoderConfig, RotaryPositions
+from model_zoo.causal_lm.decoder import (DecoderLM, DecoderStack, RotaryDecoderConfig,
+                                         block_attention, block_norm)
 from model_zoo.causal_lm.training import NextTokenLoss
 from model_zoo.errors import ConfigError
 from model_zoo.models.base import folder_name
 from model_zoo.nn import cache as kv_cache
-from model_zoo.nn.grouped_attention import GroupedQueryAttention
-from model_zoo.nn.layers import (GatedFeedForward, Linear, ResidualAdd, RMSNorm,
-                                 VocabEmbedding, assign_pipeline_stages, pre_norm_residual)
+from model_zoo.nn.layers import (GatedFeedForward, Linear, ResidualAdd, pre_norm_residual)
 from model_zoo.nn.moe import LoadBalancingLoss, MixtureOfExperts
 from model_zoo.parallel.config import ParallelConfig
 
@@ -102,16 +101,10 @@ class MixtralBlock(nn.Cell):
         super().__init__()
         ffn = dict(parallel_config=parallel_config, compute_dtype=compute_dtype,
                    init_std=config.init_std, output_init_std=config.output_init_std)
-        self.input_norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
-                                  eps=config.rms_norm_eps)
-        self.attention = GroupedQueryAttention(
-            config.hidden_size, config.num_heads, config.kv_heads,
-            parallel_config=parallel_config, max_seq_length=config.seq_length,
-            attention_dropout=config.attention_dropout, compute_dtype=compute_dtype,
-            init_std=config.init_std, output_init_std=config.output_init_std,
-            flash=config.flash_attention, has_bias=config.attention_bias)
-        self.post_attention_norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
-                                           eps=config.rms_norm_eps)
+        self.input_norm = block_norm(config, parallel_config)
+        self.attention = block_attention(config, parallel_config, compute_dtype,
+                                         has_bias=config.attention_bias)
+        self.post_attention_norm = block_norm(config, parallel_config)
         self.sparse = config.has_experts(layer)
         self.shared_experts, self.shared_gate = None, None
         if not self.sparse:
@@ -157,7 +150,7 @@ class MixtralBlock(nn.Cell):
         return self.residual_2(x, mixed), statistics
 
 
-class MixtralModel(nn.Cell):
+class MixtralModel(DecoderStack):
     """Token embedding, blocks and the final norm; the rotary tables every block reads.
 
     Inputs:
@@ -170,17 +163,9 @@ class MixtralModel(nn.Cell):
 
     def __init__(self, config: MixtralConfig, parallel_config: ParallelConfig,
                  compute_dtype=ms.float32):
-        super().__init__()
-        self.embed = VocabEmbedding(config.vocab_size, config.hidden_size,
-                                    parallel_config=parallel_config, init_std=config.init_std)
-        self.blocks = nn.CellList([MixtralBlock(config, parallel_config, compute_dtype, layer)
-                                   for layer in range(config.num_layers)])
-        self.norm = RMSNorm(config.hidden_size, parallel_config=parallel_config,
-                            eps=config.rms_norm_eps)
-        self.rotary = RotaryPositions(config)
-        assign_pipeline_stages(list(self.blocks), parallel_config)
-        self.embed.pipeline_stage = 0
-        self.norm.pipeline_stage = parallel_config.pipeline_stage - 1
+        super().__init__(config, parallel_config, [
+            MixtralBlock(config, parallel_config, compute_dtype, layer)
+            for layer in range(config.num_layers)])
 
     def construct(self, input_ids, cache=None):
         positions = self.rotary(input_ids.shape[1], cache)

@@ -36,7 +36,6 @@ class TransformerConfig(ModelConfig):
     """
 
     name: str = folder_name(__name__)
-    ffn_hidden_size: int = 0
     dropout: float = 0.1
     attention_dropout: float = 0.1
     activation: str = "relu"
@@ -54,11 +53,6 @@ class TransformerConfig(ModelConfig):
     def pipeline_blocks(self) -> int:
         """Encoder and decoder layers, in that order, are the pipeline's blocks."""
         return 2 * self.num_layers
-
-    # Copied from model_zoo.models.gpt2.model.GPT2Config.ffn_size
-    @property
-    def ffn_size(self) -> int:
-        return self.ffn_hidden_size or 4 * self.hidden_size
 
     def validate(self):
         super().validate()
