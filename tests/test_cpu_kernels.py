@@ -13,14 +13,26 @@ from mindspore import Tensor, nn
 from model_zoo.nn import cpu_kernels
 from model_zoo.parallel.config import ParallelConfig
 from model_zoo.nn.attention import DotProductAttention, FusedCpuAttention, MultiHeadAttention
-from model_zoo.nn.backend import kernels_for
-from model_zoo.nn.layers import (GatedFeedForward, LayerNorm, Linear, PositionEmbedding,
-                                  ResidualAdd, RMSNorm)
+from model_zoo.nn.backend import (AddKernel, DenseProduct, FewRowsProduct, NormKernel,
+                                  kernels_for)
+from model_zoo.nn.layers import (GatedFeedForward, LayerNorm, Linear, MatMulProduct,
+                                  PositionEmbedding, ResidualAdd, RMSNorm)
 from model_zoo.nn.loss import CrossEntropy
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler")
 RNG = np.random.default_rng(0)
+
+
+def parts(layer) -> set:
+    """The classes of the cells a linear layer's product is made of (`backend.linear_product`)."""
+    return {type(cell) for _, cell in layer.product.cells_and_names()}
+
+
+def operators_of(layer) -> MatMulProduct:
+    """A linear layer's product on operators, where it has one."""
+    return next(cell for _, cell in layer.product.cells_and_names()
+                if isinstance(cell, MatMulProduct))
 
 
 class Weighted(nn.Cell):
@@ -47,7 +59,7 @@ def test_layer_norm_matches_torch():
     x = RNG.normal(size=(40, 50, 48)).astype(np.float32) * 3 + 1
     weights = RNG.normal(size=x.shape).astype(np.float32)
     layer = LayerNorm(48, parallel_config=ParallelConfig(), eps=1e-5)
-    assert layer.kernel is not None
+    assert isinstance(layer.normalize, NormKernel)
     gamma, beta = RNG.normal(size=48).astype(np.float32), RNG.normal(size=48).astype(np.float32)
     layer.gamma.set_data(Tensor(gamma))
     layer.beta.set_data(Tensor(beta))
@@ -67,7 +79,7 @@ def test_rms_norm_matches_torch():
     x = RNG.normal(size=(40, 50, 48)).astype(np.float32) * 3 + 1
     weights = RNG.normal(size=x.shape).astype(np.float32)
     layer = RMSNorm(48, parallel_config=ParallelConfig(), eps=1e-6)
-    assert layer.kernel is not None
+    assert isinstance(layer.normalize, NormKernel)
     weight = RNG.normal(size=48).astype(np.float32)
     layer.weight.set_data(Tensor(weight))
     y, dx, (dweight,) = value_and_grads(layer, weights, Tensor(x))
@@ -146,7 +158,7 @@ def test_gelu_matches_torch(activation, approximate):
 def test_linear_bias_matches_torch():
     layer = Linear(24, 40, parallel_config=ParallelConfig())
     layer.set_train()   # in eval mode these 14 rows would take the few-rows kernel
-    assert layer.dense is not None or not isinstance(layer.bias_add, ms.ops.Add)
+    assert DenseProduct in parts(layer) or not isinstance(operators_of(layer).bias_add, ms.ops.Add)
     weight = RNG.normal(size=(40, 24)).astype(np.float32)
     bias = RNG.normal(size=40).astype(np.float32)
     layer.weight.set_data(Tensor(weight))
@@ -185,7 +197,7 @@ def test_residual_and_position_additions_match_numpy(seq):
     y = RNG.normal(size=x.shape).astype(np.float32)
     weights = RNG.normal(size=x.shape).astype(np.float32)
     residual = ResidualAdd(parallel_config=ParallelConfig())
-    assert residual.cpu_add is not None
+    assert isinstance(residual.add, AddKernel)
     grad = ms.jit(ms.grad(Weighted(residual, weights), grad_position=(0, 1)))
     dx, dy = grad(Tensor(x), Tensor(y))
     np.testing.assert_allclose(ms.jit(residual)(Tensor(x), Tensor(y)).asnumpy(), x + y,
@@ -226,7 +238,7 @@ class TwoLinears(nn.Cell):
 def test_dense_kernels_match_torch(sizes, rows):
     net = TwoLinears(sizes)
     net.set_train()
-    assert net.first.dense is not None and net.second.dense is not None
+    assert DenseProduct in parts(net.first) and DenseProduct in parts(net.second)
     params = [RNG.normal(size=shape).astype(np.float32) for shape in
               ((sizes[1], sizes[0]), (sizes[1],), (sizes[2], sizes[1]))]
     for parameter, value in zip(net.trainable_params(), params):
@@ -386,7 +398,7 @@ def test_few_rows_matmul_matches_torch(rows, has_bias):
 
     # the layer takes it in eval mode, gradients included
     layer = Linear(70, 1030, has_bias=has_bias, parallel_config=ParallelConfig())
-    assert layer.few_rows is not None
+    assert isinstance(layer.product, FewRowsProduct)
     layer.weight.set_data(Tensor(weight))
     if has_bias:
         layer.bias.set_data(Tensor(bias))
@@ -472,7 +484,7 @@ def test_layers_use_mindspore_operators_without_a_compiler(monkeypatch, tmp_path
         assert not cpu_kernels.available()
         assert "fused CPU kernels unavailable" in capsys.readouterr().err
         norm = LayerNorm(8, parallel_config=ParallelConfig())
-        assert norm.kernel is None
+        assert not isinstance(norm.normalize, NormKernel)
         x = RNG.normal(size=(2, 3, 8)).astype(np.float32)
         expected = torch.nn.functional.layer_norm(torch.tensor(x), (8,), eps=1e-5).numpy()
         np.testing.assert_allclose(ms.jit(norm)(Tensor(x)).asnumpy(), expected, atol=1e-5)
@@ -494,8 +506,9 @@ def test_without_onednn_the_other_kernels_are_built_and_used(monkeypatch, capsys
         assert "cannot link MindSpore's oneDNN" in capsys.readouterr().err
         layer = Linear(8, 6, parallel_config=ParallelConfig())
         attention = MultiHeadAttention(8, 2, parallel_config=ParallelConfig())
-        assert layer.dense is None and not isinstance(attention.core, FusedCpuAttention)
-        assert not isinstance(layer.bias_add, ms.ops.Add)   # the fused bias kernel
+        assert DenseProduct not in parts(layer)
+        assert not isinstance(attention.core, FusedCpuAttention)
+        assert not isinstance(operators_of(layer).bias_add, ms.ops.Add)   # the bias kernel
         x = RNG.normal(size=(5, 8)).astype(np.float32)
         expected = torch.nn.functional.linear(torch.tensor(x), torch.tensor(
             layer.weight.asnumpy())).numpy()
@@ -550,7 +563,7 @@ def test_ascend_builds_keep_the_sharded_operators():
         norm = LayerNorm(8, parallel_config=ParallelConfig())
         linear = Linear(8, 8, activation="gelu", parallel_config=ParallelConfig())
         loss = CrossEntropy(parallel_config=ParallelConfig())
-    assert norm.kernel is None and loss.kernel is None
+    assert not isinstance(norm.normalize, NormKernel) and loss.kernel is None
     assert type(linear.activation).__name__ == "GeLU"
 
 

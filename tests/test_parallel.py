@@ -362,12 +362,12 @@ def test_linear_strategies(mp):
         row += [attention.output, mlp.project]
     assert len(column) == 2 * 24 and len(row) == 2 * 24
     for linear in column:
-        assert strategy(linear.matmul) == ((1, 1), (mp, 1))  # weight (out, in): out split
-        assert linear.matmul.attrs["transpose_b"] is True
-        assert strategy(linear.bias_add) == ((1, mp), (mp,))
+        assert strategy(linear.product.matmul) == ((1, 1), (mp, 1))  # weight (out, in): out split
+        assert linear.product.matmul.attrs["transpose_b"] is True
+        assert strategy(linear.product.bias_add) == ((1, mp), (mp,))
     for linear in row:
-        assert strategy(linear.matmul) == ((1, mp), (1, mp))  # in split on both: all-reduce
-        assert strategy(linear.bias_add) == ((1, 1), (1,))
+        assert strategy(linear.product.matmul) == ((1, mp), (1, mp))  # in split on both: all-reduce
+        assert strategy(linear.product.bias_add) == ((1, 1), (1,))
     for block in (cell for _, cell in net.cells_and_names() if isinstance(cell, GPT2Block)):
         assert strategy(block.mlp.expand.activation) == ((1, mp),)
         assert block.mlp.expand.out_features == 4096
@@ -378,7 +378,7 @@ def test_vocab_split_embedding(mp):
     net, _ = benchmark_net(1, mp, False)
     gather = net.lm.transformer.wte.gather
     assert strategy(gather) == ((mp, 1), (1, 1))  # dp 1: the ids stay whole
-    head = strategy(net.lm.head.matmul)
+    head = strategy(net.lm.head.product.matmul)
     assert head == ((1, 1), (mp, 1))
     # The tied table has one layout in both of its users (MindSpore rejects a parameter whose
     # users split it differently).
@@ -389,7 +389,7 @@ def test_vocab_split_embedding(mp):
 def test_vocab_whole_embedding(dp, mp):
     net, _ = benchmark_net(dp, mp, True)
     assert strategy(net.lm.transformer.wte.gather) == ((1, 1), (dp, 1))
-    assert strategy(net.lm.head.matmul) == ((dp, 1), (1, 1))
+    assert strategy(net.lm.head.product.matmul) == ((dp, 1), (1, 1))
 
 
 @pytest.mark.parametrize("mp", MODEL_PARALLEL)
@@ -398,7 +398,7 @@ def test_layer_norm_strategies(mp):
     norms = [cell for _, cell in net.cells_and_names() if isinstance(cell, LayerNorm)]
     assert len(norms) == 2 * 24 + 1
     for norm in norms:
-        assert strategy(norm.norm) == ((1, 1, 1), (1,), (1,))
+        assert strategy(norm.normalize.norm) == ((1, 1, 1), (1,), (1,))
 
 
 # Primitives whose first input is a weight or a constant, not an activation.
@@ -430,11 +430,11 @@ def test_hybrid_layout_strategies():
     net, _ = benchmark_net(2, 4, False)
     attention = net.lm.transformer.blocks[0].attention
     assert strategy(attention.core.scores) == ((2, 4, 1, 1), (2, 4, 1, 1))
-    assert strategy(attention.qkv.matmul) == ((2, 1), (4, 1))
-    assert strategy(attention.output.matmul) == ((2, 4), (1, 4))
+    assert strategy(attention.qkv.product.matmul) == ((2, 1), (4, 1))
+    assert strategy(attention.output.product.matmul) == ((2, 4), (1, 4))
     assert strategy(net.lm.transformer.wte.gather) == ((4, 1), (2, 1))
     # vocabulary-parallel loss: the class axis of the logits stays split by mp
-    assert strategy(net.lm.head.matmul) == ((2, 1), (4, 1))
+    assert strategy(net.lm.head.product.matmul) == ((2, 1), (4, 1))
     for name in ("max", "exp", "sum_exp", "sum_classes"):
         assert strategy(getattr(net.loss, name)) == ((2, 4),), name
     assert strategy(net.loss.one_hot) == ((2, 4), (), ())
@@ -529,19 +529,19 @@ def test_sequence_parallel_strategies():
     tokens = (dp * mp, 1)
     for block in (cell for _, cell in net.cells_and_names() if isinstance(cell, GPT2Block)):
         for norm in (block.ln_1, block.ln_2):
-            assert strategy(norm.norm) == (tokens, (1,), (1,))
+            assert strategy(norm.normalize.norm) == (tokens, (1,), (1,))
         for residual in (block.residual_1, block.residual_2):
-            assert strategy(residual.add) == ((dp * mp, 1, 1),) * 2
+            assert strategy(residual.add.add) == ((dp * mp, 1, 1),) * 2
         for dropout in (block.attention.hidden_dropout, block.mlp.dropout):
             assert strategy(dropout.dropout) == (tokens,)
         for row in (block.attention.output, block.mlp.project):
-            assert strategy(row.matmul) == ((dp, mp), (1, mp))
-            assert row.matmul.attrs["out_strategy"] == (tokens,)
-            assert strategy(row.bias_add) == (tokens, (1,))
+            assert strategy(row.product.matmul) == ((dp, mp), (1, mp))
+            assert row.product.matmul.attrs["out_strategy"] == (tokens,)
+            assert strategy(row.product.bias_add) == (tokens, (1,))
         for column in (block.attention.qkv, block.mlp.expand):
-            assert strategy(column.matmul) == ((dp, 1), (mp, 1))
-            assert column.matmul.attrs.get("out_strategy") is None
-    assert strategy(net.lm.transformer.ln_f.norm) == (tokens, (1,), (1,))
+            assert strategy(column.product.matmul) == ((dp, 1), (mp, 1))
+            assert column.product.matmul.attrs.get("out_strategy") is None
+    assert strategy(net.lm.transformer.ln_f.normalize.norm) == (tokens, (1,), (1,))
     assert strategy(net.lm.transformer.dropout.dropout) == (tokens,)
     with pytest.raises(ConfigError, match="needs parallel.model_parallel > 1"):
         ParallelConfig(sequence_parallel=True).validate()
@@ -732,9 +732,9 @@ def test_sequence_parallel_residual_add_splits_as_the_token_view(batch, dp, mp, 
     (rows, dp mp / rows, 1) split, rows = gcd(batch, dp mp): device i of the dp x mp pieces
     then holds tokens [i T, (i + 1) T) of the flattened (batch * seq) stream, T = batch *
     seq / (dp mp), as the (tokens, hidden) view split (dp mp, 1) does."""
-    from model_zoo.nn.layers import ResidualAdd, sequence_pieces
+    from model_zoo.nn.layers import StreamAdd, sequence_pieces
     parallel = ParallelConfig(data_parallel=dp, model_parallel=mp, sequence_parallel=True)
-    add = ResidualAdd(parallel_config=parallel).sequence_adds[sequence_pieces(batch, dp * mp)]
+    add = StreamAdd(parallel).sequence_adds[sequence_pieces(batch, dp * mp)]
     split = strategy(add)[0]
     assert split == (rows, dp * mp // rows, 1)
     seq = 16

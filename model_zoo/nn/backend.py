@@ -6,6 +6,11 @@ or, on CPU, a fused kernel of `cpu_kernels`: the same math, faster there, and no
 (CPU runs ignore strategies anyway). `CPU_KERNELS` lists the blocks that have one and what
 each needs; `cpu_kernel` is where every layer, the loss, the decoders and the train step
 ask for it. A new kernel is one entry here, and its layer asks `cpu_kernel` by name.
+
+The parts a layer calls (`linear_product`, `norm`, `residual_add`, `attention_core_name`,
+`decode_block`) are handed out here once, when the layer is built: the layer builds its
+operators part with its strategies, and gets that back, or the CPU part that replaces it
+with the same call. A layer's `construct` calls its part and never asks which it has.
 """
 
 from contextlib import contextmanager
@@ -13,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import mindspore as ms
+from mindspore import nn
 
 from model_zoo.nn import cpu_kernels
 
@@ -112,3 +118,78 @@ def decode_block(half: str, compute_dtype):
     """The kernel that runs one half of a pre-norm block at a decoding step in one launch
     (`cpu_kernels.decode_block`), or None where the layers run it."""
     return cpu_kernel("decode_block", half, dtype=compute_dtype)
+
+
+class DenseProduct(nn.Cell):
+    """x W^T (+ b) through oneDNN's sgemm (`cpu_kernels.dense`). Inputs as `MatMulProduct`'s."""
+
+    def __init__(self, dense):
+        super().__init__()
+        self.dense = dense
+
+    def construct(self, x, weight, bias=None):
+        return self.dense(x, weight) if bias is None else self.dense(x, weight, bias)
+
+
+class FewRowsProduct(nn.Cell):
+    """In eval mode, at most `SKINNY_ROWS` rows (a decoding step) in one pass over the weight
+    (`cpu_kernels.skinny_matmul`: MindSpore's MatMul takes 2-3 times that), other calls
+    through `product`. The rows are known when the graph compiles."""
+
+    def __init__(self, few_rows, product):
+        super().__init__()
+        self.few_rows, self.product = few_rows, product
+
+    def construct(self, x, weight, bias=None):
+        if self.training or x.shape[0] > cpu_kernels.SKINNY_ROWS:
+            return self.product(x, weight, bias)
+        return self.few_rows(x, weight) if bias is None else self.few_rows(x, weight, bias)
+
+
+def linear_product(operators, has_bias: bool, compute_dtype):
+    """A linear layer's product x (rows, in) W^T (+ b): `operators` (`layers.MatMulProduct`,
+    with the layer's strategies), or on CPU oneDNN's sgemm and the few-rows kernel."""
+    dense = cpu_kernel("dense", has_bias, dtype=compute_dtype)
+    product = operators if dense is None else DenseProduct(dense)
+    if dense is None and has_bias:
+        operators.bias_add = cpu_kernel("bias_add", dtype=compute_dtype) or operators.bias_add
+    few_rows = cpu_kernel("few_rows_dense", has_bias, dtype=compute_dtype)
+    return product if few_rows is None else FewRowsProduct(few_rows, product)
+
+
+class NormKernel(nn.Cell):
+    """A norm on its CPU kernel: inputs (x float32, the norm's parameters, eps) as the
+    operators part's, the normalised x out."""
+
+    def __init__(self, kernel):
+        super().__init__()
+        self.kernel = kernel
+
+    def construct(self, *inputs):
+        return self.kernel(*inputs)[0]
+
+
+def norm(kind: str, operators):
+    """A norm of `kind` ("layer_norm", "rms_norm"): `operators` (its strategies), or on CPU
+    its kernel."""
+    kernel = cpu_kernel(kind)
+    return operators if kernel is None else NormKernel(kernel)
+
+
+class AddKernel(nn.Cell):
+    """x + y through `cpu_kernels.add` when both are float32, else through `operators`."""
+
+    def __init__(self, kernel, operators):
+        super().__init__()
+        self.kernel, self.operators = kernel, operators
+
+    def construct(self, x, y):
+        if x.dtype == ms.float32 and y.dtype == ms.float32:
+            return self.kernel(x, y)
+        return self.operators(x, y)
+
+
+def residual_add(operators):
+    """The residual stream's addition: `operators` (its strategies), or on CPU the kernel."""
+    kernel = cpu_kernel("add", dtype=ms.float32)
+    return operators if kernel is None else AddKernel(kernel, operators)

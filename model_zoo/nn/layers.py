@@ -42,6 +42,7 @@ from mindspore.ops.auto_generate import SiLU
 
 from model_zoo.errors import ConfigError
 from model_zoo.nn import cpu_kernels
+from model_zoo.nn import backend
 from model_zoo.nn.backend import cpu_kernel, decode_block
 from model_zoo.parallel.config import ParallelConfig
 
@@ -61,13 +62,6 @@ def check_precision_device(precision: str, device_target: str, is_910b: bool = T
         device = "CPU" if device_target == "CPU" else "Ascend 910"
         raise ConfigError(f"train.precision=bf16 runs on Ascend 910B only, not on {device}; "
                           f"use fp16 (with its loss scale) or fp32 there")
-
-
-def uses_few_rows(layer, x) -> bool:
-    """Whether `layer` takes x (rows, in) through its `few_rows` kernel: it has one, it is in
-    eval mode and the rows are few (all known when the graph compiles)."""
-    return layer.few_rows is not None and not layer.training and \
-        x.shape[0] <= cpu_kernels.SKINNY_ROWS
 
 
 class DecodeBlockPart(nn.Cell):
@@ -245,6 +239,30 @@ class ExactGELU(nn.Cell):
         return self.mul(x, cdf)
 
 
+class MatMulProduct(nn.Cell):
+    """x W^T (+ b) on MindSpore's MatMul and Add with a layer's strategies (its product on
+    operators; `backend.linear_product` hands out the CPU one).
+
+    Inputs:
+        x: (rows, in); weight: (out, in); bias: (out,) or None; in the compute dtype.
+    Outputs:
+        (rows, out).
+    """
+
+    def __init__(self, matmul_strategy, out_strategy=None, bias_strategy=None):
+        super().__init__()
+        self.matmul = ops.MatMul(transpose_b=True)
+        if out_strategy is None:
+            self.matmul.shard(matmul_strategy)
+        else:
+            self.matmul.shard(matmul_strategy, (out_strategy,))
+        self.bias_add = None if bias_strategy is None else ops.Add().shard(bias_strategy)
+
+    def construct(self, x, weight, bias=None):
+        y = self.matmul(x, weight)
+        return y if bias is None else self.bias_add(y, bias)
+
+
 class Linear(nn.Cell):
     """y = x W^T + b over the last axis, with the weight split by columns or rows.
 
@@ -293,21 +311,14 @@ class Linear(nn.Cell):
         self.compute_dtype = compute_dtype
         self.weight = Parameter(initializer(Normal(init_std), (out_features, in_features),
                                             ms.float32), name="weight")
-        if scattered:
-            # MatMul's output strategy (rule G6): rows split by dp x mp = a reduce-scatter
-            self.matmul = ops.MatMul(transpose_b=True).shard(matmul_strategy, (out_strategy,))
-        else:
-            self.matmul = ops.MatMul(transpose_b=True).shard(matmul_strategy)
-        # on CPU: oneDNN's sgemm, and in eval mode for at most `SKINNY_ROWS` rows (a
-        # decoding step) one pass over the weight (MindSpore's MatMul takes 2-3 times that)
-        self.few_rows = cpu_kernel("few_rows_dense", has_bias, dtype=compute_dtype)
-        self.dense = cpu_kernel("dense", has_bias, dtype=compute_dtype)
+        # the output strategy of a reduce-scatter (rule G6: rows split by dp x mp)
+        operators = MatMulProduct(matmul_strategy, out_strategy if scattered else None,
+                                  (out_strategy, (out_strategy[1],)) if has_bias else None)
+        self.product = backend.linear_product(operators, has_bias, compute_dtype)
         self.has_bias = has_bias
+        self.bias = None
         if has_bias:
             self.bias = Parameter(initializer(Zero(), (out_features,), ms.float32), name="bias")
-            self.bias_add = ops.Add().shard((out_strategy, (out_strategy[1],)))
-            if self.dense is None:
-                self.bias_add = cpu_kernel("bias_add", dtype=compute_dtype) or self.bias_add
         self.activation = None
         if activation in ("gelu", "gelu_exact"):
             self.activation = cpu_kernel("gelu", activation == "gelu_exact") or (
@@ -324,15 +335,8 @@ class Linear(nn.Cell):
     def construct(self, x):
         lead_shape = x.shape[:-1]
         x = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.in_features))
-        weight = ops.cast(self.weight, self.compute_dtype)
-        if uses_few_rows(self, x):
-            y = self.few_rows(x, weight, self.bias) if self.has_bias else self.few_rows(x, weight)
-        elif self.dense is not None:
-            y = self.dense(x, weight, self.bias) if self.has_bias else self.dense(x, weight)
-        else:
-            y = self.matmul(x, weight)
-            if self.has_bias:
-                y = self.bias_add(y, ops.cast(self.bias, self.compute_dtype))
+        bias = ops.cast(self.bias, self.compute_dtype) if self.has_bias else None
+        y = self.product(x, ops.cast(self.weight, self.compute_dtype), bias)
         if self.activation is not None:
             y = self.activation(y)
         return ops.reshape(y, lead_shape + (self.out_features,))
@@ -354,20 +358,30 @@ class LayerNorm(nn.Cell):
         super().__init__()
         self.gamma = Parameter(initializer(One(), (hidden_size,), ms.float32), name="gamma")
         self.beta = Parameter(initializer(Zero(), (hidden_size,), ms.float32), name="beta")
+        self.normalize = backend.norm(self.kind, LayerNormOperators(parallel_config, eps))
+        self.eps = Tensor(eps, ms.float32)
+
+    def construct(self, x):
+        return self.normalize(ops.cast(x, ms.float32), self.gamma, self.beta, self.eps)
+
+
+class LayerNormOperators(nn.Cell):
+    """`LayerNorm` on MindSpore's operator, split like the residual stream.
+
+    Inputs: x float32 (batch, seq, hidden), gamma, beta, eps (held by the operator).
+    """
+
+    def __init__(self, parallel_config: ParallelConfig, eps: float):
+        super().__init__()
         strategy = stream_strategy(parallel_config)
         self.tokens_view = parallel_config.sequence_parallel
         self.norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1,
                                   epsilon=eps).shard((strategy, (1,), (1,)))
-        self.kernel = cpu_kernel("layer_norm")
-        self.eps = Tensor(eps, ms.float32)
 
-    def construct(self, x):
-        x = ops.cast(x, ms.float32)
-        if self.kernel is not None:
-            return self.kernel(x, self.gamma, self.beta, self.eps)[0]
+    def construct(self, x, gamma, beta, eps):
         if self.tokens_view:
-            return ops.reshape(self.norm(as_tokens(x), self.gamma, self.beta)[0], x.shape)
-        return self.norm(x, self.gamma, self.beta)[0]
+            return ops.reshape(self.norm(as_tokens(x), gamma, beta)[0], x.shape)
+        return self.norm(x, gamma, beta)[0]
 
 
 class RMSNorm(nn.Cell):
@@ -386,6 +400,21 @@ class RMSNorm(nn.Cell):
     def __init__(self, hidden_size: int, *, parallel_config: ParallelConfig, eps: float = 1e-6):
         super().__init__()
         self.weight = Parameter(initializer(One(), (hidden_size,), ms.float32), name="weight")
+        self.normalize = backend.norm(self.kind, RMSNormOperators(parallel_config))
+        self.eps = Tensor(eps, ms.float32)
+
+    def construct(self, x):
+        return self.normalize(ops.cast(x, ms.float32), self.weight, self.eps)
+
+
+class RMSNormOperators(nn.Cell):
+    """`RMSNorm` on MindSpore's operators, split like the residual stream.
+
+    Inputs: x float32 (batch, seq, hidden), weight (hidden,), eps float32 scalar.
+    """
+
+    def __init__(self, parallel_config: ParallelConfig):
+        super().__init__()
         strategy = stream_strategy(parallel_config)
         self.tokens_view = parallel_config.sequence_parallel
         self.square = ops.Square().shard((strategy,))
@@ -394,18 +423,13 @@ class RMSNorm(nn.Cell):
         self.rsqrt = ops.Rsqrt().shard((strategy,))
         self.normalize = ops.Mul().shard((strategy, strategy))
         self.scale = ops.Mul().shard((strategy, (1,)))
-        self.kernel = cpu_kernel("rms_norm")
-        self.eps = Tensor(eps, ms.float32)
 
-    def construct(self, x):
-        x = ops.cast(x, ms.float32)
-        if self.kernel is not None:
-            return self.kernel(x, self.weight, self.eps)[0]
+    def construct(self, x, weight, eps):
         shape = x.shape
         if self.tokens_view:
             x = as_tokens(x)
-        inverse_rms = self.rsqrt(self.add_eps(self.mean(self.square(x), -1), self.eps))
-        y = self.scale(self.normalize(x, inverse_rms), self.weight)
+        inverse_rms = self.rsqrt(self.add_eps(self.mean(self.square(x), -1), eps))
+        y = self.scale(self.normalize(x, inverse_rms), weight)
         return ops.reshape(y, shape) if self.tokens_view else y
 
 
@@ -616,7 +640,18 @@ class GatedFeedForwardBlockPart(DecodeBlockPart):
 
 class ResidualAdd(nn.Cell):
     """x + y for (batch, seq, hidden) activations, split like the residual stream
-    (`stream_strategy`); on CPU in float32, `cpu_kernels.add` (no strategy to keep there).
+    (`StreamAdd`); on CPU in float32 `cpu_kernels.add` (`backend.residual_add`)."""
+
+    def __init__(self, *, parallel_config: ParallelConfig):
+        super().__init__()
+        self.add = backend.residual_add(StreamAdd(parallel_config))
+
+    def construct(self, x, y):
+        return self.add(x, y)
+
+
+class StreamAdd(nn.Cell):
+    """x + y on MindSpore's Add, split like the residual stream (`stream_strategy`).
 
     With sequence parallel the addition is made on (batch, seq, hidden) itself, split as
     the (tokens, hidden) view is: the dp x mp pieces are whole sequences or equal parts of
@@ -625,7 +660,7 @@ class ResidualAdd(nn.Cell):
     pipeline inference refuses on a stage border ("Reshape op can't be a border").
     """
 
-    def __init__(self, *, parallel_config: ParallelConfig):
+    def __init__(self, parallel_config: ParallelConfig):
         super().__init__()
         self.tokens_view = parallel_config.sequence_parallel
         pieces = parallel_config.dp * parallel_config.mp
@@ -638,11 +673,8 @@ class ResidualAdd(nn.Cell):
             ops.Add().shard(((rows, pieces // rows, 1),) * 2)
             for rows in range(1, pieces) if pieces % rows == 0) + (self.add,) \
             if self.tokens_view else ()
-        self.cpu_add = cpu_kernel("add", dtype=ms.float32)   # float32 x and y only
 
     def construct(self, x, y):
-        if self.cpu_add is not None and x.dtype == ms.float32 and y.dtype == ms.float32:
-            return self.cpu_add(x, y)
         if self.tokens_view:
             return self.sequence_adds[sequence_pieces(x.shape[0], self.pieces)](x, y)
         return self.add(x, y)
@@ -696,21 +728,14 @@ class VocabProjection(nn.Cell):
         if vocab_size:
             self.weight = Parameter(initializer(Normal(init_std), (vocab_size, hidden_size),
                                                 ms.float32), name="weight")
-        self.matmul = ops.MatMul(transpose_b=True).shard(((dp, 1), (vocab_split, 1)))
-        self.few_rows = cpu_kernel("few_rows_dense", False, dtype=compute_dtype)
-        self.dense = cpu_kernel("dense", False, dtype=compute_dtype)
+        self.product = backend.linear_product(MatMulProduct(((dp, 1), (vocab_split, 1))),
+                                              False, compute_dtype)
 
     def construct(self, x, embedding_table=None):
         x = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.hidden_size))
         table = ops.cast(self.weight if embedding_table is None else embedding_table,
                          self.compute_dtype)
-        if uses_few_rows(self, x):
-            logits = self.few_rows(x, table)
-        elif self.dense is not None:
-            logits = self.dense(x, table)
-        else:
-            logits = self.matmul(x, table)
-        return ops.cast(logits, ms.float32)
+        return ops.cast(self.product(x, table), ms.float32)
 
 
 def vocabulary_split(parallel_config: ParallelConfig) -> int:
