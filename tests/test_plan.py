@@ -278,8 +278,8 @@ def test_micro_batches_must_divide_the_batch():
 
 # --- operator rules (mutated strategies) ------------------------------------------------------
 
-QUERY = "lm.transformer.blocks.0.attention.qkv.matmul"
-OUTPUT = "lm.transformer.blocks.0.attention.output.matmul"
+QUERY = "lm.transformer.blocks.0.attention.qkv.product.matmul"
+OUTPUT = "lm.transformer.blocks.0.attention.output.product.matmul"
 
 
 def test_split_that_does_not_divide():
@@ -292,7 +292,7 @@ def test_split_that_does_not_divide():
 
 def test_split_not_power_of_two():
     # 3 divides the micro batch of 48 sequences, but the device number is a power of two
-    norm = "lm.transformer.blocks.0.ln_1.norm"
+    norm = "lm.transformer.blocks.0.ln_1.normalize.norm"
     plan = build_plan(tiny(dp=2, mp=2, batch=48, layers=1),
                       customize=reshard(norm, ((3, 1, 1), (1,), (1,))))
     violation = only(plan, "G3")[0]
@@ -324,7 +324,7 @@ def test_device_matrix_must_divide_the_stage():
 
 
 def test_broadcast_operands_agree():
-    add = "lm.transformer.blocks.0.residual_1.add"
+    add = "lm.transformer.blocks.0.residual_1.add.add"
     plan = build_plan(tiny(dp=2, mp=2), customize=reshard(add, ((2, 1, 1), (1, 1, 1))))
     (violation,) = only(plan, "broadcast")
     assert (violation.path, violation.input, violation.dim) == (add, 1, 0)
@@ -332,7 +332,7 @@ def test_broadcast_operands_agree():
 
 
 def test_layer_norm_axis_and_rank():
-    norm = "lm.transformer.blocks.0.ln_2.norm"
+    norm = "lm.transformer.blocks.0.ln_2.normalize.norm"
     plan = build_plan(tiny(dp=2, mp=2), customize=reshard(norm, ((2, 1, 2), (2,), (2,))))
     violation = only(plan, "LayerNorm")[0]
     assert (violation.input, violation.dim) == (0, 2)
@@ -367,7 +367,7 @@ def test_loss_class_dimension_whole_and_operands_alike():
 
 
 def test_parameter_split_alike_by_its_users():
-    plan = build_plan(tiny(dp=2, mp=2), customize=reshard("lm.head.matmul", ((2, 1), (1, 1))))
+    plan = build_plan(tiny(dp=2, mp=2), customize=reshard("lm.head.product.matmul", ((2, 1), (1, 1))))
     (violation,) = only(plan, "parameter")
     assert ("parameter lm.transformer.wte.embedding_table is split (2, 1) by "
             "lm.transformer.wte.gather but (1, 1) here") in str(violation)
@@ -723,13 +723,13 @@ def test_sequence_parallel_rules():
     dp x mp (reduce-scatter) and its columns like the weight; no other operator takes one."""
     config = tiny(dp=2, mp=2, sequence_parallel=True)
     assert build_plan(config).violations == []
-    row = "lm.transformer.blocks.0.attention.output.matmul"
+    row = "lm.transformer.blocks.0.attention.output.product.matmul"
     plan = build_plan(config, customize=reshard(row, ((2, 2), (1, 2)), ((4, 2),)))
     (violation,) = only(plan, "G6")
     assert violation.path == row and "columns must be split 1" in str(violation)
     plan = build_plan(config, customize=reshard(row, ((2, 2), (1, 2)), ((8, 1),)))
     assert "rows must be split 2 (all-reduce) or 4 (reduce-scatter)" in str(only(plan, "G6")[0])
-    norm = "lm.transformer.blocks.0.ln_1.norm"
+    norm = "lm.transformer.blocks.0.ln_1.normalize.norm"
     plan = build_plan(config, customize=reshard(norm, ((4, 1), (1,), (1,)), ((4, 1),)))
     assert only(plan, "G6")[0].path == norm
     plan = build_plan(tiny(sequence_parallel=True))
@@ -921,7 +921,7 @@ def test_doc_is_generated_from_the_code():
     plans = {relative: shipped(relative) for relative in CONFIGS}
     assert render_doc(text, generated_sections(plans), DOC_PATH) == text, (
         "docs/parallelism.md is out of date: run `model-zoo plan --update-docs`")
-    assert "| `Linear` | split=\"row\" | MatMul (`matmul`) | `((dp, mp), (1, mp))` |" in text
+    assert "| `Linear` | split=\"row\" | MatMul (`product.matmul`) | `((dp, mp), (1, mp))` |" in text
 
 
 # --- the estimate against a measured CPU run --------------------------------------------------

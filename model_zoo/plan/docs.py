@@ -111,7 +111,11 @@ NOT_SHARDED = {"AttentionLayer": "the base of the attention layers, which are sh
                "AttentionBlockPart": "CPU kernels of a decoding step",
                "GroupedAttentionBlockPart": "CPU kernels of a decoding step",
                "FeedForwardBlockPart": "CPU kernels of a decoding step",
-               "GatedFeedForwardBlockPart": "CPU kernels of a decoding step"}
+               "GatedFeedForwardBlockPart": "CPU kernels of a decoding step",
+               "MatMulProduct": "the product of Linear and VocabProjection, shown there",
+               "LayerNormOperators": "the operators of LayerNorm, shown there",
+               "RMSNormOperators": "the operators of RMSNorm, shown there",
+               "StreamAdd": "the operators of ResidualAdd, shown there"}
 
 
 def sharded_layer_names() -> List[str]:

@@ -287,11 +287,11 @@ def test_large_strategies(mp, vocab_emb_dp):
     for layer in layers:
         attention, ffn = layer.attention, layer.ffn
         for linear in (attention.qkv, ffn.expand):
-            assert strategy(linear.matmul) == ((1, 1), (mp, 1))  # column: out features split
-            assert strategy(linear.bias_add) == ((1, mp), (mp,))
+            assert strategy(linear.product.matmul) == ((1, 1), (mp, 1))  # column: out split
+            assert strategy(linear.product.bias_add) == ((1, mp), (mp,))
         for linear in (attention.output, ffn.project):
-            assert strategy(linear.matmul) == ((1, mp), (1, mp))  # row: all-reduce over mp
-            assert strategy(linear.bias_add) == ((1, 1), (1,))
+            assert strategy(linear.product.matmul) == ((1, mp), (1, mp))  # row: all-reduce
+            assert strategy(linear.product.bias_add) == ((1, 1), (1,))
         gelu = ffn.expand.activation
         assert isinstance(gelu, ExactGELU)
         assert strategy(gelu.erf) == ((1, mp),) and strategy(gelu.mul) == ((1, mp), (1, mp))
@@ -300,7 +300,7 @@ def test_large_strategies(mp, vocab_emb_dp):
     assert strategy(embeddings.word_embeddings.gather) == ((vocab, 1), (1, 1))
     assert strategy(embeddings.token_type_embeddings.gather) == ((1, 1), (1, 1))  # 2 rows
     # The tied table has one layout in both of its users.
-    assert strategy(net.cls.decoder.matmul) == ((1, 1), (vocab, 1))
+    assert strategy(net.cls.decoder.product.matmul) == ((1, 1), (vocab, 1))
     assert strategy(net.cls.add_output_bias) == ((1, vocab), (vocab,))
     norms = [c for _, c in net.cells_and_names() if isinstance(c, LayerNorm)]
     assert len(norms) == 2 * 24 + 2  # two per layer, embeddings, MLM transform

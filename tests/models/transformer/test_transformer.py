@@ -568,17 +568,17 @@ def test_layout_config_builds_with_its_strategies(name):
         projections = ((attention.query, attention.key_value) if attention.cross
                        else (attention.qkv,))
         for projection in projections:
-            assert strategy(projection.matmul) == ((dp, 1), (mp, 1))
+            assert strategy(projection.product.matmul) == ((dp, 1), (mp, 1))
         assert strategy(attention.core.take_part) == ((dp, 1, mp, 1),)
-        assert strategy(attention.output.matmul) == ((dp, mp), (1, mp))
+        assert strategy(attention.output.product.matmul) == ((dp, mp), (1, mp))
     for layer in transformer.encoder_layers:
-        assert strategy(layer.feed_forward.function.expand.matmul) == ((dp, 1), (mp, 1))
+        assert strategy(layer.feed_forward.function.expand.product.matmul) == ((dp, 1), (mp, 1))
     if parallel.vocab_emb_dp:
         assert strategy(transformer.embedding.gather) == ((1, 1), (dp, 1))
-        assert strategy(transformer.projection.matmul) == ((dp, 1), (1, 1))
+        assert strategy(transformer.projection.product.matmul) == ((dp, 1), (1, 1))
     else:  # the vocabulary is split over mp
         assert strategy(transformer.embedding.gather) == ((mp, 1), (dp, 1))
-        assert strategy(transformer.projection.matmul) == ((dp, 1), (mp, 1))
+        assert strategy(transformer.projection.product.matmul) == ((dp, 1), (mp, 1))
     assert config.model.vocab_size % mp == 0
 
     # Every strategy against the shapes its operator really receives (the offline plan
