@@ -367,7 +367,8 @@ def test_loss_class_dimension_whole_and_operands_alike():
 
 
 def test_parameter_split_alike_by_its_users():
-    plan = build_plan(tiny(dp=2, mp=2), customize=reshard("lm.head.product.matmul", ((2, 1), (1, 1))))
+    plan = build_plan(tiny(dp=2, mp=2),
+                      customize=reshard("lm.head.product.matmul", ((2, 1), (1, 1))))
     (violation,) = only(plan, "parameter")
     assert ("parameter lm.transformer.wte.embedding_table is split (2, 1) by "
             "lm.transformer.wte.gather but (1, 1) here") in str(violation)
@@ -921,7 +922,8 @@ def test_doc_is_generated_from_the_code():
     plans = {relative: shipped(relative) for relative in CONFIGS}
     assert render_doc(text, generated_sections(plans), DOC_PATH) == text, (
         "docs/parallelism.md is out of date: run `model-zoo plan --update-docs`")
-    assert "| `Linear` | split=\"row\" | MatMul (`product.matmul`) | `((dp, mp), (1, mp))` |" in text
+    assert ("| `Linear` | split=\"row\" | MatMul (`product.matmul`) | `((dp, mp), (1, mp))` |"
+            in text)
 
 
 # --- the estimate against a measured CPU run --------------------------------------------------
