@@ -621,6 +621,31 @@ def test_recompute_keeps_only_block_inputs():
     assert recomputed.recompute_peak > 0
 
 
+def test_recomputed_blocks_keep_a_shared_input_once():
+    """A LLaMA's recomputed blocks read the micro batch's one rotary (cos, sin) besides
+    their own input: each block keeps its input, the stage keeps (cos, sin) once."""
+    from model_zoo.models.llama.model import LlamaConfig, LlamaForTraining
+    llama = LlamaConfig(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
+                        seq_length=16, vocab_size=64)
+    with no_init_parameters():
+        network = LlamaForTraining(llama, ParallelConfig(recompute=True), ms.float16)
+    checkpoints = record(network, [((4, 17), ms.int32)]).checkpoints
+    first, second = (checkpoints[f"lm.model.blocks.{i}"] for i in range(2))
+    assert [info.shape for info in first] == [(4, 16, 64), (16, 16), (16, 16)]
+    assert first[0].key != second[0].key and \
+        [info.key for info in first[1:]] == [info.key for info in second[1:]]
+    path = os.path.join(ROOT, "model_zoo/models/llama/configs/tiny.yaml")
+    kept = {layers: build_plan(load_config(path, ["parallel.recompute=true",
+                                                  f"model.num_layers={layers}"],
+                                           layout_checked=False)).memory[0]
+            for layers in (2, 3)}
+    config = load_config(path, layout_checked=False)
+    block_input = config.train.global_batch_size * config.model.seq_length * \
+        config.model.hidden_size * 4   # float32 (batch, seq, hidden)
+    assert kept[3].activations_per_micro_batch - kept[2].activations_per_micro_batch == \
+        block_input
+
+
 def test_pipeline_stages_and_communication():
     plan = build_plan(tiny(pp=4, micro=4, layers=4, batch=8))
     first, last = plan.memory[0], plan.memory[-1]

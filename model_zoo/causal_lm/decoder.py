@@ -111,15 +111,18 @@ class RotaryPositions(nn.Cell):
 
 
 class DecoderStack(nn.Cell):
-    """A decoder's token embedding, its `blocks` (given stages over the pipeline), the final
-    RMSNorm and the rotary tables every block reads. A folder's `<Name>Model` is this with its
-    blocks and its `construct`, which runs them."""
+    """A decoder's token embedding, its blocks (`make_block(layer)` for each layer, given
+    stages over the pipeline), the final RMSNorm and the rotary tables every block reads. A
+    folder's `<Name>Model` is this with its block and its `construct`, which runs them.
+    (Built in this order, the seeded initial weights are the same from one version to the
+    next.)"""
 
-    def __init__(self, config: RotaryDecoderConfig, parallel_config: ParallelConfig, blocks):
+    def __init__(self, config: RotaryDecoderConfig, parallel_config: ParallelConfig,
+                 make_block):
         super().__init__()
         self.embed = VocabEmbedding(config.vocab_size, config.hidden_size,
                                     parallel_config=parallel_config, init_std=config.init_std)
-        self.blocks = nn.CellList(blocks)
+        self.blocks = nn.CellList([make_block(layer) for layer in range(config.num_layers)])
         self.norm = block_norm(config, parallel_config)
         self.rotary = RotaryPositions(config)
         assign_pipeline_stages(list(self.blocks), parallel_config)

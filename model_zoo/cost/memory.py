@@ -34,8 +34,9 @@ output, Dropout a one-bit mask per element, Add and Cast nothing, ...), each cou
 (a cast shared by Q, K and V is one tensor, as MindSpore's graph optimiser merges equal
 casts) and sliced by the strategy of the operator that keeps it. Weights and their casts
 are counted above, not here. With `parallel.recompute` a recomputed cell (a block) keeps
-only its inputs, and re-creates its activations during its own backward pass, so one
-block's activations are added once (R_k):
+only its inputs (a tensor several blocks read, such as the rotary (cos, sin) of a LLaMA,
+once), and re-creates its activations during its own backward pass, so one block's
+activations are added once (R_k):
 
     activations_k = m_k x A_k + R_k + W_k,   m_k = min(pp - k, micro_batch_num) micro
                                              batches in flight on stage k with 1F1B (1
@@ -303,12 +304,15 @@ def estimate_memory(rec, parallel: ParallelConfig, accumulation: int = 1) -> Lis
             else:
                 inside[call.recompute_root] += amount
                 root_stage.setdefault(call.recompute_root, call.stage)
+    kept = set()   # (stage, tensor): an input several recomputed blocks read is kept once
     for root, inputs in rec.checkpoints.items():
         stage = root_stage.get(root)
         if stage is None:
             stage = next((c.stage for c in rec.calls if c.recompute_root == root), 0)
-        per_micro[stage] += sum(slice_bytes(info, info.layout) for info in inputs
-                                if info.param is None)
+        for info in inputs:
+            if info.param is None and (stage, info.key) not in kept:
+                kept.add((stage, info.key))
+                per_micro[stage] += slice_bytes(info, info.layout)
     working = [0.0] * len(stages)
     for stage, amount in backward_working_sets(rec):
         working[stage] = max(working[stage], amount)

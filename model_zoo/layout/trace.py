@@ -251,7 +251,8 @@ class Recorder:
     def _on_cell(self, original, cell, args, kwargs):
         name = self.cell_names.get(id(cell))
         if name in self.recompute_roots and name not in self.checkpoints:
-            self.checkpoints[name] = [i for i in (self.info(a) for a in args) if i is not None]
+            self.checkpoints[name] = [i for i in (self.info(a) for a in _flat(args))
+                                      if i is not None]
         self.cell_stack.append(cell)
         try:
             return original(cell, *args, **kwargs)
@@ -376,6 +377,16 @@ class Recorder:
 
 
 _MISSING = object()
+
+
+def _flat(values):
+    """The values of a call's arguments, those inside tuples and lists (a block's rotary
+    (cos, sin), a decoding cache) included."""
+    for value in values:
+        if isinstance(value, (tuple, list)):
+            yield from _flat(value)
+        else:
+            yield value
 
 
 def _parent(path: str) -> Optional[str]:

@@ -384,8 +384,7 @@ def attention_core(num_heads: int, head_dim: int, *, parallel_config: ParallelCo
                    compute_dtype=ms.float32, **options):
     """The core a layer built now takes (`backend.attention_core_name`), built with the
     options of DotProductAttention."""
-    name = attention_core_name(flash=flash, fused_qkv=fused_qkv, num_heads=num_heads,
-                               compute_dtype=compute_dtype)
+    name = attention_core_name(flash=flash, fused_qkv=fused_qkv, compute_dtype=compute_dtype)
     if name == "cpu_fused":
         options["fused_qkv"] = fused_qkv
     return ATTENTION_CORES[name](num_heads, head_dim, parallel_config=parallel_config,

@@ -89,29 +89,30 @@ def cpu_kernel(block: str, *args, dtype=None):
     what is built now, or None where MindSpore's operators run it: another target, kernels
     that did not compile, a compute `dtype` other than float32 for a float32-only block, or
     no usable oneDNN for a block that calls it."""
+    return CPU_KERNELS[block].make(*args) if runs_cpu_kernel(block, dtype) else None
+
+
+def runs_cpu_kernel(block: str, dtype=None) -> bool:
+    """Whether `cpu_kernel(block, ..., dtype=dtype)` hands out a kernel, without making it."""
     kernel = CPU_KERNELS[block]
     if kernel.float32_only and dtype is None:
         raise TypeError(f"cpu_kernel({block!r}) needs the block's compute dtype")
     if not use_cpu_kernels() or (kernel.float32_only and dtype != ms.float32):
-        return None
-    if kernel.needs_onednn and not cpu_kernels.has_dense():
-        return None
-    return kernel.make(*args)
+        return False
+    return not kernel.needs_onednn or cpu_kernels.has_dense()
 
 
 # The parts a layer asks for by name: what runs on MindSpore's operators (every device, and
 # the strategies semi-auto parallel reads) or, on CPU, on the fused kernels.
 
-def attention_core_name(*, flash: bool, fused_qkv: bool, num_heads: int,
-                        compute_dtype) -> str:
+def attention_core_name(*, flash: bool, fused_qkv: bool, compute_dtype) -> str:
     """The attention core (`attention.ATTENTION_CORES`) of a layer built now: "flash" when
     the config asks for it (Ascend 910B), "cpu_fused" where the CPU kernels run it, else
     "dot_product" (MindSpore's operators)."""
     if flash:
         return "flash"
-    kernel = cpu_kernel("self_attention" if fused_qkv else "kv_attention", num_heads,
-                        dtype=compute_dtype)
-    return "dot_product" if kernel is None else "cpu_fused"
+    fused = runs_cpu_kernel("self_attention" if fused_qkv else "kv_attention", compute_dtype)
+    return "cpu_fused" if fused else "dot_product"
 
 
 def decode_block(half: str, compute_dtype):

@@ -335,7 +335,9 @@ class Linear(nn.Cell):
     def construct(self, x):
         lead_shape = x.shape[:-1]
         x = ops.reshape(ops.cast(x, self.compute_dtype), (-1, self.in_features))
-        bias = ops.cast(self.bias, self.compute_dtype) if self.has_bias else None
+        bias = self.bias   # None, or float32: cast only for a product in another dtype
+        if self.has_bias and self.compute_dtype != ms.float32:
+            bias = ops.cast(bias, self.compute_dtype)
         y = self.product(x, ops.cast(self.weight, self.compute_dtype), bias)
         if self.activation is not None:
             y = self.activation(y)

@@ -66,8 +66,8 @@ class LlamaModel(DecoderStack):
 
     def __init__(self, config: LlamaConfig, parallel_config: ParallelConfig,
                  compute_dtype=ms.float32):
-        super().__init__(config, parallel_config, [
-            LlamaBlock(config, parallel_config, compute_dtype) for _ in range(config.num_layers)])
+        super().__init__(config, parallel_config,
+                         lambda layer: LlamaBlock(config, parallel_config, compute_dtype))
 
     def construct(self, input_ids, cache=None):
         positions = self.rotary(input_ids.shape[1], cache)

@@ -163,9 +163,8 @@ class MixtralModel(DecoderStack):
 
     def __init__(self, config: MixtralConfig, parallel_config: ParallelConfig,
                  compute_dtype=ms.float32):
-        super().__init__(config, parallel_config, [
-            MixtralBlock(config, parallel_config, compute_dtype, layer)
-            for layer in range(config.num_layers)])
+        super().__init__(config, parallel_config,
+                         lambda layer: MixtralBlock(config, parallel_config, compute_dtype, layer))
 
     def construct(self, input_ids, cache=None):
         positions = self.rotary(input_ids.shape[1], cache)
