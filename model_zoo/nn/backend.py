@@ -149,7 +149,8 @@ class FewRowsProduct(nn.Cell):
 
 def linear_product(operators, has_bias: bool, compute_dtype):
     """A linear layer's product x (rows, in) W^T (+ b): `operators` (`layers.MatMulProduct`,
-    with the layer's strategies), or on CPU oneDNN's sgemm and the few-rows kernel."""
+    with the layer's strategies), or on CPU oneDNN's sgemm and the few-rows kernel. On CPU
+    without oneDNN the operators' MatMul stays and their bias addition becomes the kernel."""
     dense = cpu_kernel("dense", has_bias, dtype=compute_dtype)
     product = operators if dense is None else DenseProduct(dense)
     if dense is None and has_bias:

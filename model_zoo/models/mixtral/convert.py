@@ -82,7 +82,7 @@ def _complete(raw: dict, path: str) -> dict:
                         f"only)")
     if config["router_jitter_noise"]:
         problems.append(f"router_jitter_noise={config['router_jitter_noise']} (no jitter)")
-    huggingface.refuse_unsupported(problems, path, "Mixtral")
+    huggingface.refuse_unsupported(problems, path, "Qwen2-MoE" if qwen else "Mixtral")
     return config
 
 
