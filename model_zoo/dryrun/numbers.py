@@ -81,17 +81,30 @@ def check_runs_here(config, plan):
                              f"available; try a smaller model with --set")
 
 
+def micro_batch_count(parallel, accumulation: int) -> int:
+    """Micro batches a step of the layout runs, each a consecutive cut of the global batch
+    (as MindSpore's Pipeline and GradAccumulation cells cut the graph's global view): a
+    pipeline's times the accumulation. One device cuts the same ones, so that a loss that
+    is not a mean over rows (the experts' load-balancing loss) is the same."""
+    return (parallel.micro_batch_num if parallel.pipeline_stage > 1 else 1) * accumulation
+
+
 def one_device_steps(config, batches, checkpoint: str):
     """The layout's train step on one device (the operators a cluster runs, no parallel
-    pass): its initial state saved to `checkpoint`, then one step per batch. Returns
-    ([(loss, finite, gradient norm) per step], {parameter name: value after them})."""
+    pass) over the layout's micro batches (`micro_batch_count`): its initial state saved to
+    `checkpoint`, then one step per batch. Returns ([(loss, finite, gradient norm) per
+    step], {parameter name: value after them})."""
+    import copy
     import mindspore as ms
     from model_zoo.config import import_model
     from model_zoo.parallel.context import RunContext
     from model_zoo.train.trainer import build_model
+    parallel, train = config.parallel, config.train
+    one_device = copy.deepcopy(config)
+    one_device.train.grad_accumulation = micro_batch_count(parallel, train.grad_accumulation)
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    ms.set_seed(config.train.seed)
-    _, step = build_model(import_model(config.model.name), config, RunContext("Ascend"))
+    ms.set_seed(train.seed)
+    _, step = build_model(import_model(config.model.name), one_device, RunContext("Ascend"))
     ms.save_checkpoint(step, checkpoint)
     step.set_train(True)
     outputs = []

@@ -23,12 +23,16 @@ token's other choices still count); `capacity_factor` <= 0 is dropless: C = N, s
 choice fits (a token picks an expert once), at O(E N^2) a group for the dispatch
 tensors, which is what a static shape costs.
 
-Strategies (dp, mp, ep = data, model, expert parallel; ep divides dp and the experts):
-the router and the slots split the groups (dp, 1, 1), as the batch is split; the expert
-products ((ep, dp/ep, 1), (ep, 1, mp)) and ((ep, dp/ep, mp), (ep, mp, 1)), so an expert's weights
-live on ep-th of the devices and are replicated over dp/ep of them; the two transposes
-between move the split from the groups to the experts, which MindSpore's redistribution
-does with one AllToAll over the ep ranks each way (`AutoParallel` enables AllToAll).
+Strategies (dp, mp, ep = data, model, expert parallel; ep divides dp and the experts),
+laid out as MindFormers' MoE feed-forward is (outer batch dp/ep first, the experts on the
+inner ep axis; mindformers/modules/transformer/transformer.py, FeedForward): the router and
+the slots split the groups (dp, 1, 1), as the batch is split; the groups are viewed as
+(dp/ep, ep, G/dp) and the transpose before the experts moves the inner ep factor to the
+experts, an AllToAll among ep neighbouring ranks (`AutoParallel` enables AllToAll), so the
+expert products ((dp/ep, ep, 1, 1), (ep, 1, mp)) and ((dp/ep, ep, 1, mp), (ep, mp, 1)) on
+(dp/ep, E, slots, H) find expert e's tokens on the ranks that hold its weights (each
+expert's weights on the ep-th of the devices the AllToAll delivered to, replicated over
+the dp/ep outer groups); the transpose after them moves the split back the same way.
 """
 
 import math
@@ -128,15 +132,22 @@ class MixtureOfExperts(nn.Cell):
         # (G, N, E C)^T x (G, N, H) -> (G, E C, H), and back
         self.dispatch_product = ops.BatchMatMul(transpose_a=True).shard((groups, groups))
         self.combine_product = ops.BatchMatMul().shard((groups, groups))
-        # (dp/ep, ep, G/dp, E, C, H) -> (E, dp/ep, ep, G/dp, C, H): the split moves from
-        # the groups' ep factor to the experts (an AllToAll over the ep ranks), and back
+        # (dp/ep, ep, G/dp, E, C, H) -> (dp/ep, E, ep, G/dp, C, H): the inner ep factor of
+        # the groups moves to the experts (an AllToAll over ep neighbouring ranks), and back
+        outer = (dp // ep, ep, 1, 1)
         self.to_experts = ops.Transpose().shard(((dp // ep, 1, 1, ep, 1, 1),))
-        self.from_experts = ops.Transpose().shard(((1, dp // ep, ep, 1, 1, 1),))
-        # (E, G C, H) x (E, H, F) -> (E, G C, F); (E, G C, F) x (E, F, H) -> (E, G C, H)
-        self.expert_in = ops.BatchMatMul().shard(((ep, dp // ep, 1), (ep, 1, mp)))
-        self.expert_out = ops.BatchMatMul().shard(((ep, dp // ep, mp), (ep, mp, 1)))
-        self.silu = SiLU().shard(((ep, dp // ep, mp),))
-        self.gated = ops.Mul().shard(((ep, dp // ep, mp), (ep, dp // ep, mp)))
+        self.from_experts = ops.Transpose().shard(((dp // ep, ep, 1, 1, 1, 1),))
+        # each expert weight (E, in, out) as (dp/ep, E, in, out), a copy for each outer group
+        # (ones (dp/ep, 1, 1, 1) times the weight, the device matrix the products' own; on
+        # Ascend BatchMatMul would broadcast a 3-D weight itself, as MindFormers lets it, but
+        # MindSpore's CPU and GPU kernels do not): a rank holds only its slice
+        self.copy_in = ops.Mul().shard(((dp // ep, 1, 1, 1), (ep, 1, mp)))
+        self.copy_out = ops.Mul().shard(((dp // ep, 1, 1, 1), (ep, mp, 1)))
+        # (dp/ep, E, S, H) x (dp/ep, E, H, F) -> (dp/ep, E, S, F); (.., F) x (.., F, H) -> (.., H)
+        self.expert_in = ops.BatchMatMul().shard((outer, (dp // ep, ep, 1, mp)))
+        self.expert_out = ops.BatchMatMul().shard(((dp // ep, ep, 1, mp), (dp // ep, ep, mp, 1)))
+        self.silu = SiLU().shard(((dp // ep, ep, 1, mp),))
+        self.gated = ops.Mul().shard(((dp // ep, ep, 1, mp), (dp // ep, ep, 1, mp)))
 
     def construct(self, x, statistics=None):
         batch, seq, hidden = x.shape
@@ -185,21 +196,28 @@ class MixtureOfExperts(nn.Cell):
     def _experts(self, inputs, groups: int, capacity: int):
         """(G, E C, H) slots -> their experts' outputs, same layout (module docstring)."""
         experts, hidden = self.num_experts, inputs.shape[-1]
-        # the groups as (dp / ep, ep, G / dp): each rank's groups, its ep-th the split that
-        # moves to the experts (any G on one device, where the strategies do not apply)
+        # the groups as (dp / ep, ep, G / dp): each rank's groups, the inner ep factor the
+        # split that moves to the experts (any G on one device, where the strategies do not
+        # apply)
         split = math.gcd(groups, self.data_parallel)
         moved = math.gcd(split, self.expert_parallel)
         ranks = (split // moved, moved, groups // split)
-        per_expert = (*ranks, experts, capacity, hidden)
-        inputs = self.to_experts(ops.reshape(inputs, per_expert), (3, 0, 1, 2, 4, 5))
-        inputs = ops.reshape(inputs, (experts, groups * capacity, hidden))      # (E, G C, H)
-        gate = self.expert_in(inputs, ops.cast(self.gate, self.compute_dtype))
-        up = self.expert_in(inputs, ops.cast(self.up, self.compute_dtype))
+        inputs = ops.reshape(inputs, (*ranks, experts, capacity, hidden))
+        inputs = self.to_experts(inputs, (0, 3, 1, 2, 4, 5))
+        inputs = ops.reshape(inputs, (ranks[0], experts, -1, hidden))         # (dp/ep, E, S, H)
+        gate = self.expert_in(inputs, self._per_group(self.gate, self.copy_in, ranks[0]))
+        up = self.expert_in(inputs, self._per_group(self.up, self.copy_in, ranks[0]))
         outputs = self.expert_out(self.gated(self.silu(gate), up),
-                                  ops.cast(self.down, self.compute_dtype))       # (E, G C, H)
-        outputs = ops.reshape(outputs, (experts, *ranks, capacity, hidden))
-        outputs = self.from_experts(outputs, (1, 2, 3, 0, 4, 5))
+                                  self._per_group(self.down, self.copy_out, ranks[0]))  # (dp/ep, E, S, H)
+        outputs = ops.reshape(outputs, (ranks[0], experts, *ranks[1:], capacity, hidden))
+        outputs = self.from_experts(outputs, (0, 2, 3, 1, 4, 5))
         return ops.reshape(outputs, (groups, experts * capacity, hidden))
+
+    def _per_group(self, weight, copy, outer: int):
+        """An expert weight (E, in, out) in the compute dtype as (outer, E, in, out), through
+        `copy` (a Mul by ones)."""
+        return copy(ops.ones((outer, 1, 1, 1), self.compute_dtype),
+                    ops.cast(weight, self.compute_dtype))
 
     def _choices(self, probabilities):
         """The k choices of every token from the router's probabilities (G, N, E): each an

@@ -185,6 +185,7 @@ class MixtralForCausalLM(DecoderLM):
         super().__init__(config, MixtralModel(config, parallel_config, compute_dtype),
                          parallel_config, compute_dtype)
         self.balance_loss = LoadBalancingLoss(config.num_experts)
+        self.balance_loss.pipeline_stage = parallel_config.pipeline_stage - 1   # with the loss
 
     def construct(self, input_ids, cache=None):
         return self.logits(self.model(input_ids, cache)[0], cache)
