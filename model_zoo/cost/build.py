@@ -107,6 +107,12 @@ class Plan:
             "compute": {"stages": [c.to_dict() for c in self.compute],
                         "worst_stage": worst_compute.stage if worst_compute else None,
                         "flops": worst_compute.total if worst_compute else None},
+            # per step, all devices: the model's work (MFU's numerator: routed experts
+            # only) and what the devices execute (recomputation and replicas included)
+            "flops": {"model": sum(c.model for c in self.compute) if self.compute else None,
+                      "executed": (sum(c.total for c in self.compute)
+                                   * self.config.parallel.devices_per_stage
+                                   if self.compute else None)},
             "pipeline_bubble": self.bubble,
             "time": self.time.to_dict() if self.time else None,
         }

@@ -12,7 +12,11 @@ runs twice, and all of it happens micro_batch_num x grad_accumulation times a st
 FlashAttentionScore counts its two products, 4 b a s_q s_k d / (dp mp) (about half of it
 under a causal mask, whose blocks above the diagonal the kernel skips), twice that
 backward, and half of it again as recomputation (its backward pass recomputes the scores).
-Every other operator (but views) counts the bytes of its input and output slices, once
+The model's FLOPs (for MFU) are the products' whole work, forward and backward, without
+recomputation, of the model's work only: a mixture of experts' dispatch and combine
+products move tokens (none), and its experts' products count the share of their E C slots
+a group's k N routed choices fill, k N / (E C) (`nn.moe` marks the primitives). Every
+other operator (but views) counts the bytes of its input and output slices, once
 forward, twice backward when it has a gradient and once more when recomputed, and one
 launch per pass: the time model (`timing`) runs those at the memory bandwidth and a launch
 cost.
@@ -92,6 +96,7 @@ def estimate_compute(rec, parallel: ParallelConfig,
     input gradients) when it has a gradient, and once more when recomputed."""
     stages = [StageCompute(k) for k in range(stage_count(rec, parallel))]
     micro_steps = parallel.micro_batch_num * accumulation
+    routed = {}   # an MoE layer's cell -> the share of its experts' slots routed tokens fill
     for call in rec.calls:
         compute = stages[call.stage]
         differentiable = bool(call.outputs) and call.outputs[0].needs_grad
@@ -125,8 +130,13 @@ def estimate_compute(rec, parallel: ParallelConfig,
         compute.backward += flops * gradients
         if call.recompute_root is not None:
             compute.recompute += flops
-        if call.name == "BatchMatMul" and len(call.outputs[0].shape) == 4:
+        work = call.attr("model_work", None)
+        if call.name == "BatchMatMul" and len(call.outputs[0].shape) == 4 and work is None:
             compute.attention += done   # attention's (batch, heads, ...) products; the
-                                        # experts' (E, tokens, ...) ones are MatMul-like
-        compute.model += (1 + gradients) * micro_steps * matmul_flops(call, whole=True)
+                                        # experts' (dp/ep, E, slots, ...) ones are MatMul-like
+        if work == "moves tokens" and call.attr("routed_choices", None):
+            _, count, slots = call.tensors[0].shape     # dispatch (G, N, E C)
+            routed[call.cell] = min(1.0, call.attr("routed_choices") * count / slots)
+        share = {"moves tokens": 0.0, "expert slots": routed.get(call.cell, 1.0)}.get(work, 1.0)
+        compute.model += share * (1 + gradients) * micro_steps * matmul_flops(call, whole=True)
     return stages

@@ -46,6 +46,14 @@ def use_cpu_kernels() -> bool:
     return kernel_target() == "CPU" and cpu_kernels.available()
 
 
+def batch_products_broadcast() -> bool:
+    """Whether BatchMatMul may take a weight of fewer batch dimensions than its input: an
+    Ascend build whose shapes Ascend's kernel infers (a run, or the plan's recording);
+    MindSpore's CPU and GPU kernels refuse one ("inputs shape cannot be broadcast on
+    CPU/GPU"), the dry run's compile of an Ascend build on the GPU plugin among them."""
+    return kernel_target() == "Ascend" and ms.get_context("device_target") != "GPU"
+
+
 @dataclass(frozen=True)
 class CpuKernel:
     """How to make one block's fused CPU kernel, and what it needs besides a CPU target."""

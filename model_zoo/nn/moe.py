@@ -42,7 +42,7 @@ from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import Normal, initializer
 from mindspore.ops.auto_generate import SiLU
 
-from model_zoo.nn.backend import cpu_kernel
+from model_zoo.nn.backend import batch_products_broadcast, cpu_kernel
 from model_zoo.parallel.config import ParallelConfig
 
 
@@ -137,15 +137,27 @@ class MixtureOfExperts(nn.Cell):
         outer = (dp // ep, ep, 1, 1)
         self.to_experts = ops.Transpose().shard(((dp // ep, 1, 1, ep, 1, 1),))
         self.from_experts = ops.Transpose().shard(((dp // ep, ep, 1, 1, 1, 1),))
-        # each expert weight (E, in, out) as (dp/ep, E, in, out), a copy for each outer group
-        # (ones (dp/ep, 1, 1, 1) times the weight, the device matrix the products' own; on
-        # Ascend BatchMatMul would broadcast a 3-D weight itself, as MindFormers lets it, but
-        # MindSpore's CPU and GPU kernels do not): a rank holds only its slice
-        self.copy_in = ops.Mul().shard(((dp // ep, 1, 1, 1), (ep, 1, mp)))
-        self.copy_out = ops.Mul().shard(((dp // ep, 1, 1, 1), (ep, mp, 1)))
-        # (dp/ep, E, S, H) x (dp/ep, E, H, F) -> (dp/ep, E, S, F); (.., F) x (.., F, H) -> (.., H)
-        self.expert_in = ops.BatchMatMul().shard((outer, (dp // ep, ep, 1, mp)))
-        self.expert_out = ops.BatchMatMul().shard(((dp // ep, ep, 1, mp), (dp // ep, ep, mp, 1)))
+        # (dp/ep, E, S, H) x (E, H, F) -> (dp/ep, E, S, F); (.., F) x (E, F, H) -> (.., H):
+        # on Ascend BatchMatMul broadcasts the 3-D weight itself (as MindFormers' does);
+        # MindSpore's CPU and GPU kernels do not, so there each weight is first copied to
+        # (dp/ep, E, in, out) by a Mul by ones (the products' device matrix, a rank holding
+        # only its slice): the same layouts and collectives, one weight-sized copy more
+        if batch_products_broadcast():
+            self.copy_in = self.copy_out = None
+            weight_in, weight_out = (ep, 1, mp), (ep, mp, 1)
+        else:
+            self.copy_in = ops.Mul().shard(((dp // ep, 1, 1, 1), (ep, 1, mp)))
+            self.copy_out = ops.Mul().shard(((dp // ep, 1, 1, 1), (ep, mp, 1)))
+            weight_in, weight_out = (dp // ep, ep, 1, mp), (dp // ep, ep, mp, 1)
+        self.expert_in = ops.BatchMatMul().shard((outer, weight_in))
+        self.expert_out = ops.BatchMatMul().shard(((dp // ep, ep, 1, mp), weight_out))
+        # the plan's model FLOPs (MFU) are the routed tokens through their experts only
+        # (cost/compute.py): the dispatch and combine products move tokens, and of the
+        # experts' slots the k N choices of a group fill at most k N of E C
+        self.dispatch_product.model_work = "moves tokens"
+        self.dispatch_product.routed_choices = experts_per_token
+        self.combine_product.model_work = "moves tokens"
+        self.expert_in.model_work = self.expert_out.model_work = "expert slots"
         self.silu = SiLU().shard(((dp // ep, ep, 1, mp),))
         self.gated = ops.Mul().shard(((dp // ep, ep, 1, mp), (dp // ep, ep, 1, mp)))
 
@@ -214,10 +226,12 @@ class MixtureOfExperts(nn.Cell):
         return ops.reshape(outputs, (groups, experts * capacity, hidden))
 
     def _per_group(self, weight, copy, outer: int):
-        """An expert weight (E, in, out) in the compute dtype as (outer, E, in, out), through
-        `copy` (a Mul by ones)."""
-        return copy(ops.ones((outer, 1, 1, 1), self.compute_dtype),
-                    ops.cast(weight, self.compute_dtype))
+        """An expert weight (E, in, out) in the compute dtype, as the products take it: as it
+        is, or copied to (outer, E, in, out) by `copy` (a Mul by ones; see __init__)."""
+        weight = ops.cast(weight, self.compute_dtype)
+        if copy is None:
+            return weight
+        return copy(ops.ones((outer, 1, 1, 1), self.compute_dtype), weight)
 
     def _choices(self, probabilities):
         """The k choices of every token from the router's probabilities (G, N, E): each an
