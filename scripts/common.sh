@@ -69,11 +69,12 @@ output_dir_of() {  # CONFIG [train args]
 }
 
 # CPU or Ascend for this launch: $DEVICE_TARGET when set; else Ascend when MindSpore's
-# Ascend backend loads, CPU workers when it does not and no rank table is given. A rank
-# table (or DEVICE_TARGET=Ascend) on a machine where the backend does not load is refused,
-# naming what is missing, instead of quietly training on the CPU; only a DRY_LAUNCH,
-# which starts nothing, takes DEVICE_TARGET=Ascend on any machine.
-launch_target() {  # RANK_TABLE (may be empty)
+# Ascend backend loads, CPU workers when it does not and neither a rank table nor msrun
+# asks for Ascend. A rank table, msrun (ASCEND_ONLY) or DEVICE_TARGET=Ascend on a machine
+# where the backend does not load is refused, naming what is missing, instead of quietly
+# training on the CPU; only a DRY_LAUNCH, which starts nothing, takes
+# DEVICE_TARGET=Ascend on any machine.
+launch_target() {  # RANK_TABLE (may be empty) [ASCEND_ONLY: what asks for Ascend]
     local requested=${DEVICE_TARGET:-auto} problem
     case "$requested" in
         CPU) echo CPU; return ;;
@@ -89,9 +90,10 @@ print(p())" 2>/dev/null) || fail "$PYTHON cannot import model_zoo (install it: p
     problem=$(echo "$problem" | tail -1)
     if [ -z "$problem" ]; then
         echo Ascend
-    elif [ -n "$1" ] || [ "$requested" = Ascend ]; then
-        fail "${1:+rank table $1 given, but }no usable Ascend runtime here: $problem" \
-             "(for CPU workers give no rank table, or set DEVICE_TARGET=CPU)"
+    elif [ -n "$1" ] || [ -n "${2:-}" ] || [ "$requested" = Ascend ]; then
+        fail "${1:+rank table $1 given, but }${2:+$2 on Ascend, but }no usable Ascend" \
+             "runtime here: $problem (for CPU workers ${1:+give no rank table, or }set" \
+             "DEVICE_TARGET=CPU)"
     else
         echo CPU
     fi

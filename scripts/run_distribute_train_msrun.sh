@@ -17,14 +17,16 @@
 # OUTPUT_DIR/msrun_logs/worker_<rank>.log; msrun starts the workers with the first
 # `python3` on PATH (it accepts no other interpreter name).
 # Environment: MASTER_ADDR (default 127.0.0.1: this node runs the scheduler), MASTER_PORT
-# (default 8118), NODE_RANK (default 0), LOCAL_WORKER_NUM (default WORKER_NUM),
+# (default 8118), NODE_RANK (default 0), LOCAL_WORKER_NUM (default WORKER_NUM; a job of more
+# than 8 workers, or fewer local ones, runs on several servers and needs all three set),
 # CLUSTER_TIME_OUT (seconds to wait for all nodes, default 7200 as MindFormers' launcher),
 # DEVICE_TARGET=CPU|Ascend (on CPU the job is data-parallel over WORKER_NUM processes; a
-# machine without Ascend runs CPU workers unless DEVICE_TARGET=Ascend, which is then
-# refused), DRY_LAUNCH=1 (print each local rank's environment and command, `rank R device
-# D: ENV=VALUE ... COMMAND`, then the msrun command, and start nothing), BIND_CORES=0 (no
-# msrun --bind_core on Ascend), MAX_USER_PROCESSES (ulimit -u on Ascend, default
-# unlimited), HCCL_CONNECT_TIMEOUT, HCCL_EXEC_TIMEOUT.
+# machine without Ascend is refused unless DEVICE_TARGET=CPU), DRY_LAUNCH=1 (print each
+# local rank's environment and command, `rank R device D: ENV=VALUE ... COMMAND`, then the
+# msrun command, and start nothing), BIND_CORES=0 (no msrun --bind_core on Ascend),
+# RANK_WORKDIRS=0 (on Ascend each worker otherwise makes its own CANN working folder and
+# compile cache, OUTPUT_DIR/rank_<rank>/ascend_work and compile_cache), MAX_USER_PROCESSES
+# (ulimit -u on Ascend, default unlimited), HCCL_CONNECT_TIMEOUT, HCCL_EXEC_TIMEOUT.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 
@@ -41,12 +43,35 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
     shift
 fi
 require_positive WORKER_NUM "$WORKER_NUM"
+# A job of more workers than one server holds (8 devices), or fewer local workers than the
+# job's, runs on several servers: each must say which it is and what it starts, as
+# MindFormers' msrun_launcher.sh asks, or the others wait CLUSTER_TIME_OUT for it.
+SERVER_DEVICES=8
 LOCAL=${LOCAL_WORKER_NUM:-$WORKER_NUM}
 require_positive LOCAL_WORKER_NUM "$LOCAL"
+if [ "$LOCAL" -gt "$WORKER_NUM" ]; then
+    fail "LOCAL_WORKER_NUM $LOCAL is more than the job's WORKER_NUM $WORKER_NUM"
+fi
+if [ "$LOCAL" -lt "$WORKER_NUM" ] \
+        || { [ "$WORKER_NUM" -gt "$SERVER_DEVICES" ] && [ -z "${LOCAL_WORKER_NUM:-}" ]; }; then
+    missing=""
+    for name in NODE_RANK LOCAL_WORKER_NUM MASTER_ADDR; do
+        [ -n "${!name:-}" ] || missing+="${missing:+, }$name"
+    done
+    [ -z "$missing" ] || fail "a job of $WORKER_NUM workers runs on several servers (one" \
+        "holds $SERVER_DEVICES): set $missing on each (MASTER_ADDR the first server's" \
+        "address, NODE_RANK 0, 1, ... and LOCAL_WORKER_NUM its workers), or" \
+        "LOCAL_WORKER_NUM=$WORKER_NUM to start them all on this one"
+    case "$NODE_RANK" in
+        ''|*[!0-9]*) fail "NODE_RANK must be 0, 1, ..., got '$NODE_RANK'" ;;
+    esac
+    [ "$NODE_RANK" -lt $(( WORKER_NUM / LOCAL )) ] || fail "NODE_RANK $NODE_RANK is not" \
+        "below the job's $(( WORKER_NUM / LOCAL )) servers of $LOCAL workers"
+fi
 NODE=${NODE_RANK:-0}
 CONFIG=$(config_file "$CONFIG")
 OUTPUT_DIR=$(output_dir_of "$CONFIG" "$@")
-TARGET=$(launch_target "")
+TARGET=$(launch_target "" msrun)
 if [ "$TARGET" != Ascend ]; then
     launch_note "no Ascend: starting $LOCAL data-parallel CPU workers through msrun (logs in $OUTPUT_DIR/msrun_logs/)"
 fi
@@ -61,6 +86,10 @@ if [ "$TARGET" = Ascend ]; then
     JOB_ENV+=("HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-1200}"
               "HCCL_EXEC_TIMEOUT=${HCCL_EXEC_TIMEOUT:-1800}")
     [ "${BIND_CORES:-1}" != 0 ] && MSRUN+=(--bind_core=True)
+    # each worker's own CANN working folder, made by the worker (launch/local.py
+    # use_rank_workdirs): msrun gives all of them one environment
+    [ "${RANK_WORKDIRS:-1}" != 0 ] \
+        && JOB_ENV+=("MODEL_ZOO_RANK_WORKDIRS=$(realpath -m "$OUTPUT_DIR")")
 else
     # each local worker's share of the cores for the CPU kernels' threads, as the CPU
     # launcher gives it

@@ -179,6 +179,53 @@ def test_a_rank_table_without_an_ascend_runtime_is_refused_not_run_on_cpu(tmp_pa
                for device, added, _ in lines.values())
 
 
+MSRUN_SCRIPT = os.path.join(ROOT, "scripts", "run_distribute_train_msrun.sh")
+
+
+def test_msrun_on_several_servers_wants_each_server_named_and_ascend_unless_cpu(tmp_path):
+    """msrun: a job of more workers than a server holds (or fewer local workers) without
+    NODE_RANK, LOCAL_WORKER_NUM and MASTER_ADDR is one `error:` line naming the missing ones,
+    exit 2 (else the other servers wait CLUSTER_TIME_OUT for it); so is a server without
+    Ascend unless DEVICE_TARGET=CPU. On Ascend each worker gets the folder under which it
+    makes its own CANN working folder (`use_rank_workdirs`)."""
+    out = tmp_path / "out"
+    for env, message in (
+            ({"WORKER_NUM": "16"}, "set NODE_RANK, LOCAL_WORKER_NUM, MASTER_ADDR on each"),
+            ({"LOCAL_WORKER_NUM": "8", "NODE_RANK": "1"}, "set MASTER_ADDR on each"),
+            ({"LOCAL_WORKER_NUM": "8", "NODE_RANK": "2", "MASTER_ADDR": "10.0.0.1"},
+             "NODE_RANK 2 is not below the job's 2 servers of 8 workers")):
+        result, lines = dry_launch(["16", "--output-dir", str(out)], env, MSRUN_SCRIPT)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert result.returncode == 2 and len(errors) == 1 and message in errors[0], \
+            (env, result.stderr)
+        assert not lines
+    result = subprocess.run(["bash", MSRUN_SCRIPT, "2", "--output-dir", str(out)], cwd=ROOT,
+                            env={**{k: v for k, v in os.environ.items()
+                                    if k != "DEVICE_TARGET"}, "PYTHON": sys.executable},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.startswith(
+        "error: msrun on Ascend, but no usable Ascend runtime here") \
+        and "set DEVICE_TARGET=CPU" in result.stderr, result.stderr
+    assert not out.exists()
+    result, lines = dry_launch(["16", "--output-dir", str(out)], {
+        "DEVICE_TARGET": "Ascend", "NODE_RANK": "1", "LOCAL_WORKER_NUM": "8",
+        "MASTER_ADDR": "10.0.0.1"}, MSRUN_SCRIPT)
+    assert result.returncode == 0 and sorted(lines) == list(range(8, 16)), result.stderr
+    assert "MODEL_ZOO_RANK_WORKDIRS=" + str(out) in result.stdout.splitlines()[-1]
+    assert not out.exists()
+
+
+def test_an_msrun_worker_makes_its_own_working_folders():
+    from model_zoo.launch.local import use_rank_workdirs
+    environ = {"MODEL_ZOO_RANK_WORKDIRS": "/job/out", "RANK_ID": "9", "DEVICE_ID": "1"}
+    use_rank_workdirs(environ)
+    assert environ["ASCEND_WORK_PATH"] == "/job/out/rank_9/ascend_work"
+    assert environ["MS_COMPILER_CACHE_PATH"] == "/job/out/rank_9/compile_cache"
+    environ = {"ASCEND_WORK_PATH": "/mine", "DEVICE_ID": "1"}   # no folder asked: untouched
+    use_rank_workdirs(environ)
+    assert environ == {"ASCEND_WORK_PATH": "/mine", "DEVICE_ID": "1"}
+
+
 def test_a_dead_ascend_rank_ends_the_job_within_the_grace_period(tmp_path):
     """`--devices` (the Ascend launch of run_distribute_train.sh), with a stand-in rank
     command: rank 1 dies after a second while rank 0 would wait for it for minutes (as in
@@ -534,3 +581,26 @@ def test_ranks_whose_dataset_copies_differ_stop_before_the_first_step(tmp_path, 
         assert len(errors) == 1 and "step 1/" not in log, log[-2000:]
         assert (f"rank 1 (server {host}) has another tokenizer.model than rank 0 (server "
                 f"{host})") in errors[0] and f"data_{rank}" in errors[0]
+
+
+def test_the_launch_plan_holds_the_layout_against_this_servers_chip(monkeypatch, capsys):
+    """On Ascend the launch plans against the chip the server has (its name read from CANN):
+    a layout of 56 GiB a device passes on a 64 GB 910B and is one error naming the chip on a
+    32 GB 910B4; CANN's names map to the plan's profiles."""
+    from model_zoo.errors import UserInputError
+    from model_zoo.parallel import context
+    from model_zoo.plan.launch import launch_overrides
+    assert context.chip_of("Ascend910B4").memory == 32 * 2 ** 30
+    assert context.chip_of("Ascend910B2").profile == "ascend910b"
+    assert context.chip_of("Ascend910ProB").profile == "ascend910"
+    assert context.chip_of("Ascend310P3") is None
+    config = os.path.join(ROOT, "model_zoo", "models", "mixtral", "configs", "plan",
+                          "mixtral-8x7b-d16m1p4e8-910b.yaml")
+    monkeypatch.setattr(context, "server_chip", lambda: context.chip_of("Ascend910B1"))
+    assert launch_overrides(config, [], 64, "Ascend") == []
+    assert "on 64 devices of this server's Ascend910B1 (64 GB)" in capsys.readouterr().err
+    monkeypatch.setattr(context, "server_chip", lambda: context.chip_of("Ascend910B4"))
+    with pytest.raises(UserInputError, match=r"on 64 devices of this server's Ascend910B4 "
+                                             r"\(32 GB\) does not pass the plan: needs 55.97 "
+                                             r"GiB per device, a run may fill 26.00"):
+        launch_overrides(config, [], 64, "Ascend")

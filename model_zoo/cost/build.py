@@ -128,7 +128,7 @@ def default_device(config) -> str:
 
 def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
                device: Optional[str] = None, customize=None,
-               devices_per_server: int = 0) -> Plan:
+               devices_per_server: int = 0, device_memory: int = 0) -> Plan:
     """Check `config`'s layout and operators and estimate its cost (see the module doc).
 
     Args:
@@ -140,11 +140,16 @@ def build_plan(config, config_path: str = "", device_num: Optional[int] = None,
         customize: optional function called with the built network before the recording
             (the tests use it to break strategies on purpose).
         devices_per_server: overrides the profile's server size (0: the profile's).
+        device_memory: the memory of the chip the job runs on, when known (the launch
+            reads it from the server: `parallel.context.server_chip`); 0: the profile's.
     """
     if devices_per_server < 0:
         raise UserInputError(f"--devices-per-server must be >= 1, got {devices_per_server}")
     device = device or default_device(config)
     profile = load_profile(device, devices_per_server)
+    if device_memory:   # the runtime keeps as much of it as of the profile's chip
+        profile.usable_memory = device_memory - (profile.memory - profile.usable_memory)
+        profile.memory = device_memory
     parallel, train = config.parallel, config.train
     device_num = device_num or parallel.device_num
     if device_num < 1:

@@ -67,6 +67,9 @@ STOP_SECONDS = 5.0
 # ASCEND_WORK_PATH) and MindSpore compile cache, under OUT/rank_<i>/ (--rank-workdirs)
 WORKDIR_VARIABLES = {"ASCEND_WORK_PATH": "ascend_work", "MS_COMPILER_CACHE_PATH": "compile_cache"}
 LOG_TAIL_LINES = 20
+# msrun starts every worker of a server with one environment: set, each worker makes its
+# own working folders under this folder itself (`use_rank_workdirs`)
+RANK_WORKDIRS_ROOT = "MODEL_ZOO_RANK_WORKDIRS"
 
 
 @dataclass
@@ -201,6 +204,19 @@ def device_specs(command, devices, output_dir: str, job_env=None, bind_cores: bo
         specs.append(RankSpec(f"rank {rank} (device {device})", rank, str(device), env,
                               prefix + list(command), rank_log_path(output_dir, rank)))
     return specs
+
+
+def use_rank_workdirs(environ=os.environ):
+    """In a worker msrun started (`RANK_WORKDIRS_ROOT` set by the msrun script): this
+    rank's own CANN working folder and compile cache under ROOT/rank_<rank>/, as the
+    rank-table launch gives each device (`WORKDIR_VARIABLES`; a variable already set is
+    kept). Called before MindSpore starts the device, which reads them."""
+    root = environ.get(RANK_WORKDIRS_ROOT)
+    if not root:
+        return
+    rank = environ.get("RANK_ID") or environ.get("MS_NODE_ID") or environ.get("DEVICE_ID", "0")
+    for name, sub in WORKDIR_VARIABLES.items():
+        environ.setdefault(name, os.path.join(root, f"rank_{rank}", sub))
 
 
 def core_ranges(count: int, cpus=None) -> Optional[List[str]]:

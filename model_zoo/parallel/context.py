@@ -119,6 +119,8 @@ def set_run_context(requested_target: str = "auto") -> str:
     device (`detect_device_target`; the layers choose their kernels by it, the fused CPU
     kernels on CPU), and graph mode, so that networks run compiled (a GPT-2 small decoding
     step op by op in PyNative took 10 times as long). Returns the device target."""
+    from model_zoo.launch.local import use_rank_workdirs
+    use_rank_workdirs()   # an msrun worker's own CANN working folder, before the device
     target = detect_device_target(requested_target)
     ms.set_context(mode=ms.GRAPH_MODE, device_target=target)
     if target == "Ascend" and os.environ.get("DEVICE_ID"):
@@ -136,6 +138,39 @@ def ascend_supports(feature: str) -> bool:
 def is_ascend_910b() -> bool:
     """Whether this process runs on an Atlas A2 (910B) device."""
     return ascend_supports("train_hq_dtype_line")
+
+
+@dataclass(frozen=True)
+class ServerChip:
+    """An Ascend chip as CANN names it, the plan's device profile for it and its memory."""
+    name: str
+    profile: str
+    memory: int      # bytes
+
+
+def chip_of(soc_name: str):
+    """The ServerChip of CANN's SoC name, or None for a chip the plan has no profile for:
+    Ascend910A / 910ProA / 910PremiumA / 910ProB (Atlas 800 training, 32 GB), Ascend910B1 to
+    B3 (64 GB) and B4 (32 GB), Ascend910_93xx (Atlas A3, 64 GB a die)."""
+    gib = 2 ** 30
+    if soc_name.startswith("Ascend910B") and soc_name[10:11].isdigit():
+        return ServerChip(soc_name, "ascend910b", (32 if soc_name[10] == "4" else 64) * gib)
+    if soc_name.startswith("Ascend910_93"):
+        return ServerChip(soc_name, "ascend910b", 64 * gib)
+    if soc_name in ("Ascend910A", "Ascend910ProA", "Ascend910PremiumA", "Ascend910ProB",
+                    "Ascend910B"):
+        return ServerChip(soc_name, "ascend910", 32 * gib)
+    return None
+
+
+def server_chip():
+    """This server's Ascend chip (`chip_of` CANN's name for it, which pyACL's
+    acl.get_soc_name() reads without starting a device), or None off Ascend."""
+    try:
+        import acl   # CANN's pyACL, on the path once CANN's set_env.sh ran
+        return chip_of(acl.get_soc_name() or "")
+    except Exception:   # noqa: BLE001 - no CANN, or a pyACL without the call
+        return None
 
 
 def launched_ranks() -> int:

@@ -28,9 +28,11 @@ def train_overrides(train_args) -> list:
 
 def launch_overrides(config_path: str, train_args, device_num: int, target: str) -> list:
     """The `--set` arguments that lay `config_path` (with the user's `train_args`) out over
-    `device_num` devices; on Ascend the layout is checked with `model-zoo plan` first.
+    `device_num` devices; on Ascend the layout is checked with `model-zoo plan` first, against
+    this server's chip and its memory (`server_chip`; the config's when it cannot be read).
     UserInputError (exit 2) naming what does not fit."""
     from model_zoo.cost.build import build_plan
+    from model_zoo.parallel.context import server_chip
     from model_zoo.plan.report import failure_reasons
 
     overrides = train_overrides(train_args)
@@ -44,17 +46,24 @@ def launch_overrides(config_path: str, train_args, device_num: int, target: str)
     parallel = config.parallel
     layout = (f"data_parallel {parallel.data_parallel} x model_parallel "
               f"{parallel.model_parallel} x pipeline_stage {parallel.pipeline_stage}")
+    chip = ""
     if target == "Ascend":
-        plan = build_plan(config, config_path, device_num)
+        server = server_chip()
+        plan = build_plan(config, config_path, device_num,
+                          device=server.profile if server else None,
+                          device_memory=server.memory if server else 0)
+        chip = (f" of this server's {server.name} ({server.memory / 2 ** 30:.0f} GB)"
+                if server else f" of the config's {plan.profile.name} (this server's chip "
+                               f"could not be read)")
         if not plan.ok:
             first = f"{plan.violations[0].message}" if plan.violations else ""
             more = f" (and {len(plan.violations) - 1} more)" if len(plan.violations) > 1 else ""
             raise UserInputError(
-                f"the layout {layout} on {device_num} devices does not pass the plan: "
+                f"the layout {layout} on {device_num} devices{chip} does not pass the plan: "
                 + "; ".join(failure_reasons(plan, first + more))
                 + f"; see `model-zoo plan {config_path} --device-num {device_num}"
                 + "".join(f" --set {override}" for override in overrides + added) + "`")
-    print(f"layout: {layout} on {device_num} devices"
+    print(f"layout: {layout} on {device_num} devices{chip}"
           + (f" (the launch adds --set {added[0]})" if added else ""), file=sys.stderr)
     return [part for override in added for part in ("--set", override)]
 
