@@ -53,14 +53,15 @@ def cpu_graph(path: Path, rank: int, world_size: int, mailbox: Path):
     operators carried through `mailbox` (`as_mailbox_operators`), its groups made CPU
     groups and the collectives the CPU lacks rewritten (`as_all_reduces`). Returns
     (serialized bytes, {sub-group name: ranks}, collectives rewritten, {pyfunc id: the
-    function to register before loading})."""
+    function to register before loading}, the Sends moved ahead of a blocking operator
+    and the graph's communication in order: `in_graph_order`)."""
     from mindspore.train import mind_ir_pb2
     from model_zoo.dryrun.rank import group_ranks
     from model_zoo.parallel.compiled_layouts import WORLD_GROUPS
     model = mind_ir_pb2.ModelProto()
     model.ParseFromString(path.read_bytes())
     inline_calls(model)
-    functions = as_mailbox_operators(model, rank, mailbox)
+    functions, communication = as_mailbox_operators(model, rank, mailbox)
     groups = {}
     for primitive in model.primitives:
         for attribute in primitive.attribute:
@@ -72,7 +73,7 @@ def cpu_graph(path: Path, rank: int, world_size: int, mailbox: Path):
             else:
                 groups[attribute.s.decode()] = ranks
     rewritten = as_all_reduces(model, rank) + len(functions)
-    return model.SerializeToString(), groups, rewritten, functions
+    return model.SerializeToString(), groups, rewritten, functions, communication
 
 
 def inline_calls(model):
@@ -226,7 +227,8 @@ def reachable(nodes: list, output: str, kind_of) -> list:
 
 def as_mailbox_operators(model, rank: int, mailbox: Path) -> dict:
     """Rewrite, in the MindIR `model`, each Send and Receive primitive as a pyfunc Custom
-    primitive of its own (module docstring); returns {pyfunc id: function}."""
+    primitive of its own (module docstring); returns ({pyfunc id: function}, what
+    `in_graph_order` reports)."""
     from mindspore.train import mind_ir_pb2
     functions, boxes, names, receives = {}, {}, set(), set()
     for index, primitive in enumerate(model.primitives):
@@ -258,9 +260,9 @@ def as_mailbox_operators(model, rank: int, mailbox: Path) -> dict:
         primitive.attribute.add(name="fn_id", i=fn_id, type=kind.INT64)
         primitive.attribute.add(name="inputs_num", i=1, type=kind.INT64)
         primitive.attribute.add(name="side_effect_io", i=1, type=kind.BOOL)
-    if names:
-        in_graph_order(model, names, receives)
-    return functions
+    report = (in_graph_order(model, names, receives) if names
+              else {"moved": [], "order": []})
+    return functions, report
 
 
 def in_graph_order(model, names: set, receives: set):
@@ -273,9 +275,13 @@ def in_graph_order(model, names: set, receives: set):
     operator's output, made to wait for the placeholder too; and (2) each of MindSpore's
     collectives and each Receive waits (a Depend on its first input) for every Send of the
     graph that does not itself wait for it: a rank never blocks before sending what its
-    peers need."""
+    peers need. Returns {"moved": the Sends (2) ran before a blocking operator the graph
+    had first, each {"send", "ahead_of"}; "order": the graph's communication events
+    (`communication_events`)}: an Ascend run keeps the compiled order, and such a Send may
+    wait there for a peer that waits for it (`numbers.reordered_sends`)."""
     from mindspore.train import mind_ir_pb2
     from model_zoo.dryrun.rank import COLLECTIVES
+    report = {"moved": [], "order": []}
     depend = next(p for p in model.primitives if p.op_type == "Depend")
     blocking = receives | {p.name for p in model.primitives if p.op_type in COLLECTIVES}
     sends = names - receives
@@ -308,6 +314,9 @@ def in_graph_order(model, names: set, receives: set):
             if kind in names:
                 previous = node.name
         send_nodes = [node for node in graph.node if node.op_type.removeprefix("REF::") in sends]
+        events = communication_events(graph, model.primitives, names)
+        report["order"] += list(events.values())
+        position = {node.name: index for index, node in enumerate(graph.node)}
         for node in graph.node:
             if node.op_type.removeprefix("REF::") not in blocking or not node.input:
                 continue
@@ -315,11 +324,53 @@ def in_graph_order(model, names: set, receives: set):
                 if send.name != node.name and not depends_on(producers, send.name, node.name) \
                         and node.input[0] in abstracts:
                     node.input[0] = waiting(node, node.input[0], send.name)
+                    if position[send.name] > position[node.name]:   # the graph had it later
+                        report["moved"].append({"send": events[send.name],
+                                                "ahead_of": events[node.name]})
         nodes = []
         for node in graph.node:
             nodes += added.get(node.name, []) + [node]
         del graph.node[:]
         graph.node.extend(topological(nodes))
+    return report
+
+
+def communication_events(graph, primitives, mailbox_names: set) -> dict:
+    """{node name: event} of the graph's communication in its node order: a mailbox Send or
+    Receive {"op", "source", "destination", "tag", "index"} (index: the how-manyth of that
+    pair and tag), a collective {"op", "group" (its ranks; [] for the world), "index" (the
+    how-manyth of that operator and group)}: the keys that match one rank's event with its
+    peers'."""
+    from model_zoo.dryrun.rank import COLLECTIVES, group_ranks
+    by_name = {primitive.name: primitive for primitive in primitives}
+    counts, events = {}, {}
+    for node in graph.node:
+        primitive = by_name.get(node.op_type.removeprefix("REF::"))
+        if primitive is None:
+            continue
+        if primitive.name in mailbox_names:
+            name = next(a.s.decode() for a in primitive.attribute if a.name == "func_name")
+            op, source, _, destination, _, tag = name.split("_")
+            event = {"op": op.capitalize(), "source": int(source),
+                     "destination": int(destination), "tag": int(tag)}
+            key = (source, destination, tag)
+        elif primitive.op_type in COLLECTIVES:
+            event = {"op": COLLECTIVES[primitive.op_type], "group": group_ranks(primitive)}
+            key = (event["op"], tuple(event["group"]))
+        else:
+            continue
+        event["index"] = counts[key] = counts.get(key, -1) + 1
+        events[node.name] = event
+    return events
+
+
+def describe_event(event: dict) -> str:
+    """An event of `communication_events` in words."""
+    if "tag" in event:
+        return (f"{event['op']} {event['source']} -> {event['destination']} (sr_tag "
+                f"{event['tag']}, #{event['index'] + 1})")
+    return (f"{event['op']} over ranks {event['group'] or 'all'} "
+            f"(#{event['index'] + 1} of that group)")
 
 
 def topological(nodes: list) -> list:
@@ -406,8 +457,13 @@ def main(folder: str, batch_files) -> int:
     config = load_config(request["config"], request["overrides"], layout_checked=False)
     mailbox = Path(folder).resolve() / MAILBOX
     mailbox.mkdir(exist_ok=True)
-    graph, groups, rewritten, functions = cpu_graph(rank_dir / "step.mindir", rank, size,
-                                                    mailbox)
+    graph, groups, rewritten, functions, communication = cpu_graph(
+        rank_dir / "step.mindir", rank, size, mailbox)
+    (rank_dir / "communication.json").write_text(json.dumps(communication))
+    for move in communication["moved"]:
+        print(f"rank {rank}: moved {describe_event(move['send'])} ahead of "
+              f"{describe_event(move['ahead_of'])}, which the compiled graph had first",
+              flush=True)
     from mindspore.ops.operations._pyfunc_registry import add_pyfunc
     for fn_id, function in functions.items():
         add_pyfunc(fn_id, function)

@@ -128,6 +128,38 @@ def run_cpu_ranks(work: Path, device_num: int, batch_files, timeout: float):
     return job.returncode, (job.stdout + job.stderr).strip()
 
 
+def reordered_sends(work: Path, device_num: int) -> list:
+    """The Sends the CPU ranks ran ahead of a blocking operator their rank's compiled graph
+    had first (`cpu_ranks.in_graph_order`), each {"rank", "send", "ahead_of",
+    "hang_on_ascend"}. A hang: the rank the Send goes to joins that operator (the same
+    collective, or its own Send that the operator receives) only after its Receive of this
+    Send; an Ascend run keeps the compiled order, and the two would wait for each other
+    until HCCL_EXEC_TIMEOUT."""
+    import json
+    from model_zoo.dryrun.cpu_ranks import describe_event
+    orders, found = {}, []
+    for rank in range(device_num):
+        report = json.loads((work / f"rank_{rank}" / "communication.json").read_text())
+        orders[rank] = report["order"]
+        found += [(rank, move) for move in report["moved"]]
+    listed = []
+    for rank, move in found:
+        send, blocking = move["send"], move["ahead_of"]
+        peer = send["destination"]
+        receive = {**send, "op": "Receive"}
+        if "tag" in blocking:   # this rank's Receive: the peer's Send it waits for
+            counterpart = {**blocking, "op": "Send"} if blocking["source"] == peer else None
+        else:                   # a collective the peer is in
+            counterpart = blocking if not blocking["group"] or peer in blocking["group"] \
+                else None
+        order = orders[peer]
+        hang = (counterpart in order and receive in order
+                and order.index(receive) < order.index(counterpart))
+        listed.append({"rank": rank, "send": describe_event(send),
+                       "ahead_of": describe_event(blocking), "hang_on_ascend": hang})
+    return listed
+
+
 def relative_gap(found: float, expected: float) -> float:
     """|found - expected| in units of max(1, |expected|): what TOLERANCE bounds."""
     return abs(found - expected) / max(1.0, abs(expected))
@@ -228,7 +260,10 @@ def check_numbers(config_path: str, overrides, steps: int, work: Path, jobs: int
         return dry, {"ok": False, "steps": steps,
                      "problems": [f"the CPU ranks failed (status {status}): "
                                   f"{log.splitlines()[-1] if log else ''}"]}
-    return dry, compare(config, plan.recording.params, expected, after, work, steps)
+    numbers = compare(config, plan.recording.params, expected, after, work, steps)
+    # not a difference in the numbers: what only a server can settle (docs/ascend.md)
+    numbers["reordered_sends"] = reordered_sends(work, len(ranks))
+    return dry, numbers
 
 
 def format_numbers(numbers: dict) -> str:
@@ -240,6 +275,12 @@ def format_numbers(numbers: dict) -> str:
         lines.append("  largest difference: " + ", ".join(
             f"{kind.replace('_', ' ')} {value:.2g}"
             for kind, value in numbers["max_abs_diff"].items()))
+    for send in numbers.get("reordered_sends", []):
+        lines.append(f"  rank {send['rank']}: the CPU ranks ran {send['send']} ahead of "
+                     f"{send['ahead_of']}, which the compiled graph has first"
+                     + ("; its peer joins that only after receiving the Send: a hang on "
+                        "Ascend if it keeps this order (scripts/ascend_first_run.sh checks)"
+                        if send["hang_on_ascend"] else ""))
     lines += [f"  {problem}" for problem in numbers["problems"]]
     lines.append(f"numbers agree within {TOLERANCE:g}" if numbers["ok"] else
                  "NUMBERS DIFFER from one device")
