@@ -479,13 +479,14 @@ def main(folder: str, batch_files) -> int:
     outputs = {}
     for index, batch_file in enumerate(batch_files):
         columns = np.load(batch_file)
-        loss, finite, _, norm, _, _, _ = step(*[
+        loss, applied, scale, norm, _, _, _ = step(*[
             Tensor(columns[f"arr_{column}"][start:start + shard.batch_size])
             for column in range(len(columns.files))])
-        outputs.update({f"loss_{index}": loss.asnumpy(), f"finite_{index}": finite.asnumpy(),
-                        f"grad_norm_{index}": norm.asnumpy()})
+        outputs.update({f"loss_{index}": loss.asnumpy(), f"finite_{index}": applied.asnumpy(),
+                        f"grad_norm_{index}": norm.asnumpy(), f"scale_{index}": scale.asnumpy()})
         print(f"rank {rank}: step {index}: loss {float(loss.asnumpy()):.6f}, grad norm "
-              f"{float(norm.asnumpy()):.6f}, finite {bool(finite.asnumpy())}", flush=True)
+              f"{float(norm.asnumpy()):.6f}, applied {bool(applied.asnumpy())}, loss scale "
+              f"{float(scale.asnumpy()):g}", flush=True)
     parameters = {name.split(":")[-1]: value.asnumpy()
                   for name, value in step.parameters_dict().items()}
     np.savez(rank_dir / "cpu_step.npz", **outputs, **parameters,

@@ -5,11 +5,14 @@ Every rank of the layout is compiled by MindSpore from one checkpoint of whole i
 values and exported (`run.run_dryrun`); K steps of those compiled graphs run on CPU ranks
 with real collectives (`cpu_ranks`), each rank fed its slice of the same K random batches
 (the model folder's `random_batch`); the same train step runs the same K batches on one
-device, without MindSpore's parallel pass. In fp32 with dropout off (the command sets
-both), compared are each step's loss, gradient norm and overflow decision on every rank,
-and after the last step every parameter and AdamW moment slice a rank holds against the
-same slice of one device's value (`replication.device_piece`). A figure agrees when
-|partitioned - one device| <= 1e-5 x max(1, |one device|).
+device, without MindSpore's parallel pass, over the same micro batches. With dropout off
+(the command sets it) and in fp32 (unless the config asks for fp16: the loss-scaled graph,
+its first batch planted to overflow: `overflowing_batch`),
+compared are each step's loss, gradient norm, overflow decision and loss scale on every
+rank, and after the last step every parameter and AdamW moment slice a rank holds against
+the same slice of one device's value (`replication.device_piece`). A figure agrees when
+|partitioned - one device| <= t x max(1, |one device|), t = 1e-5 (fp16: 1e-3); the
+decisions and scales must be equal.
 
 What this cannot show: the kernels are the CPU's (the arithmetic of Ascend's differs in
 the last bits), and collectives the CPU backend lacks run as all-reduces of the same
@@ -27,6 +30,9 @@ from model_zoo.dryrun.cpu_ranks import MAILBOX
 from model_zoo.errors import UserInputError
 
 TOLERANCE = 1e-5
+# fp16's 11-bit significand: 1e-3 is a few units in its last place (the loss scale and the
+# overflow decisions are compared exactly)
+TOLERANCES = {"fp32": TOLERANCE, "fp16": 1e-3}
 DROPOUT_KEYS = ("dropout", "attention_dropout", "hidden_dropout")
 # what one CPU rank costs beyond its share of the model: MindSpore, the graph, the kernels
 RANK_PROCESS_BYTES = 1 << 30
@@ -34,9 +40,11 @@ MAX_CPU_RANKS = 16
 
 
 def numbers_overrides(config) -> List[str]:
-    """The `--set` overrides of a numbers check: fp32, and every dropout of the model 0."""
-    return ["train.precision=fp32"] + [f"model.{key}=0.0" for key in DROPOUT_KEYS
-                                       if hasattr(config.model, key)]
+    """The `--set` overrides of a numbers check: every dropout of the model 0, and fp32
+    unless the config asks for fp16 (the loss-scaled graph)."""
+    precision = [] if config.train.precision == "fp16" else ["train.precision=fp32"]
+    return precision + [f"model.{key}=0.0" for key in DROPOUT_KEYS
+                        if hasattr(config.model, key)]
 
 
 def available_memory() -> int:
@@ -81,6 +89,16 @@ def check_runs_here(config, plan):
                              f"available; try a smaller model with --set")
 
 
+def overflowing_batch(batch) -> list:
+    """A batch planted to overflow the fp16 graph's gradients at a loss scale its random
+    batches do not: every column filled with its first value (one token repeated, whose
+    embedding and output rows take the gradient of every position). GPT-2 tiny's random
+    batches overflow from a scale of about 2^19, this one from at most 2^16: at 2^17 the
+    first step is skipped on every rank and the next ones, at 2^16, are applied."""
+    import numpy as np
+    return [np.full_like(column, column.flat[0]) for column in batch]
+
+
 def micro_batch_count(parallel, accumulation: int) -> int:
     """Micro batches a step of the layout runs, each a consecutive cut of the global batch
     (as MindSpore's Pipeline and GradAccumulation cells cut the graph's global view): a
@@ -92,8 +110,8 @@ def micro_batch_count(parallel, accumulation: int) -> int:
 def one_device_steps(config, batches, checkpoint: str):
     """The layout's train step on one device (the operators a cluster runs, no parallel
     pass) over the layout's micro batches (`micro_batch_count`): its initial state saved to
-    `checkpoint`, then one step per batch. Returns ([(loss, finite, gradient norm) per
-    step], {parameter name: value after them})."""
+    `checkpoint`, then one step per batch. Returns ([(loss, applied, gradient norm, loss
+    scale) per step], {parameter name: value after them})."""
     import copy
     import mindspore as ms
     from model_zoo.config import import_model
@@ -109,8 +127,9 @@ def one_device_steps(config, batches, checkpoint: str):
     step.set_train(True)
     outputs = []
     for batch in batches:
-        loss, finite, _, norm, _, _, _ = step(*[ms.Tensor(column) for column in batch])
-        outputs.append((float(loss.asnumpy()), bool(finite.asnumpy()), float(norm.asnumpy())))
+        loss, applied, scale, norm, _, _, _ = step(*[ms.Tensor(column) for column in batch])
+        outputs.append((float(loss.asnumpy()), bool(applied.asnumpy()), float(norm.asnumpy()),
+                        float(scale.asnumpy())))
     return outputs, {name: value.asnumpy() for name, value in step.parameters_dict().items()}
 
 
@@ -170,6 +189,7 @@ def compare(config, params, expected, after, work: Path, steps: int) -> dict:
     import numpy as np
     from model_zoo.parallel.replication import device_piece
     from model_zoo.parallel.strategy_file import laid_out_names
+    tolerance = TOLERANCES.get(config.train.precision, TOLERANCE)
     diff = {"loss": 0.0, "grad_norm": 0.0, "parameters": 0.0, "moments": 0.0}
     worst = {"parameters": 0.0, "moments": 0.0}
     losses, problems = [], []
@@ -185,7 +205,7 @@ def compare(config, params, expected, after, work: Path, steps: int) -> dict:
         if missing:
             problems.append(f"rank {rank} holds no {missing[0]}")
         rank_losses = []
-        for index, (loss, finite, norm) in enumerate(expected):
+        for index, (loss, finite, norm, scale) in enumerate(expected):
             rank_losses.append(float(found[f"loss_{index}"]))
             diff["loss"] = max(diff["loss"], abs(rank_losses[-1] - loss))
             diff["grad_norm"] = max(diff["grad_norm"],
@@ -193,8 +213,11 @@ def compare(config, params, expected, after, work: Path, steps: int) -> dict:
             if bool(found[f"finite_{index}"]) != finite:
                 problems.append(f"rank {rank}, step {index + 1}: overflow decision "
                                 f"{not bool(found[f'finite_{index}'])}, one device {not finite}")
-            if relative_gap(rank_losses[-1], loss) > TOLERANCE or relative_gap(
-                    float(found[f"grad_norm_{index}"]), norm) > TOLERANCE:
+            if float(found[f"scale_{index}"]) != scale:
+                problems.append(f"rank {rank}, step {index + 1}: loss scale "
+                                f"{float(found[f'scale_{index}']):g}, one device {scale:g}")
+            if relative_gap(rank_losses[-1], loss) > tolerance or relative_gap(
+                    float(found[f"grad_norm_{index}"]), norm) > tolerance:
                 problems.append(f"rank {rank}, step {index + 1}: loss {rank_losses[-1]:.7g} "
                                 f"grad norm {float(found[f'grad_norm_{index}']):.7g}, one "
                                 f"device {loss:.7g} and {norm:.7g}")
@@ -213,11 +236,13 @@ def compare(config, params, expected, after, work: Path, steps: int) -> dict:
             scaled = float((gap / np.maximum(1.0, np.abs(value[piece]))).max(initial=0.0))
             if scaled > worst[kind]:
                 worst[kind] = scaled
-                if scaled > TOLERANCE:
+                if scaled > tolerance:
                     problems.append(f"rank {rank}: {name} differs by {gap.max():.3g}")
     return {"ok": not problems, "steps": steps, "loss": losses,
-            "one_device_loss": [loss for loss, _, _ in expected], "max_abs_diff": diff,
-            "tolerance": TOLERANCE, "problems": problems[:20]}
+            "one_device_loss": [loss for loss, _, _, _ in expected],
+            "loss_scale": [scale for _, _, _, scale in expected],
+            "skipped": [not applied for _, applied, _, _ in expected], "max_abs_diff": diff,
+            "tolerance": tolerance, "problems": problems[:20]}
 
 
 def check_numbers(config_path: str, overrides, steps: int, work: Path, jobs: int,
@@ -241,6 +266,8 @@ def check_numbers(config_path: str, overrides, steps: int, work: Path, jobs: int
     module = import_model(config.model.name)
     batches = [module.random_batch(config, config.train.global_batch_size, rng)
                for _ in range(steps)]
+    if config.train.precision == "fp16":
+        batches[0] = overflowing_batch(batches[0])
     files = []
     for index, batch in enumerate(batches):
         files.append(work / f"batch_{index}.npz")
@@ -282,6 +309,11 @@ def format_numbers(numbers: dict) -> str:
                         "Ascend if it keeps this order (scripts/ascend_first_run.sh checks)"
                         if send["hang_on_ascend"] else ""))
     lines += [f"  {problem}" for problem in numbers["problems"]]
-    lines.append(f"numbers agree within {TOLERANCE:g}" if numbers["ok"] else
+    if any(numbers.get("skipped", [])):
+        lines.append("  steps skipped for an overflow (one device): " + ", ".join(
+            f"{index + 1} (loss scale {scale:g})" for index, (skipped, scale) in
+            enumerate(zip(numbers["skipped"], numbers["loss_scale"])) if skipped))
+    lines.append(f"numbers agree within {numbers.get('tolerance', TOLERANCE):g}"
+                 if numbers["ok"] else
                  "NUMBERS DIFFER from one device")
     return "\n".join(lines)
