@@ -604,3 +604,20 @@ def test_the_launch_plan_holds_the_layout_against_this_servers_chip(monkeypatch,
                                              r"\(32 GB\) does not pass the plan: needs 55.97 "
                                              r"GiB per device, a run may fill 26.00"):
         launch_overrides(config, [], 64, "Ascend")
+
+
+def test_the_first_run_check_passes_on_cpu(tmp_path):
+    """scripts/ascend_first_run.sh --cpu: the three drills of a server's first run (equal
+    gradient norms with accumulation 4 and 1, a 2-stage pipeline, an fp16 overflow skipped
+    with the scale halved on both ranks) each PASS, as they run on this machine."""
+    from model_zoo.train.metrics import read_metrics
+    result = subprocess.run(["bash", os.path.join(ROOT, "scripts", "ascend_first_run.sh"),
+                             "--cpu", "--output-dir", str(tmp_path)], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=1200,
+                            env=dict(os.environ, GLOG_v="3", PYTHON=sys.executable))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("  PASS (") == 3 and "3 of 3 drills passed" in result.stdout
+    for rank in (0, 1):
+        first, second = read_metrics(str(tmp_path / "overflow" / f"rank_{rank}" /
+                                         "metrics.jsonl"))[:2]
+        assert not first["finite"] and second["loss_scale"] == first["loss_scale"] / 2
