@@ -134,10 +134,15 @@ def test_a_full_expert_drops_the_later_choices(mixtral):
     sequences = [capacity_reference(tokens, weights, capacity) for tokens in x.numpy()]
     taken = sequences[0][1] + sequences[1][1]
     assert max(taken_here.max() for _, taken_here in sequences) > capacity   # drops
-    found, statistics = block(weights, capacity_factor=1.0)(ms.Tensor(x.numpy()))
+    layer = block(weights, capacity_factor=1.0)
+    found, statistics = layer(ms.Tensor(x.numpy()))
     expected = np.stack([output for output, _ in sequences])
     assert np.abs(found.asnumpy() - expected).max() < 1e-5
     assert list(statistics.asnumpy()[0]) == list(taken)   # dropped choices still count
+    # the layer's record of its routing, which the run log reads
+    assert list(layer.expert_load.asnumpy()) == list(taken)
+    dropped = sum(np.maximum(here - capacity, 0).sum() for _, here in sequences)
+    assert dropped > 0 and layer.expert_dropped.asnumpy()[0] == dropped
 
 
 def test_the_routing_does_not_depend_on_the_layout(mixtral):
@@ -191,3 +196,25 @@ def test_dense_layers_and_the_shared_gate_are_checked_where_the_config_is_read()
     assert [config.model.has_experts(layer) for layer in range(2)] == [False, True]
     with pytest.raises(UserInputError, match="alternates dense and expert blocks"):
         Advisor(config)
+
+
+def test_a_run_logs_each_layers_expert_load_and_the_drop_rate(tmp_path):
+    """metrics.jsonl of a Mixtral run with a capacity: per layer the choices each expert
+    received (k of every token: 2 x 64 x 16 a step), their max over mean, and the share
+    dropped; the progress line shows them; checkpoints leave the records out."""
+    import json
+    from conftest import run_cli
+    out = tmp_path / "run"
+    result = run_cli("train", "model_zoo/models/mixtral/configs/tiny.yaml", "--set",
+                     "train.steps=2", "train.log_steps=1", "train.save_steps=2",
+                     "model.capacity_factor=1.0", "--output-dir", out, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    entries = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for entry in entries:
+        assert len(entry["expert_load"]) == 2                       # one list a layer
+        assert all(sum(load) == 2 * 64 * 16 for load in entry["expert_load"])
+        assert all(ratio >= 1.0 for ratio in entry["expert_load_max_over_mean"])
+        assert 0.0 < entry["expert_drop_rate"] < 1.0
+    assert "experts max/mean" in result.stdout and "% dropped" in result.stdout
+    saved = ms.load_checkpoint(str(next((out / "checkpoints").glob("*.ckpt"))))
+    assert not any(name.endswith(("expert_load", "expert_dropped")) for name in saved)

@@ -38,7 +38,7 @@ def ascend_training_network(config):
     from model_zoo.config import import_model
     from model_zoo.nn.backend import kernels_for
     from model_zoo.nn.layers import dtype_of
-    with no_init_parameters(), kernels_for("Ascend"):
+    with no_init_parameters(), kernels_for("Ascend", described_only=True):
         return import_model(config.model.name).build_train_network(
             config, dtype_of(config.train.precision))
 

@@ -22,13 +22,14 @@ from mindspore import nn
 
 from model_zoo.nn import cpu_kernels
 
-_KERNEL_TARGETS = []
+_KERNEL_TARGETS = []   # (device target, described only)
 
 
 @contextmanager
-def kernels_for(device_target: str):
-    """Build layers with the kernels of `device_target` instead of the current one's."""
-    _KERNEL_TARGETS.append(device_target)
+def kernels_for(device_target: str, described_only: bool = False):
+    """Build layers with the kernels of `device_target` instead of the current one's;
+    `described_only`: to be recorded by the plan (shapes and strategies), never run here."""
+    _KERNEL_TARGETS.append((device_target, described_only))
     try:
         yield
     finally:
@@ -37,7 +38,7 @@ def kernels_for(device_target: str):
 
 def kernel_target() -> str:
     """The device whose operators layers built now use (`kernels_for`, else the context's)."""
-    return _KERNEL_TARGETS[-1] if _KERNEL_TARGETS else ms.get_context("device_target")
+    return _KERNEL_TARGETS[-1][0] if _KERNEL_TARGETS else ms.get_context("device_target")
 
 
 def use_cpu_kernels() -> bool:
@@ -48,10 +49,13 @@ def use_cpu_kernels() -> bool:
 
 def batch_products_broadcast() -> bool:
     """Whether BatchMatMul may take a weight of fewer batch dimensions than its input: an
-    Ascend build whose shapes Ascend's kernel infers (a run, or the plan's recording);
-    MindSpore's CPU and GPU kernels refuse one ("inputs shape cannot be broadcast on
-    CPU/GPU"), the dry run's compile of an Ascend build on the GPU plugin among them."""
-    return kernel_target() == "Ascend" and ms.get_context("device_target") != "GPU"
+    Ascend build that runs on Ascend, or that the plan only describes; MindSpore's CPU and
+    GPU kernels refuse one ("inputs shape cannot be broadcast on CPU/GPU"), so an Ascend
+    build that runs elsewhere does not (the dry run's compile on the GPU plugin, the
+    numbers check's one device on CPU)."""
+    described = bool(_KERNEL_TARGETS) and _KERNEL_TARGETS[-1][1]
+    return kernel_target() == "Ascend" and (described
+                                            or ms.get_context("device_target") == "Ascend")
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ import math
 
 import mindspore as ms
 from mindspore import Parameter, nn, ops
-from mindspore.common.initializer import Normal, initializer
+from mindspore.common.initializer import Normal, Zero, initializer
 from mindspore.ops.auto_generate import SiLU
 
 from model_zoo.nn.backend import batch_products_broadcast, cpu_kernel
@@ -103,6 +103,15 @@ class MixtureOfExperts(nn.Cell):
         self.up = weight((num_experts, hidden_size, ffn_hidden_size), init_std, "up")
         self.down = weight((num_experts, ffn_hidden_size, hidden_size),
                            output_init_std or init_std, "down")
+        # the routing of the last call (a step's last micro batch), which the run log reads
+        # (`train.loop`): the choices each expert received, and those dropped at capacity;
+        # not weights (`checkpoint.contents.ROUTING_RECORD`: not saved)
+        self.expert_load = Parameter(initializer(Zero(), (num_experts,), ms.float32),
+                                     name="expert_load", requires_grad=False)
+        self.expert_dropped = (Parameter(initializer(Zero(), (1,), ms.float32),
+                                         name="expert_dropped", requires_grad=False)
+                               if capacity_factor > 0 else None)
+        self.record = ops.Assign().shard(((1,), (1,)))
 
         groups = (dp, 1, 1)         # (G, N, E) and (G, N, H): the groups split as the batch
         self.route = ops.MatMul(transpose_b=True).shard(((dp, 1), (1, 1)))
@@ -127,6 +136,8 @@ class MixtureOfExperts(nn.Cell):
         self.weigh = ops.Mul().shard(((dp, 1, 1, 1), (dp, 1, 1, 1)))
         self.add_slots = ops.Add().shard(((dp, 1, 1, 1), (dp, 1, 1, 1)))
         self.statistics = ops.ReduceSum().shard((groups,))
+        self.within_capacity = ops.Minimum().shard((groups, ()))
+        self.count_kept = ops.ReduceSum().shard((groups,))
         self.stack = ops.Concat().shard(((1, 1), (1, 1)))
         self.add_statistics = ops.Add().shard(((1, 1), (1, 1)))
         # (G, N, E C)^T x (G, N, H) -> (G, E C, H), and back
@@ -178,10 +189,14 @@ class MixtureOfExperts(nn.Cell):
         else:
             capacity = expert_capacity(count, self.num_experts, self.top_k,
                                        self.capacity_factor)
-            dispatch, combine, choices = self._slots(picks, weights, capacity)
+            dispatch, combine, choices, kept = self._slots(picks, weights, capacity)
             inputs = self.dispatch_product(dispatch, ops.cast(tokens, self.compute_dtype))
             outputs = self._experts(inputs, groups, capacity)                    # (G, E C, H)
             mixed = self.combine_product(combine, outputs)
+            if self.expert_dropped is not None:
+                dropped = ops.reshape(groups * count * self.top_k - kept, (1,))
+                mixed = ops.depend(mixed, self.record(self.expert_dropped, dropped))
+        mixed = ops.depend(mixed, self.record(self.expert_load, choices))
         own = self.stack((ops.reshape(choices, (1, -1)),
                           ops.reshape(self.statistics(probabilities, (0, 1)), (1, -1))))
         if statistics is not None:
@@ -259,9 +274,9 @@ class MixtureOfExperts(nn.Cell):
 
     def _slots(self, picks, weights, capacity: int):
         """(dispatch (G, N, E C), combine (G, N, E C) in the compute dtype, choices per
-        expert (E,)) of the tokens' choices (`_choices`): choice j of every token placed
-        after the slots its group's choices 0..j-1 took, in token order; beyond the
-        capacity dropped."""
+        expert (E,), the choices given a slot: a float32 scalar) of the tokens' choices
+        (`_choices`): choice j of every token placed after the slots its group's choices
+        0..j-1 took, in token order; beyond the capacity dropped."""
         groups, count, experts = picks[0].shape
         taken = ops.zeros((groups, 1, experts), ms.float32)
         dispatch = token_weights = None
@@ -286,8 +301,10 @@ class MixtureOfExperts(nn.Cell):
         combine = self.weigh(dispatch, ops.reshape(ops.cast(token_weights, self.compute_dtype),
                                                    (groups, count, experts, 1)))
         flat = (groups, count, experts * capacity)
+        # an expert keeps the first C of a group's choices of it
+        kept = self.count_kept(self.within_capacity(taken, ops.cast(capacity, ms.float32)), ())
         return (ops.reshape(dispatch, flat), ops.reshape(combine, flat),
-                self.statistics(taken, (0, 1)))
+                self.statistics(taken, (0, 1)), kept)
 
 
 class LoadBalancingLoss(nn.Cell):

@@ -186,7 +186,7 @@ def strategy_table() -> str:
     lines = ["| layer | variant | operator (attribute) | strategy | communication |",
              "|---|---|---|---|---|"]
     for layer, variant, factory in _layer_examples():
-        with kernels_for("Ascend"):
+        with kernels_for("Ascend", described_only=True):
             cell = factory(parallel)
         for name, _, attr, prim in primitives(cell):
             strategy = strategy_of(prim)

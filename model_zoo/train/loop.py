@@ -86,6 +86,10 @@ class TrainingLoop:
     def __init__(self, config, step_cell, metrics, output_dir, start_step, on_save,
                  stop=None, sliced_checkpoints=False, evaluate=None):
         self.train, self.step_cell, self.metrics = config.train, step_cell, metrics
+        # each mixture-of-experts layer's record of its last routing (`nn.moe`)
+        self.routing = [(param, params.get(name[:-len("load")] + "dropped"))
+                        for params in [dict(step_cell.parameters_and_names())]
+                        for name, param in params.items() if name.endswith(".expert_load")]
         self.output_dir, self.start_step, self.on_save = output_dir, start_step, on_save
         self.stop, self.sliced_checkpoints, self.evaluate = stop, sliced_checkpoints, evaluate
         self.path = None
@@ -200,11 +204,30 @@ class TrainingLoop:
                  "samples_per_s": self.interval_steps * self.train.global_batch_size / elapsed,
                  "tokens_per_s": self.interval_tokens / elapsed,
                  **step_times(elapsed, self.interval_in_step, self.interval_steps)}
+        entry.update(routing_metrics(self.routing))
         self.metrics.write(entry)
         log(progress_line(entry, self.train.steps))
         # the next interval starts where this one was timed: the reads and the line above
         # count in it, so a progress line every step shows what it costs
         self._start_interval(now)
+
+
+def routing_metrics(routing) -> dict:
+    """The experts' routing of the logged step (its last micro batch) on this rank's
+    layers, from their records (`nn.moe`): per layer the choices each expert received
+    (`expert_load`) and their max over their mean (`expert_load_max_over_mean`: 1 is an
+    even load, E one expert taking every token), and with a capacity the share of the
+    choices dropped over all layers (`expert_drop_rate`)."""
+    if not routing:
+        return {}
+    loads = [load.asnumpy() for load, _ in routing]
+    entry = {"expert_load": [[round(float(v)) for v in load] for load in loads],
+             "expert_load_max_over_mean": [float(load.max() / max(load.mean(), 1e-9))
+                                           for load in loads]}
+    dropped = [float(record.asnumpy()[0]) for _, record in routing if record is not None]
+    if dropped:
+        entry["expert_drop_rate"] = sum(dropped) / max(sum(float(l.sum()) for l in loads), 1.0)
+    return entry
 
 
 def run_fed_steps(loop: TrainingLoop, runnable, batches, tokens_of, read_every: int = 1):

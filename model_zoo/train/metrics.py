@@ -60,7 +60,11 @@ def progress_line(entry: dict, total_steps: int) -> str:
             f"grad norm {entry['grad_norm']:.3f} | {entry['tokens_per_s']:.0f} tokens/s | "
             f"{entry['samples_per_s']:.1f} samples/s | {entry['step_ms']:.1f} ms/step, "
             f"{entry['outside_step_ms']:.1f} outside the step"
-            + ("" if entry.get("finite", True) else " | overflow: step skipped"))
+            + ("" if entry.get("finite", True) else " | overflow: step skipped")
+            + ("" if "expert_load_max_over_mean" not in entry else
+               f" | experts max/mean {max(entry['expert_load_max_over_mean']):.2f}")
+            + ("" if "expert_drop_rate" not in entry else
+               f", {100 * entry['expert_drop_rate']:.1f}% dropped"))
 
 
 HELDOUT_CURVES = ("loss", "bleu", "mlm_accuracy", "accuracy")   # the first one found is drawn
