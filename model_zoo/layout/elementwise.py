@@ -249,7 +249,7 @@ ENTRIES = {
     "ExpandDims": Operator(_expand_dims_shape, saved="nothing", view=True, moves_data=False),
     "Squeeze": Operator(_squeeze_shape, saved="nothing", view=True, moves_data=False),
     "Identity": Operator(same_shape, saved="nothing", moves_data=False),
-    "Depend": Operator(same_shape, saved="nothing", moves_data=False),
+    "Depend": Operator(same_shape, saved="nothing", view=True, moves_data=False),
     # a write into a parameter (an MoE layer's routing record): outside the gradient
     "Assign": Operator(same_shape, saved="nothing", gradient=False),
     "Ones": Operator(_fill_shape, saved="nothing", moves_data=False, gradient=False),

@@ -195,8 +195,9 @@ class MixtureOfExperts(nn.Cell):
             mixed = self.combine_product(combine, outputs)
             if self.expert_dropped is not None:
                 dropped = ops.reshape(groups * count * self.top_k - kept, (1,))
-                mixed = ops.depend(mixed, self.record(self.expert_dropped, dropped))
-        mixed = ops.depend(mixed, self.record(self.expert_load, choices))
+                choices = ops.depend(choices, self.record(self.expert_dropped, dropped))
+        # the records wait on the small statistics, not on the activations
+        choices = ops.depend(choices, self.record(self.expert_load, choices))
         own = self.stack((ops.reshape(choices, (1, -1)),
                           ops.reshape(self.statistics(probabilities, (0, 1)), (1, -1))))
         if statistics is not None:
