@@ -226,7 +226,8 @@ def routing_metrics(routing) -> dict:
                                            for load in loads]}
     dropped = [float(record.asnumpy()[0]) for _, record in routing if record is not None]
     if dropped:
-        entry["expert_drop_rate"] = sum(dropped) / max(sum(float(l.sum()) for l in loads), 1.0)
+        choices = sum(float(load.sum()) for load in loads)
+        entry["expert_drop_rate"] = sum(dropped) / max(choices, 1.0)
     return entry
 
 
