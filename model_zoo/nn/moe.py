@@ -230,15 +230,14 @@ class MixtureOfExperts(nn.Cell):
         split = math.gcd(groups, self.data_parallel)
         moved = math.gcd(split, self.expert_parallel)
         ranks = (split // moved, moved, groups // split)
+        outer = ranks[0]
         inputs = ops.reshape(inputs, (*ranks, experts, capacity, hidden))
         inputs = self.to_experts(inputs, (0, 3, 1, 2, 4, 5))
-        inputs = ops.reshape(inputs, (ranks[0], experts, -1, hidden))        # (dp/ep, E, S, H)
-        outer = ranks[0]
+        inputs = ops.reshape(inputs, (outer, experts, -1, hidden))           # (dp/ep, E, S, H)
         gate = self.expert_in(inputs, self._per_group(self.gate, self.copy_in, outer))
         up = self.expert_in(inputs, self._per_group(self.up, self.copy_in, outer))
         outputs = self.expert_out(self.gated(self.silu(gate), up),
                                   self._per_group(self.down, self.copy_out, outer))
-        # (dp/ep, E, S, H)
         outputs = ops.reshape(outputs, (outer, experts, *ranks[1:], capacity, hidden))
         outputs = self.from_experts(outputs, (0, 2, 3, 1, 4, 5))
         return ops.reshape(outputs, (groups, experts * capacity, hidden))
