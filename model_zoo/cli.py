@@ -19,6 +19,7 @@ from typing import Optional
 from model_zoo.config import (add_overrides_argument, available_models, import_model,
                               import_model_commands, load_config)
 from model_zoo.errors import UserInputError
+from model_zoo.launch.local import use_rank_workdirs
 from model_zoo.launch.rank_table import add_rank_table_arguments, run_rank_table_command
 from model_zoo.checkpoint.command import add_checkpoint_arguments
 from model_zoo.dryrun.command import add_dryrun_arguments
@@ -222,6 +223,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
+    use_rank_workdirs()   # an msrun worker's own CANN folders, before MindSpore loads
     args = build_parser().parse_args(argv)
     stop_at_once()   # until the training loop installs its own handlers
     try:

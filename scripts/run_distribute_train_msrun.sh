@@ -60,11 +60,14 @@ if [ "$LOCAL" -lt "$WORKER_NUM" ] \
     done
     [ -z "$missing" ] || fail "a job of $WORKER_NUM workers runs on several servers (one" \
         "holds $SERVER_DEVICES): set $missing on each (MASTER_ADDR the first server's" \
-        "address, NODE_RANK 0, 1, ... and LOCAL_WORKER_NUM its workers), or" \
-        "LOCAL_WORKER_NUM=$WORKER_NUM to start them all on this one"
+        "address, NODE_RANK 0, 1, ... and LOCAL_WORKER_NUM its workers), or, on a server" \
+        "of $WORKER_NUM devices (or CPU workers), LOCAL_WORKER_NUM=$WORKER_NUM"
     case "$NODE_RANK" in
         ''|*[!0-9]*) fail "NODE_RANK must be 0, 1, ..., got '$NODE_RANK'" ;;
     esac
+    # msrun numbers a server's workers NODE_RANK x LOCAL_WORKER_NUM + i: every server the same
+    [ $(( WORKER_NUM % LOCAL )) -eq 0 ] || fail "WORKER_NUM $WORKER_NUM is not a multiple" \
+        "of LOCAL_WORKER_NUM $LOCAL: msrun needs as many workers on every server"
     [ "$NODE_RANK" -lt $(( WORKER_NUM / LOCAL )) ] || fail "NODE_RANK $NODE_RANK is not" \
         "below the job's $(( WORKER_NUM / LOCAL )) servers of $LOCAL workers"
 fi

@@ -190,8 +190,10 @@ def test_msrun_on_several_servers_wants_each_server_named_and_ascend_unless_cpu(
     makes its own CANN working folder (`use_rank_workdirs`)."""
     out = tmp_path / "out"
     for env, message in (
-            ({"WORKER_NUM": "16"}, "set NODE_RANK, LOCAL_WORKER_NUM, MASTER_ADDR on each"),
+            ({}, "set NODE_RANK, LOCAL_WORKER_NUM, MASTER_ADDR on each"),
             ({"LOCAL_WORKER_NUM": "8", "NODE_RANK": "1"}, "set MASTER_ADDR on each"),
+            ({"LOCAL_WORKER_NUM": "6", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1"},
+             "WORKER_NUM 16 is not a multiple of LOCAL_WORKER_NUM 6"),
             ({"LOCAL_WORKER_NUM": "8", "NODE_RANK": "2", "MASTER_ADDR": "10.0.0.1"},
              "NODE_RANK 2 is not below the job's 2 servers of 8 workers")):
         result, lines = dry_launch(["16", "--output-dir", str(out)], env, MSRUN_SCRIPT)
@@ -215,12 +217,13 @@ def test_msrun_on_several_servers_wants_each_server_named_and_ascend_unless_cpu(
     assert not out.exists()
 
 
-def test_an_msrun_worker_makes_its_own_working_folders():
+def test_an_msrun_worker_makes_its_own_working_folders(tmp_path):
     from model_zoo.launch.local import use_rank_workdirs
-    environ = {"MODEL_ZOO_RANK_WORKDIRS": "/job/out", "RANK_ID": "9", "DEVICE_ID": "1"}
+    environ = {"MODEL_ZOO_RANK_WORKDIRS": str(tmp_path), "RANK_ID": "9", "DEVICE_ID": "1"}
     use_rank_workdirs(environ)
-    assert environ["ASCEND_WORK_PATH"] == "/job/out/rank_9/ascend_work"
-    assert environ["MS_COMPILER_CACHE_PATH"] == "/job/out/rank_9/compile_cache"
+    assert environ["ASCEND_WORK_PATH"] == str(tmp_path / "rank_9" / "ascend_work")
+    assert environ["MS_COMPILER_CACHE_PATH"] == str(tmp_path / "rank_9" / "compile_cache")
+    assert (tmp_path / "rank_9" / "ascend_work").is_dir()
     environ = {"ASCEND_WORK_PATH": "/mine", "DEVICE_ID": "1"}   # no folder asked: untouched
     use_rank_workdirs(environ)
     assert environ == {"ASCEND_WORK_PATH": "/mine", "DEVICE_ID": "1"}

@@ -405,7 +405,7 @@ def test_the_partitioned_step_gives_one_devices_numbers(layout, tmp_path):
     loss scales, and every parameter and AdamW moment slice after them is one device's,
     within 1e-5 (fp32; 1e-3 in fp16; no dropout, clipping on). Every Send the CPU ranks
     had to run ahead of a blocking operator is listed: GPT-2's tied embedding gradient,
-    which the last stage's compiled graph sends after its gradient-norm all-reduce."""
+    which the last stage's exported graph sends after its gradient-norm all-reduce."""
     import numpy as np
     config, overrides = PARITY_LAYOUTS[layout]
     steps = 2
@@ -417,14 +417,15 @@ def test_the_partitioned_step_gives_one_devices_numbers(layout, tmp_path):
     assert numbers["ok"] and numbers["steps"] == steps and len(numbers["loss"]) == steps
     fp16 = "fp16" in layout
     assert max(numbers["max_abs_diff"].values()) < (1e-3 if fp16 else 1e-4)
-    assert numbers["loss"] == pytest.approx(numbers["one_device_loss"], rel=1e-5)
+    assert numbers["loss"] == pytest.approx(numbers["one_device_loss"],
+                                            rel=1e-3 if fp16 else 1e-5)
     if fp16:   # the planted step overflows on every rank: skipped, the scale halved
         assert numbers["skipped"] == [True, False]
         assert numbers["loss_scale"] == [131072, 65536]
     sends = numbers["reordered_sends"]
     if layout == "pp4-interleave2":   # the tied embedding's gradient, last stage to first
         assert any(send["rank"] == 3 and send["send"].startswith("Send 3 -> 0 ")
-                   and send["ahead_of"].startswith("AllReduce") and send["hang_on_ascend"]
+                   and send["ahead_of"].startswith("AllReduce") and send["possible_hang"]
                    for send in sends), sends
     elif "pp" not in layout:
         assert sends == []
@@ -442,7 +443,7 @@ def test_the_partitioned_step_gives_one_devices_numbers(layout, tmp_path):
         assert all(rank["collectives"].get("AllToAll") for rank in report["ranks"])
     if layout == "mp2-sequence-parallel-optimizer-shard":
         a_difference_is_found(config, overrides, tmp_path)
-    if "optimizer-shard" in layout and ("pp2" in layout or "accumulation" in layout):
+    if "optimizer-shard" in layout and "pp2" in layout:
         # the time model's once-a-step weight gathers: MindSpore puts every AllGather of
         # the optimizer shard in the step's graph, none in the micro step it calls m times
         in_step, in_micro_step, called = all_gathers(tmp_path / "rank_0" / "step.mindir")

@@ -210,13 +210,14 @@ def use_rank_workdirs(environ=os.environ):
     """In a worker msrun started (`RANK_WORKDIRS_ROOT` set by the msrun script): this
     rank's own CANN working folder and compile cache under ROOT/rank_<rank>/, as the
     rank-table launch gives each device (`WORKDIR_VARIABLES`; a variable already set is
-    kept). Called before MindSpore starts the device, which reads them."""
+    kept), made if missing. `model-zoo` calls it first, before MindSpore or CANN load."""
     root = environ.get(RANK_WORKDIRS_ROOT)
     if not root:
         return
     rank = environ.get("RANK_ID") or environ.get("MS_NODE_ID") or environ.get("DEVICE_ID", "0")
     for name, sub in WORKDIR_VARIABLES.items():
         environ.setdefault(name, os.path.join(root, f"rank_{rank}", sub))
+        os.makedirs(environ[name], exist_ok=True)
 
 
 def core_ranges(count: int, cpus=None) -> Optional[List[str]]:

@@ -12,9 +12,10 @@ in priority order (every token's first choice before any second choice, GShard),
 
     dispatch (G, N, E C)   1 where token n sits in slot c of expert e
     expert inputs          (G, E C, H) = dispatch^T x, on each group's own rank
-    all-to-all             (E, G C, H): the experts split over `expert_parallel` devices
-    expert outputs         (E, G C, H): each expert's SwiGLU on its slots (batched products,
-                           the expert width split over model_parallel)
+    all-to-all             (dp/ep, E, S, H): the experts split over `expert_parallel`
+                           devices, S = ep G/dp C slots of each outer group
+    expert outputs         (dp/ep, E, S, H): each expert's SwiGLU on its slots (batched
+                           products, the expert width split over model_parallel)
     all-to-all back        (G, E C, H)
     output (G, N, H)       = combine . expert outputs, combine = dispatch x weight
 
@@ -28,7 +29,7 @@ laid out as MindFormers' MoE feed-forward is (outer batch dp/ep first, the exper
 inner ep axis; mindformers/modules/transformer/transformer.py, FeedForward): the router and
 the slots split the groups (dp, 1, 1), as the batch is split; the groups are viewed as
 (dp/ep, ep, G/dp) and the transpose before the experts moves the inner ep factor to the
-experts, an AllToAll among ep neighbouring ranks (`AutoParallel` enables AllToAll), so the
+experts, an AllToAll among ep ranks mp apart (`AutoParallel` enables AllToAll), so the
 expert products ((dp/ep, ep, 1, 1), (ep, 1, mp)) and ((dp/ep, ep, 1, mp), (ep, mp, 1)) on
 (dp/ep, E, slots, H) find expert e's tokens on the ranks that hold its weights (each
 expert's weights on the ep-th of the devices the AllToAll delivered to, replicated over
@@ -144,7 +145,7 @@ class MixtureOfExperts(nn.Cell):
         self.dispatch_product = ops.BatchMatMul(transpose_a=True).shard((groups, groups))
         self.combine_product = ops.BatchMatMul().shard((groups, groups))
         # (dp/ep, ep, G/dp, E, C, H) -> (dp/ep, E, ep, G/dp, C, H): the inner ep factor of
-        # the groups moves to the experts (an AllToAll over ep neighbouring ranks), and back
+        # the groups moves to the experts (an AllToAll over ep ranks mp apart), and back
         outer = (dp // ep, ep, 1, 1)
         self.to_experts = ops.Transpose().shard(((dp // ep, 1, 1, ep, 1, 1),))
         self.from_experts = ops.Transpose().shard(((dp // ep, ep, 1, 1, 1, 1),))

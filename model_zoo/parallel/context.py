@@ -119,8 +119,6 @@ def set_run_context(requested_target: str = "auto") -> str:
     device (`detect_device_target`; the layers choose their kernels by it, the fused CPU
     kernels on CPU), and graph mode, so that networks run compiled (a GPT-2 small decoding
     step op by op in PyNative took 10 times as long). Returns the device target."""
-    from model_zoo.launch.local import use_rank_workdirs
-    use_rank_workdirs()   # an msrun worker's own CANN working folder, before the device
     target = detect_device_target(requested_target)
     ms.set_context(mode=ms.GRAPH_MODE, device_target=target)
     if target == "Ascend" and os.environ.get("DEVICE_ID"):
@@ -166,11 +164,18 @@ def chip_of(soc_name: str):
 def server_chip():
     """This server's Ascend chip (`chip_of` CANN's name for it, which pyACL's
     acl.get_soc_name() reads without starting a device), or None off Ascend."""
+    # what CANN may print (ASCEND_SLOG_PRINT_TO_STDOUT) goes to stderr: the launch reads
+    # this process's stdout as arguments
+    saved = os.dup(1)
+    os.dup2(2, 1)
     try:
         import acl   # CANN's pyACL, on the path once CANN's set_env.sh ran
         return chip_of(acl.get_soc_name() or "")
     except Exception:   # noqa: BLE001 - no CANN, or a pyACL without the call
         return None
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def launched_ranks() -> int:

@@ -213,14 +213,18 @@ class TrainingLoop:
 
 
 def routing_metrics(routing) -> dict:
-    """The experts' routing of the logged step (its last micro batch) on this rank's
-    layers, from their records (`nn.moe`): per layer the choices each expert received
+    """The experts' routing of the logged step (its last micro batch) on the layers this
+    rank runs (its pipeline stage's), from their records (`nn.moe`): per layer the choices
+    each expert received
     (`expert_load`) and their max over their mean (`expert_load_max_over_mean`: 1 is an
     even load, E one expert taking every token), and with a capacity the share of the
     choices dropped over all layers (`expert_drop_rate`)."""
+    # a layer of another pipeline stage is built here but never runs: its record stays 0
+    routing = [(load.asnumpy(), dropped) for load, dropped in routing]
+    routing = [(load, dropped) for load, dropped in routing if load.sum() > 0]
     if not routing:
         return {}
-    loads = [load.asnumpy() for load, _ in routing]
+    loads = [load for load, _ in routing]
     entry = {"expert_load": [[round(float(v)) for v in load] for load in loads],
              "expert_load_max_over_mean": [float(load.max() / max(load.mean(), 1e-9))
                                            for load in loads]}
