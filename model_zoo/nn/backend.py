@@ -5,7 +5,8 @@ parallel reads (Ascend, GPU, and the plan check, which builds under `kernels_for
 described_only=True)`), or, on CPU, a fused kernel of `cpu_kernels`: the same math, faster
 there, and no strategy (CPU runs ignore strategies anyway). `CPU_KERNELS` lists the
 blocks that have one and what each needs; `cpu_kernel` is where every layer, the loss, the
-decoders and the train step ask for it. A new kernel is one entry here, and its layer asks `cpu_kernel` by name.
+decoders and the train step ask for it. A new kernel is one entry here, and its layer
+asks `cpu_kernel` by name.
 
 The parts a layer calls (`linear_product`, `norm`, `residual_add`, `attention_core_name`,
 `decode_block`) are handed out here once, when the layer is built: the layer builds its
