@@ -486,6 +486,10 @@ def a_difference_is_found(config_path, overrides, work):
     assert broken["max_abs_diff"]["moments"] == pytest.approx(1e-3, rel=1e-3)
     assert any(moment in problem for problem in broken["problems"])
     assert any("rank 1, step 1: loss" in problem for problem in broken["problems"])
+    values["grad_norm_1"] = values["grad_norm_1"] * float("nan")   # a NaN never agrees
+    np.savez(rank_file, **values)
+    assert any("rank 1, step 2: loss" in problem for problem in numbers.compare(
+        config, params, expected, after, work, 2)["problems"])
 
 
 def test_as_device_refuses_what_the_chip_cannot_run():
