@@ -244,7 +244,7 @@ def compare(config, params, expected, after, work: Path, steps: int) -> dict:
             piece = device_piece(params[sliced[name]], config.parallel, rank) \
                 if name in sliced else ...
             gap = np.abs(found[name].astype(np.float64) - value[piece])
-            gap[np.isnan(gap)] = np.inf   # a NaN on either side is never agreement
+            gap = np.where(np.isnan(gap), np.inf, gap)   # a NaN is never agreement
             kind = "moments" if name.startswith(("adam_m.", "adam_v.")) else "parameters"
             diff[kind] = max(diff[kind], float(gap.max(initial=0.0)))
             scaled = float((gap / np.maximum(1.0, np.abs(value[piece]))).max(initial=0.0))
