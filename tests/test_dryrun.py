@@ -370,9 +370,6 @@ PARITY_LAYOUTS = {   # dp2 x mp2: the Mixtral layout (and dp2, mp2 in the others
     # middle stages receiving and sending both ways
     "pp4-interleave2": (TINY, ["parallel.pipeline_stage=4", "parallel.micro_batch_num=4",
                                "parallel.pipeline_interleave=2", "model.num_layers=8"]),
-    "dp2-pp2-optimizer-shard": (TINY, [
-        "parallel.data_parallel=2", "parallel.pipeline_stage=2",
-        "parallel.micro_batch_num=4", "parallel.optimizer_shard=true"]),
     # and sequence parallel at one sequence a micro batch (each device half of one: the
     # residual additions split (1, 2, 1), the shipped 10B-100B layouts' case)
     "llama-mp2-pp2-sequence-parallel": (LLAMA_TINY, [
@@ -385,11 +382,13 @@ PARITY_LAYOUTS = {   # dp2 x mp2: the Mixtral layout (and dp2, mp2 in the others
     "mixtral-dp4-ep2-capacity": (MIXTRAL_TINY, [
         "parallel.data_parallel=4", "parallel.expert_parallel=2",
         "model.capacity_factor=1.5", "model.num_layers=1"]),
-    # experts on a pipeline, dropless, the load-balancing loss (not a mean over rows) on
-    # the last stage, over the same micro batches as one device's
-    "mixtral-dp2-ep2-pp2": (MIXTRAL_TINY, [
+    # experts on a pipeline with data parallel and the parallel optimizer on each stage,
+    # dropless, the load-balancing loss (not a mean over rows) on the last stage, over the
+    # same micro batches as one device's
+    "mixtral-dp2-ep2-pp2-optimizer-shard": (MIXTRAL_TINY, [
         "parallel.data_parallel=2", "parallel.expert_parallel=2",
-        "parallel.pipeline_stage=2", "parallel.micro_batch_num=2"]),
+        "parallel.pipeline_stage=2", "parallel.micro_batch_num=4",
+        "parallel.optimizer_shard=true"]),
     # the fp16 graph: loss scale, overflow decision, the first step planted to overflow
     "fp16-dp2-mp2-overflow": (TINY, [
         "parallel.data_parallel=2", "parallel.model_parallel=2", "train.precision=fp16",
